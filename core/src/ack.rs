@@ -1,0 +1,153 @@
+//! What a handler says about a message, and what the consumer does about it.
+
+/// A handler's verdict on one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ack {
+    /// Handled. The delivery is acknowledged and the message is gone.
+    Accept,
+    /// Not handled this time: try again after the next rung's delay, or
+    /// dead-letter it when the attempts are used up.
+    Retry {
+        /// Why, kept on the message as `x-acemq-reason`.
+        reason: String,
+    },
+    /// Never going to work: dead-letter it to `{queue}.dlq` at once.
+    Reject {
+        /// Why, kept on the dead-lettered copy as `x-acemq-reason`.
+        reason: String,
+    },
+}
+
+impl Ack {
+    /// `Ack::Accept`.
+    pub fn accept() -> Self {
+        Ack::Accept
+    }
+    /// `Ack::Retry` with a reason.
+    pub fn retry(reason: impl Into<String>) -> Self {
+        Ack::Retry { reason: reason.into() }
+    }
+    /// `Ack::Reject` with a reason.
+    pub fn reject(reason: impl Into<String>) -> Self {
+        Ack::Reject { reason: reason.into() }
+    }
+    /// Is this an accept?
+    pub fn is_accept(&self) -> bool {
+        matches!(self, Ack::Accept)
+    }
+    /// Is this a retry?
+    pub fn is_retry(&self) -> bool {
+        matches!(self, Ack::Retry { .. })
+    }
+    /// Is this a reject?
+    pub fn is_reject(&self) -> bool {
+        matches!(self, Ack::Reject { .. })
+    }
+    /// The reason, for retry and reject.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Ack::Accept => None,
+            Ack::Retry { reason } | Ack::Reject { reason } => Some(reason),
+        }
+    }
+}
+
+/// Everything a handler can produce, including the ways it can fail. The
+/// consumer turns this into a [`Settlement`] with [`Outcome::settlement`]:
+/// that mapping is the one place the rules live, for Rust and Ruby alike.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The handler returned an [`Ack`].
+    Ack(Ack),
+    /// The handler raised (Ruby) or returned an error (Rust).
+    /// `fatal` is true for `AceMQ::AMQP::FatalError` and its subclasses.
+    Raised {
+        /// The error's class or type name.
+        class: String,
+        /// The error's message.
+        message: String,
+        /// A fatal error is a reject; any other is a retry.
+        fatal: bool,
+    },
+    /// The handler returned something that is not an Ack; `what` describes it.
+    NotAnAck {
+        /// A description of the value, e.g. `nil` or `"ok" (String)`.
+        what: String,
+    },
+}
+
+/// What the consumer does on the broker for one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Settlement {
+    /// Acknowledge.
+    Accept,
+    /// Copy to the next rung (or the DLQ past the last attempt), then acknowledge.
+    Retry {
+        /// Why.
+        reason: String,
+        /// The error class, when an error caused it.
+        error_class: Option<String>,
+    },
+    /// Copy to the DLQ, then acknowledge.
+    Reject {
+        /// Why.
+        reason: String,
+        /// The error class, when an error caused it.
+        error_class: Option<String>,
+    },
+}
+
+impl Outcome {
+    /// The rules: an Ack is itself; a raised error is a retry with its class
+    /// and message as the reason, unless it is fatal, which is a reject;
+    /// anything that is not an Ack is a reject that names what it was.
+    pub fn settlement(self) -> Settlement {
+        match self {
+            Outcome::Ack(Ack::Accept) => Settlement::Accept,
+            Outcome::Ack(Ack::Retry { reason }) => Settlement::Retry { reason, error_class: None },
+            Outcome::Ack(Ack::Reject { reason }) => Settlement::Reject { reason, error_class: None },
+            Outcome::Raised { class, message, fatal } => {
+                let reason = format!("{class}: {message}");
+                if fatal {
+                    Settlement::Reject { reason, error_class: Some(class) }
+                } else {
+                    Settlement::Retry { reason, error_class: Some(class) }
+                }
+            }
+            Outcome::NotAnAck { what } => Settlement::Reject {
+                reason: format!("handler returned {what}, not an Ack: return Ack.accept, Ack.retry(reason) or Ack.reject(reason)"),
+                error_class: None,
+            },
+        }
+    }
+}
+
+impl From<Ack> for Outcome {
+    fn from(ack: Ack) -> Self {
+        Outcome::Ack(ack)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raised_is_retry_and_fatal_is_reject() {
+        let r = Outcome::Raised { class: "RuntimeError".into(), message: "boom".into(), fatal: false };
+        assert_eq!(
+            r.settlement(),
+            Settlement::Retry { reason: "RuntimeError: boom".into(), error_class: Some("RuntimeError".into()) }
+        );
+        let f = Outcome::Raised { class: "AceMQ::AMQP::FatalError".into(), message: "no".into(), fatal: true };
+        assert!(matches!(f.settlement(), Settlement::Reject { .. }));
+    }
+
+    #[test]
+    fn not_an_ack_is_reject_naming_the_value() {
+        match (Outcome::NotAnAck { what: "nil".into() }).settlement() {
+            Settlement::Reject { reason, .. } => assert!(reason.contains("nil")),
+            other => panic!("{other:?}"),
+        }
+    }
+}

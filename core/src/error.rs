@@ -1,0 +1,110 @@
+//! One error type for the crate, with a kind that says what went wrong and a
+//! message that says what to do about it.
+
+use std::fmt;
+
+/// What went wrong. Match on it; new kinds may be added.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The URL is not `amqp://`, `amqps://` or `memory://`, or does not parse.
+    InvalidUrl,
+    /// The broker could not be reached within the connect timeout.
+    ConnectionFailed,
+    /// The broker refused the credentials (AMQP 403 on connect).
+    AuthenticationFailed,
+    /// The connection or channel is closed.
+    Closed,
+    /// The broker answered a method with a channel or connection error.
+    /// `reply_code` is the AMQP reply code (404, 406, 403, ...).
+    Broker { reply_code: u16 },
+    /// The broker negatively acknowledged a publish (nack): it was not stored.
+    Nacked,
+    /// A broker round trip did not finish within its timeout.
+    Timeout,
+    /// A payload could not be serialized, or a body is not JSON.
+    Encoding,
+    /// An argument was invalid (bad retry policy, empty queue name, ...).
+    InvalidArgument,
+    /// A store (idempotency, outbox) or its SQL connection failed.
+    Store,
+    /// A handler's result could not be used.
+    Handler,
+}
+
+/// The crate's error: a [`ErrorKind`] and a lowercase message.
+#[derive(Debug, Clone)]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An error of `kind` with `message` (lowercase, saying what to do).
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    /// The message, without the kind.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The AMQP reply code, when the broker sent one.
+    pub fn reply_code(&self) -> Option<u16> {
+        match self.kind {
+            ErrorKind::Broker { reply_code } => Some(reply_code),
+            ErrorKind::AuthenticationFailed => Some(403),
+            _ => None,
+        }
+    }
+
+    /// The broker said the exchange or queue does not exist (404).
+    pub fn is_not_found(&self) -> bool {
+        self.reply_code() == Some(404)
+    }
+
+    /// The broker said a declaration conflicts with an existing one (406).
+    pub fn is_precondition_failed(&self) -> bool {
+        matches!(self.kind, ErrorKind::Broker { reply_code: 406 })
+    }
+
+    /// The connection could not be made or was lost.
+    pub fn is_connection(&self) -> bool {
+        matches!(self.kind, ErrorKind::ConnectionFailed | ErrorKind::Closed | ErrorKind::Timeout)
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, message)
+    }
+
+    pub(crate) fn closed(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Closed, message)
+    }
+
+    pub(crate) fn store(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Store, message)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl From<serde_json::Error> for Error {
+    fn from(e: serde_json::Error) -> Self {
+        Error::new(ErrorKind::Encoding, format!("payload is not valid JSON: {e}"))
+    }
+}

@@ -5,3 +5,5 @@ pub mod error;
 pub mod headers;
 pub mod message;
 pub mod sql;
+pub mod idempotency;
+pub mod outbox;

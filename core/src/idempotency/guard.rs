@@ -1,0 +1,209 @@
+//! The idempotency decision, written once: claim, run, then confirm or forget.
+//!
+//! The Rust wrapper ([`Idempotent`](super::Idempotent)) and the Ruby extension
+//! both drive a [`Guard`]: [`Guard::before`] says whether to run the handler,
+//! the handler runs (Rust future or Ruby block, on the caller's thread), and
+//! [`Guard::after`] settles the key from the handler's outcome.
+
+use super::store::IdempotencyStore;
+use crate::ack::{Ack, Outcome};
+use crate::error::Result;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The error class of the outcome for a message with no key. Fatal, because
+/// the same key function produces the same nothing on every retry.
+pub const MISSING_KEY_CLASS: &str = "AceMQ::AMQP::FatalError";
+
+/// The message of that outcome: what happened and what to do about it.
+pub const MISSING_KEY_MESSAGE: &str = "idempotency key is missing: give Patterns.idempotent a key: that finds one \
+     (e.g. key: ->(m) { \"charge:#{m.payload[\"order_id\"]}\" }), or publish the message with an id \
+     (a message from another client without message_id has no envelope id)";
+
+/// What to do with a delivery, decided before the handler runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Before {
+    /// First time this key is seen: run the handler, then call
+    /// [`Guard::after`] with this key and the handler's outcome.
+    Run {
+        /// The key that was claimed.
+        key: String,
+    },
+    /// Claimed or handled already: settle with `Ack::Accept` without running
+    /// the handler. A duplicate is the broker doing its job, not an error, so
+    /// it is accepted rather than filling the DLQ with handled messages.
+    Duplicate,
+    /// Settle with this outcome without running the handler: a missing key
+    /// (a fatal reject) or a failing store (a retry).
+    Settle(Outcome),
+}
+
+impl Before {
+    /// The outcome to settle with when the handler must not run; `None` for
+    /// [`Before::Run`].
+    pub fn outcome_without_running(&self) -> Option<Outcome> {
+        match self {
+            Before::Run { .. } => None,
+            Before::Duplicate => Some(Outcome::Ack(Ack::Accept)),
+            Before::Settle(o) => Some(o.clone()),
+        }
+    }
+}
+
+/// Counters kept by a [`Guard`], read with [`Guard::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GuardStats {
+    /// Times `first_time` answered false: the counter worth graphing. Normally
+    /// near zero; a spike is a redelivery storm, usually consumers killed
+    /// before they acknowledge (a shutdown timeout shorter than the handlers).
+    pub duplicates: u64,
+    /// Times the handler was run (the key was claimed).
+    pub runs: u64,
+    /// Messages settled as a fatal reject because they had no key.
+    pub missing_keys: u64,
+    /// Times `first_time` failed, so the message was retried unhandled.
+    pub store_errors: u64,
+    /// Keys confirmed after an accepting handler.
+    pub confirmed: u64,
+    /// Keys forgotten after a handler that did not accept (or was abandoned).
+    pub forgotten: u64,
+    /// Times `confirm` failed after the handler accepted. The message is
+    /// still accepted; the claim stays CLAIMED, and a redelivery after the
+    /// claim timeout could run the handler again.
+    pub confirm_errors: u64,
+    /// Times `forget` failed after the handler did not accept. The claim
+    /// stays until the claim timeout, and a redelivery before that is settled
+    /// as a duplicate without running: alert on this one.
+    pub forget_errors: u64,
+    /// Handlers that never finished (a Rust future dropped or panicking, a
+    /// Ruby thread killed): their key was forgotten.
+    pub abandoned: u64,
+}
+
+/// The idempotency decision and its counters. One per guarded handler;
+/// share it (e.g. in an `Arc`) with whatever exports metrics.
+///
+/// Counters are relaxed atomics: each is exact, but a snapshot taken while
+/// messages are being handled is not one instant across all of them.
+#[derive(Debug, Default)]
+pub struct Guard {
+    duplicates: AtomicU64,
+    runs: AtomicU64,
+    missing_keys: AtomicU64,
+    store_errors: AtomicU64,
+    confirmed: AtomicU64,
+    forgotten: AtomicU64,
+    confirm_errors: AtomicU64,
+    forget_errors: AtomicU64,
+    abandoned: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+impl Guard {
+    /// A guard with all counters at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decide whether the handler runs for a message whose key is `key`.
+    ///
+    /// - no key (`None` or empty, which is what the default key gives for a
+    ///   message with no id): [`Before::Settle`] with a fatal
+    ///   `AceMQ::AMQP::FatalError`, because retrying produces the same
+    ///   nothing and a guard that cannot key a message is not guarding it;
+    /// - the store fails: [`Before::Settle`] with a retry, because the store
+    ///   is what is broken, not the message, and carrying on could be the
+    ///   duplicate the store exists to prevent;
+    /// - not the first time: [`Before::Duplicate`];
+    /// - the first time: [`Before::Run`], and the key is now claimed.
+    pub fn before(&self, store: &dyn IdempotencyStore, key: Option<&str>) -> Before {
+        let key = match key {
+            Some(k) if !k.is_empty() => k,
+            _ => {
+                bump(&self.missing_keys);
+                return Before::Settle(Outcome::Raised {
+                    class: MISSING_KEY_CLASS.to_string(),
+                    message: MISSING_KEY_MESSAGE.to_string(),
+                    fatal: true,
+                });
+            }
+        };
+        match store.first_time(key) {
+            Ok(true) => {
+                bump(&self.runs);
+                Before::Run { key: key.to_string() }
+            }
+            Ok(false) => {
+                bump(&self.duplicates);
+                Before::Duplicate
+            }
+            Err(e) => {
+                bump(&self.store_errors);
+                Before::Settle(Outcome::Ack(Ack::retry(format!(
+                    "idempotency store failed, so the handler was not run: {e}"
+                ))))
+            }
+        }
+    }
+
+    /// Settle the key after the handler ran with `outcome`: confirm it when
+    /// the handler accepted, otherwise forget it so the retry really runs.
+    ///
+    /// The handler's outcome stands whatever this returns: the work has been
+    /// done (or not) and settling differently would only add a second
+    /// problem. An error is for logging and is counted:
+    /// - confirm failed: accept anyway; the row stays CLAIMED and a
+    ///   redelivery after the claim timeout could run the handler again
+    ///   (confirm inside the handler's own transaction to close that gap);
+    /// - forget failed: the row stays CLAIMED until the claim timeout, and a
+    ///   redelivery before then is settled as a duplicate without running.
+    pub fn after(&self, store: &dyn IdempotencyStore, key: &str, outcome: &Outcome) -> Result<()> {
+        if matches!(outcome, Outcome::Ack(Ack::Accept)) {
+            if !store.supports_confirm() {
+                return Ok(());
+            }
+            store.confirm(key).map(|()| bump(&self.confirmed)).map_err(|e| {
+                bump(&self.confirm_errors);
+                e
+            })
+        } else {
+            self.release(store, key)
+        }
+    }
+
+    /// The handler never produced an outcome (its future was dropped, it
+    /// panicked, its Ruby thread was killed): forget the key, because the
+    /// message was not handled and will be redelivered.
+    pub fn abandon(&self, store: &dyn IdempotencyStore, key: &str) -> Result<()> {
+        bump(&self.abandoned);
+        self.release(store, key)
+    }
+
+    fn release(&self, store: &dyn IdempotencyStore, key: &str) -> Result<()> {
+        if !store.supports_forget() {
+            return Ok(());
+        }
+        store.forget(key).map(|()| bump(&self.forgotten)).map_err(|e| {
+            bump(&self.forget_errors);
+            e
+        })
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> GuardStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        GuardStats {
+            duplicates: get(&self.duplicates),
+            runs: get(&self.runs),
+            missing_keys: get(&self.missing_keys),
+            store_errors: get(&self.store_errors),
+            confirmed: get(&self.confirmed),
+            forgotten: get(&self.forgotten),
+            confirm_errors: get(&self.confirm_errors),
+            forget_errors: get(&self.forget_errors),
+            abandoned: get(&self.abandoned),
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The guard wrapped around a Rust async handler: `Patterns.idempotent` for
+//! Rust services.
+
+use super::guard::{Before, Guard};
+use super::store::IdempotencyStore;
+use crate::ack::Outcome;
+use crate::message::Message;
+use std::future::Future;
+use std::sync::Arc;
+
+/// Finds a message's idempotency key; `None` (or an empty string) means it
+/// has none, which rejects the message as fatal.
+pub type KeyFn = Arc<dyn Fn(&Message) -> Option<String> + Send + Sync>;
+
+/// The default key: the envelope id, carried unchanged through every retry
+/// and rung queue. Right for "the same message arrived twice"; for "the same
+/// thing happened twice" give a key function, and prefix its keys, because
+/// the table is shared by every consumer.
+///
+/// A message from a foreign publisher without a message id has an empty id,
+/// so it has no key.
+pub fn default_key(message: &Message) -> Option<String> {
+    Some(message.envelope.id.clone()).filter(|id| !id.is_empty())
+}
+
+/// A handler that runs at most once per key while the store remembers it.
+///
+/// The store is called synchronously on the task that handles the message.
+/// For a local SQLite file ([`SqliteConnection`](crate::sql::SqliteConnection))
+/// that is a short blocking write per message and acceptable; a store over a
+/// slow network database belongs behind `spawn_blocking` in the handler's
+/// runtime instead.
+pub struct Idempotent<S, H> {
+    store: S,
+    key: KeyFn,
+    handler: H,
+    guard: Arc<Guard>,
+}
+
+/// Wrap `handler` in the guard: `key` finds the key (default: the envelope id).
+pub fn idempotent<S, H, Fut>(store: S, key: Option<KeyFn>, handler: H) -> Idempotent<S, H>
+where
+    S: IdempotencyStore,
+    H: Fn(Message) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    let wrapped = Idempotent::new(store, handler);
+    match key {
+        Some(key) => Idempotent { key, ..wrapped },
+        None => wrapped,
+    }
+}
+
+impl<S, H, Fut> Idempotent<S, H>
+where
+    S: IdempotencyStore,
+    H: Fn(Message) -> Fut,
+    Fut: Future<Output = Outcome>,
+{
+    /// Wrap `handler`, keyed by the envelope id.
+    pub fn new(store: S, handler: H) -> Self {
+        Idempotent { store, key: Arc::new(default_key), handler, guard: Arc::new(Guard::new()) }
+    }
+
+    /// Key messages with `key` instead of the envelope id.
+    pub fn with_key(mut self, key: impl Fn(&Message) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// Count into `guard` (e.g. one shared with a metrics exporter).
+    pub fn with_guard(mut self, guard: Arc<Guard>) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    /// The guard and its counters.
+    pub fn guard(&self) -> &Arc<Guard> {
+        &self.guard
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Handle one message: claim its key, run the handler the first time,
+    /// then confirm the key on accept or forget it otherwise.
+    ///
+    /// Cancel safe in the sense that matters: if this future is dropped, or
+    /// the handler panics, while the handler runs, the claim is forgotten
+    /// (the message was not settled and will be redelivered, and that
+    /// delivery must run).
+    pub async fn handle(&self, message: Message) -> Outcome {
+        let key = (self.key)(&message);
+        let key = match self.guard.before(&self.store, key.as_deref()) {
+            Before::Run { key } => key,
+            other => return other.outcome_without_running().expect("only Run runs the handler"),
+        };
+        let mut pending = Pending { guard: &self.guard, store: &self.store, key: Some(key) };
+        let outcome = (self.handler)(message).await;
+        let key = pending.key.take().expect("the key is taken once");
+        // An error here is counted by the guard; the outcome stands (see Guard::after).
+        let _ = self.guard.after(&self.store, &key, &outcome);
+        outcome
+    }
+}
+
+/// Forgets the claim if the handler never finishes: dropped mid-await or
+/// unwinding from a panic.
+struct Pending<'a, S: IdempotencyStore> {
+    guard: &'a Guard,
+    store: &'a S,
+    key: Option<String>,
+}
+
+impl<S: IdempotencyStore> Drop for Pending<'_, S> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let _ = self.guard.abandon(self.store, &key);
+        }
+    }
+}

@@ -14,10 +14,17 @@ mod clock;
 mod guard;
 mod handler;
 mod memory;
+mod source;
+mod sql;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use guard::{Before, Guard, GuardStats, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE};
 pub use handler::{default_key, idempotent, Idempotent, KeyFn};
 pub use memory::{InMemoryIdempotencyStore, DEFAULT_CLAIM_TIMEOUT, DEFAULT_WINDOW};
+pub use source::{ConnectionSource, PerCall};
+pub use sql::{SqlIdempotencyOptions, SqlIdempotencyStore, DEFAULT_RETENTION, DEFAULT_TABLE};
 pub use store::IdempotencyStore;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,253 @@
+//! The relay for Rust services: claim, publish, complete, on a tokio task.
+
+use super::{Completion, OutboxPublisher, SqlOutboxStore};
+use crate::error::{Error, Result};
+use crate::sql::SqlConnection;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Called for every record that could not be published, with its exchange
+/// and routing key, and for a sweep that failed as a whole (the database is
+/// unreachable), with both empty.
+pub type OnError = Box<dyn Fn(&Error, &str, &str) + Send + Sync>;
+
+/// Options of an [`OutboxRelay`].
+pub struct RelayOptions {
+    /// The wait between sweeps that found less than a full batch. Default 1 second.
+    pub interval: Duration,
+    /// Rows claimed and published per sweep. Default 100.
+    pub batch_size: usize,
+    /// Told about every failure. Without it, a relay whose publishes all fail
+    /// is an outbox filling up with nothing to show for it but messages that
+    /// never arrive; [`SqlOutboxStore::stuck`] shows the same afterwards.
+    pub on_error: Option<OnError>,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        RelayOptions { interval: Duration::from_secs(1), batch_size: 100, on_error: None }
+    }
+}
+
+impl std::fmt::Debug for RelayOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayOptions")
+            .field("interval", &self.interval)
+            .field("batch_size", &self.batch_size)
+            .field("on_error", &self.on_error.as_ref().map(|_| "Fn"))
+            .finish()
+    }
+}
+
+/// Publishes what the outbox holds: claims a batch, publishes it and awaits
+/// the confirms together, deletes what was confirmed and backs off what was
+/// not.
+///
+/// The store's connection must be `Send + Sync` here, because its blocking
+/// SQL runs on tokio's blocking pool (`spawn_blocking`) rather than stalling
+/// a runtime worker while SQLite waits for a lock.
+/// [`SqliteConnection`](crate::sql::SqliteConnection) is. A connection that
+/// cannot leave its thread (a Ruby driver object) uses the store's three
+/// steps directly instead: [`SqlOutboxStore::claim`], publish,
+/// [`SqlOutboxStore::complete`].
+///
+/// Several relays, in one process or many, can run against one table: a
+/// claimed row is leased to one of them.
+///
+/// ```no_run
+/// # use acemq::outbox::*;
+/// # use acemq::sql::SqliteConnection;
+/// # use std::sync::Arc;
+/// # async fn run(publisher: Arc<dyn OutboxPublisher>) -> acemq::error::Result<()> {
+/// let store = SqlOutboxStore::new(Box::new(SqliteConnection::open("app.db")?), OutboxStoreOptions::default())?;
+/// store.create_schema()?;
+/// let relay = OutboxRelay::new(publisher, store, RelayOptions {
+///     on_error: Some(Box::new(|error, exchange, routing_key| {
+///         eprintln!("outbox stuck on {exchange}/{routing_key}: {error}");
+///     })),
+///     ..RelayOptions::default()
+/// });
+/// relay.start()?;
+/// // ... and at shutdown:
+/// relay.close().await;
+/// # Ok(()) }
+/// ```
+pub struct OutboxRelay<C: SqlConnection + Send + Sync + ?Sized + 'static = dyn SqlConnection + Send + Sync> {
+    inner: Arc<Inner<C>>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    stop: watch::Sender<bool>,
+}
+
+struct Inner<C: SqlConnection + Send + Sync + ?Sized + 'static> {
+    publisher: Arc<dyn OutboxPublisher>,
+    store: Arc<SqlOutboxStore<C>>,
+    options: RelayOptions,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Swept {
+    claimed: usize,
+    confirmed: usize,
+}
+
+impl<C: SqlConnection + Send + Sync + ?Sized + 'static> OutboxRelay<C> {
+    /// A relay publishing `store`'s rows through `publisher`. Nothing runs
+    /// until [`start`](Self::start) or [`sweep`](Self::sweep).
+    pub fn new(publisher: Arc<dyn OutboxPublisher>, store: SqlOutboxStore<C>, options: RelayOptions) -> Self {
+        let (stop, _) = watch::channel(false);
+        OutboxRelay {
+            inner: Arc::new(Inner { publisher, store: Arc::new(store), options }),
+            task: Mutex::new(None),
+            stop,
+        }
+    }
+
+    /// The store it relays from (for [`backlog`](SqlOutboxStore::backlog) and
+    /// [`stuck`](SqlOutboxStore::stuck)).
+    pub fn store(&self) -> &SqlOutboxStore<C> {
+        &self.inner.store
+    }
+
+    /// Publish one batch now; how many the broker confirmed.
+    ///
+    /// What a test calls instead of waiting for a tick, and what an
+    /// application calls to flush its outbox at the end of a request. Each
+    /// record that fails is reported to `on_error` and retried after its
+    /// backoff; an error is returned only when the database step failed.
+    ///
+    /// Cancel safe in that nothing is lost: rows claimed by a sweep that is
+    /// dropped stay leased until the lease runs out and are published then
+    /// (possibly a second time).
+    pub async fn sweep(&self) -> Result<usize> {
+        self.inner.sweep().await.map(|s| s.confirmed)
+    }
+
+    /// Sweep every `interval` on a tokio task, and again at once after a
+    /// sweep that claimed a full batch, until [`close`](Self::close). Must be
+    /// called within a tokio runtime. Starting a started relay does nothing.
+    pub fn start(&self) -> Result<()> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            Error::invalid("the outbox relay starts a tokio task: call start from within a tokio runtime")
+        })?;
+        if *self.stop.borrow() {
+            return Err(Error::closed("this outbox relay is closed; build a new one to start again"));
+        }
+        let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
+        if task.is_none() {
+            let inner = self.inner.clone();
+            let stop = self.stop.subscribe();
+            *task = Some(handle.spawn(inner.run(stop)));
+        }
+        Ok(())
+    }
+
+    /// Stop sweeping: the sweep in progress finishes (its confirmed rows are
+    /// deleted, its failures recorded), then the task ends. Cancel safe: the
+    /// relay is stopped as soon as this is first called.
+    pub async fn close(&self) {
+        self.stop.send_replace(true);
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            // A panic in on_error ended the task already; nothing is left to stop.
+            let _ = task.await;
+        }
+    }
+}
+
+impl<C: SqlConnection + Send + Sync + ?Sized + 'static> Drop for OutboxRelay<C> {
+    /// A dropped relay stops after its current sweep rather than sweeping on
+    /// with nobody holding it.
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+impl<C: SqlConnection + Send + Sync + ?Sized + 'static> std::fmt::Debug for OutboxRelay<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OutboxRelay").field("store", &self.inner.store).field("options", &self.inner.options).finish()
+    }
+}
+
+impl<C: SqlConnection + Send + Sync + ?Sized + 'static> Inner<C> {
+    async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let full = match self.sweep().await {
+                Ok(swept) => swept.claimed >= self.options.batch_size,
+                Err(e) => {
+                    self.report(&e, "", "");
+                    false
+                }
+            };
+            if full {
+                // More is waiting: sweep again now rather than an interval later,
+                // but let the runtime breathe between batches.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.options.interval) => {}
+                // Err: the relay was dropped; either way, stop.
+                _ = stop.changed() => {}
+            }
+        }
+    }
+
+    async fn sweep(&self) -> Result<Swept> {
+        let store = self.store.clone();
+        let batch_size = self.options.batch_size;
+        let records = blocking(move || store.claim(batch_size)).await?;
+        if records.is_empty() {
+            return Ok(Swept::default());
+        }
+        let mut results = self.publisher.publish_batch(&records).await.into_iter();
+        let mut confirmed = 0;
+        let completions: Vec<Completion> = records
+            .iter()
+            .map(|record| match results.next() {
+                Some(Ok(())) => {
+                    confirmed += 1;
+                    Completion::confirmed(record)
+                }
+                Some(Err(e)) => {
+                    self.report(&e, &record.exchange, &record.routing_key);
+                    Completion::failed(record, e)
+                }
+                None => {
+                    let e = Error::store("the outbox publisher returned no result for this record; it will be retried");
+                    self.report(&e, &record.exchange, &record.routing_key);
+                    Completion::failed(record, e)
+                }
+            })
+            .collect();
+        let store = self.store.clone();
+        // Completing after the confirms, never before: a crash in between
+        // publishes these again, where deleting first would lose them.
+        blocking(move || store.complete(&completions)).await?;
+        Ok(Swept { claimed: records.len(), confirmed })
+    }
+
+    fn report(&self, error: &Error, exchange: &str, routing_key: &str) {
+        if let Some(on_error) = &self.options.on_error {
+            on_error(error, exchange, routing_key);
+        }
+    }
+}
+
+/// Run blocking SQL on tokio's blocking pool when there is a runtime, inline
+/// when there is none (a sweep driven by another executor).
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => match handle.spawn_blocking(f).await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(Error::closed(format!("the outbox store task was cancelled ({e}); is the runtime shutting down?"))),
+        },
+        Err(_) => f(),
+    }
+}

@@ -164,10 +164,7 @@ impl Guard {
             if !store.supports_confirm() {
                 return Ok(());
             }
-            store.confirm(key).map(|()| bump(&self.confirmed)).map_err(|e| {
-                bump(&self.confirm_errors);
-                e
-            })
+            store.confirm(key).map(|()| bump(&self.confirmed)).inspect_err(|_| bump(&self.confirm_errors))
         } else {
             self.release(store, key)
         }
@@ -185,10 +182,7 @@ impl Guard {
         if !store.supports_forget() {
             return Ok(());
         }
-        store.forget(key).map(|()| bump(&self.forgotten)).map_err(|e| {
-            bump(&self.forget_errors);
-            e
-        })
+        store.forget(key).map(|()| bump(&self.forgotten)).inspect_err(|_| bump(&self.forget_errors))
     }
 
     /// A snapshot of the counters.

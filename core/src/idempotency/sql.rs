@@ -156,6 +156,74 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
         self.with_conn("purge expired idempotency keys", |c, s| c.execute(&s.purge, &[SqlValue::Int(now)]))
     }
 
+    /// [`first_time`](IdempotencyStore::first_time) for each key, in one
+    /// transaction: one commit instead of one per key, for a consumer that
+    /// takes deliveries in batches. Each key follows exactly the one-message
+    /// rules (insert, else take over a stale claim), in order, so a key
+    /// repeated in the batch is claimed once. Opens its own transaction, so
+    /// do not call it inside one on the same connection.
+    pub fn claim_batch(&self, keys: &[&str]) -> Result<Vec<bool>> {
+        let now = self.clock.now_millis();
+        let expires = now.saturating_add(millis(self.options.retention));
+        let stale_before = now.saturating_sub(millis(self.options.claim_timeout));
+        let worker = SqlValue::Text(self.worker());
+        self.transaction("claim idempotency keys", |c, s| {
+            let mut claimed = Vec::with_capacity(keys.len());
+            for key in keys {
+                let key = SqlValue::Text(key.to_string());
+                let inserted = c.execute(
+                    &s.claim,
+                    &[key.clone(), worker.clone(), SqlValue::Int(now), SqlValue::Int(expires)],
+                )?;
+                let won = inserted > 0
+                    || c.execute(
+                        &s.take_over,
+                        &[worker.clone(), SqlValue::Int(now), SqlValue::Int(expires), key, SqlValue::Int(stale_before)],
+                    )? > 0;
+                claimed.push(won);
+            }
+            Ok(claimed)
+        })
+    }
+
+    /// [`confirm`](IdempotencyStore::confirm) each key in one transaction.
+    pub fn confirm_batch(&self, keys: &[&str]) -> Result<()> {
+        self.transaction("confirm idempotency keys", |c, s| {
+            for key in keys {
+                c.execute(&s.confirm, &[SqlValue::Text(key.to_string())])?;
+            }
+            Ok(())
+        })
+    }
+
+    fn transaction<R>(
+        &self,
+        doing: &str,
+        f: impl FnOnce(&dyn SqlConnection, &Statements) -> Result<R>,
+    ) -> Result<R> {
+        self.with_conn(doing, |c, s| {
+            // IMMEDIATE on SQLite takes the write lock up front: a deferred
+            // transaction that reads then writes can fail with SQLITE_BUSY
+            // instead of waiting out the busy timeout.
+            let begin = match c.dialect() {
+                Dialect::Sqlite => "BEGIN IMMEDIATE",
+                Dialect::Postgres => "BEGIN",
+            };
+            c.execute(begin, &[])?;
+            match f(c, s) {
+                Ok(r) => {
+                    c.execute("COMMIT", &[])?;
+                    Ok(r)
+                }
+                Err(e) => {
+                    // The original error is the one worth reporting.
+                    let _ = c.execute("ROLLBACK", &[]);
+                    Err(e)
+                }
+            }
+        })
+    }
+
     fn statements(&self, dialect: Dialect) -> &Statements {
         match dialect {
             Dialect::Sqlite => &self.sqlite,
@@ -488,8 +556,8 @@ mod tests {
             })
             .collect();
         let wins: Vec<Vec<bool>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        for i in 0..200 {
-            assert_eq!(wins[0][i] as u8 + wins[1][i] as u8, 1, "race-{i}: {} {}", wins[0][i], wins[1][i]);
+        for (i, (a, b)) in wins[0].iter().zip(&wins[1]).enumerate() {
+            assert_eq!(*a as u8 + *b as u8, 1, "race-{i}: {a} {b}");
         }
         assert_eq!(rows(&db).len(), 200);
     }
@@ -553,6 +621,44 @@ mod tests {
         let w = s.worker();
         assert!(w.ends_with(&format!(":{}", std::process::id())), "{w}");
         assert!(!w.starts_with(':'), "{w}");
+    }
+
+    #[test]
+    fn batches_follow_the_one_message_rules() {
+        let db = TempDb::new("batch");
+        let clock = ManualClock::default();
+        let (a, b) = (store(&db, "w1", &clock), store(&db, "w2", &clock));
+        assert!(a.first_time("confirmed").unwrap());
+        a.confirm("confirmed").unwrap();
+        assert!(a.first_time("stale").unwrap());
+        assert!(a.first_time("live").unwrap());
+        clock.advance(Duration::from_secs(11));
+        assert!(a.first_time("live").unwrap()); // a takes its own stale claim back: now live again
+        let got = b.claim_batch(&["new", "confirmed", "stale", "live", "new"]).unwrap();
+        assert_eq!(got, vec![true, false, true, false, false]);
+        b.confirm_batch(&["new", "stale"]).unwrap();
+        assert!(b.confirmed("new").unwrap() && b.confirmed("stale").unwrap());
+        assert!(!b.confirmed("live").unwrap());
+        assert_eq!(b.claim_batch(&[]).unwrap(), Vec::<bool>::new());
+    }
+
+    #[test]
+    fn failed_batch_rolls_back() {
+        let db = TempDb::new("batchfail");
+        let clock = ManualClock::default();
+        let s = store(&db, "w1", &clock);
+        db.connect().execute("DROP INDEX acemq_idempotency_expiry", &[]).unwrap();
+        // A trigger that fails the second insert: the first must not stay.
+        db.connect()
+            .execute(
+                "CREATE TRIGGER no_b BEFORE INSERT ON acemq_idempotency WHEN NEW.message_id = 'b' \
+                 BEGIN SELECT RAISE(ABORT, 'no b'); END",
+                &[],
+            )
+            .unwrap();
+        assert!(s.claim_batch(&["a", "b"]).is_err());
+        assert!(rows(&db).is_empty());
+        assert!(s.first_time("a").unwrap(), "the connection is usable after the rollback");
     }
 
     #[test]

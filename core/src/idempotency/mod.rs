@@ -9,6 +9,26 @@
 //!
 //! Stores: [`InMemoryIdempotencyStore`] (one process: specs and development)
 //! and [`SqlIdempotencyStore`] (SQLite or PostgreSQL through the SQL seam).
+//!
+//! ```no_run
+//! use acemq::ack::{Ack, Outcome};
+//! use acemq::idempotency::{Idempotent, SqlIdempotencyOptions, SqlIdempotencyStore};
+//! use acemq::message::Message;
+//! use acemq::sql::SqliteConnection;
+//!
+//! # fn main() -> acemq::error::Result<()> {
+//! let store = SqlIdempotencyStore::new(SqliteConnection::open("app.sqlite3")?, SqlIdempotencyOptions::default())?;
+//! store.create_schema()?;
+//! // Prefix the key: the table is shared by every consumer in the application.
+//! let charge = Idempotent::new(store, |m: Message| async move {
+//!     // Payments::charge(&m.payload["order_id"], ...) runs once per order.
+//!     Outcome::Ack(Ack::accept())
+//! })
+//! .with_key(|m| m.payload["order_id"].as_str().map(|id| format!("charge:{id}")));
+//! // In the consumer: `let outcome = charge.handle(message).await;`
+//! // Graph `charge.guard().stats().duplicates`.
+//! # Ok(()) }
+//! ```
 
 mod clock;
 mod guard;

@@ -255,6 +255,9 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
 }
 
 impl<C: ConnectionSource> IdempotencyStore for SqlIdempotencyStore<C> {
+    /// The INSERT (and any takeover) commits on its own only if the
+    /// connection is not inside a transaction: give the store a connection
+    /// outside the handler's transaction, or the claim rolls back with the work.
     fn first_time(&self, key: &str) -> Result<bool> {
         let now = self.clock.now_millis();
         let expires = now.saturating_add(millis(self.options.retention));

@@ -311,3 +311,13 @@ fn dropped_or_panicking_handler_forgets_its_claim() {
 }
 
 use std::future::Future;
+
+#[test]
+fn wrapper_over_a_sqlite_store_is_send_for_tokio_spawn() {
+    fn assert_send<T: Send>(_: &T) {}
+    let db = TempDb::new("send");
+    let h = Idempotent::new(sql_store(&db, "w1"), |_m: Message| async { Outcome::Ack(Ack::Accept) });
+    let fut = h.handle(message("m-1"));
+    assert_send(&fut);
+    assert_eq!(block_on(fut), Outcome::Ack(Ack::Accept));
+}

@@ -20,6 +20,9 @@ pub enum ErrorKind {
     Broker { reply_code: u16 },
     /// The broker negatively acknowledged a publish (nack): it was not stored.
     Nacked,
+    /// A mandatory publish matched no queue: the broker returned it. Nothing
+    /// was stored; bind a queue or check the routing key.
+    Unroutable,
     /// A broker round trip did not finish within its timeout.
     Timeout,
     /// A payload could not be serialized, or a body is not JSON.

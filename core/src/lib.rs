@@ -1,9 +1,58 @@
-//! placeholder, being written
+//! AceMQ: RabbitMQ messaging where at-least-once delivery is made harmless.
+//!
+//! Publish with confirms, consume with an [`Ack`], retry on a ladder of delay
+//! queues, dead-letter with the reason attached, and keep work and the
+//! message about it together with the idempotent consumer and the
+//! transactional outbox. The same engine runs the `acemq` Ruby gem.
+//!
+//! ```no_run
+//! use acemq::{Ack, ConsumeOptions, Connection, Outcome, PublishOptions, Topology};
+//! use serde_json::json;
+//!
+//! # async fn run() -> acemq::Result<()> {
+//! let mq = Connection::open("amqp://guest:guest@localhost:5672").await?;
+//! mq.apply(&Topology::new().queue("payments")).await?;
+//!
+//! let handle = mq
+//!     .consume("payments", ConsumeOptions::default(), |message| async move {
+//!         println!("charging {}", message.payload["order_id"]);
+//!         Outcome::Ack(Ack::accept())
+//!     })
+//!     .await?;
+//!
+//! mq.publish(&json!({"order_id": "A-1", "amount": 4200}), "payments", PublishOptions::default()).await?;
+//! handle.cancel().await;
+//! mq.close().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `memory://` opens an in-process broker with the same semantics, for tests
+//! and demos without RabbitMQ.
+
 pub mod ack;
+pub mod connection;
+pub mod consumer;
 pub mod envelope;
 pub mod error;
 pub mod headers;
-pub mod message;
-pub mod sql;
 pub mod idempotency;
+pub mod message;
 pub mod outbox;
+pub mod retry;
+pub mod runtime;
+pub mod sql;
+pub mod topology;
+pub mod transport;
+pub mod wire;
+
+pub use ack::{Ack, Outcome, Settlement};
+pub use connection::{Connection, ConnectionOptions, PublishOptions};
+pub use consumer::{ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next};
+pub use envelope::Envelope;
+pub use error::{Error, ErrorKind, Result};
+pub use message::{DeliveryInfo, Message};
+pub use retry::RetryPolicy;
+pub use topology::{ExchangeKind, Topology};
+pub use transport::memory::MemoryBroker;
+pub use transport::Confirm;

@@ -1,0 +1,212 @@
+//! A connection to a broker: publish with confirms, apply a topology, open
+//! consumers.
+
+use crate::consumer::{ConsumeOptions, Consumer, ConsumerHandle};
+use crate::envelope::Envelope;
+use crate::error::{Error, Result};
+use crate::headers::Headers;
+use crate::message::Message;
+use crate::ack::Outcome;
+use crate::topology::Topology;
+use crate::transport::memory::MemoryBroker;
+use crate::transport::{Backend, Confirm};
+use crate::wire::props_for;
+use serde::Serialize;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to open a connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionOptions {
+    /// Stamped on every message this connection publishes (`app_id`,
+    /// `x-acemq-origin`). Defaults to the program name and host.
+    pub origin: Option<String>,
+    /// How long to wait for the broker to accept the connection. A broker
+    /// that is down must not hang a boot.
+    pub connect_timeout: Duration,
+    /// How long to wait for a publish confirm before reporting a timeout.
+    pub confirm_timeout: Duration,
+}
+
+impl Default for ConnectionOptions {
+    fn default() -> Self {
+        ConnectionOptions { origin: None, connect_timeout: Duration::from_secs(5), confirm_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// Where and how to publish one message.
+#[derive(Debug, Clone, Default)]
+pub struct PublishOptions {
+    /// The exchange; empty for the default exchange, which routes to the queue
+    /// named by the routing key.
+    pub exchange: String,
+    /// A ready-made envelope (its id is kept: publishing the same envelope
+    /// twice is the same message twice). Without one, a fresh envelope.
+    pub envelope: Option<Envelope>,
+    /// The message type, when no envelope is given (or to override it).
+    pub kind: Option<String>,
+    /// Extra headers.
+    pub headers: Headers,
+}
+
+struct Inner {
+    backend: Backend,
+    origin: String,
+    url: String,
+    closed: AtomicBool,
+}
+
+/// A connection to RabbitMQ (`amqp://`) or to an in-process broker (`memory://`).
+/// Cheap to clone; every clone is the same connection.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Arc<Inner>,
+}
+
+fn default_origin() -> String {
+    let program = std::env::args()
+        .next()
+        .and_then(|p| std::path::Path::new(&p).file_name().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "acemq".into());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "localhost".into());
+    format!("{program}@{host}")
+}
+
+impl Connection {
+    /// Open `url` with default options. Not cancel safe (a dropped future may
+    /// leave a half-open connection that the broker closes on its own).
+    pub async fn open(url: &str) -> Result<Connection> {
+        Self::open_with(url, ConnectionOptions::default()).await
+    }
+
+    /// Open `url` with `options`.
+    pub async fn open_with(url: &str, options: ConnectionOptions) -> Result<Connection> {
+        let backend = Backend::open(url, options.connect_timeout, options.confirm_timeout).await?;
+        Ok(Connection {
+            inner: Arc::new(Inner {
+                backend,
+                origin: options.origin.unwrap_or_else(default_origin),
+                url: url.to_owned(),
+                closed: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// The origin stamped on what this connection publishes.
+    pub fn origin(&self) -> &str {
+        &self.inner.origin
+    }
+
+    /// The URL it was opened with.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// The in-process broker, for a `memory://` connection.
+    pub fn memory_broker(&self) -> Option<Arc<MemoryBroker>> {
+        match &self.inner.backend {
+            Backend::Memory(b) => Some(b.clone()),
+            Backend::Amqp(_) => None,
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.inner.backend
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            Err(Error::closed("the connection is closed: open a new one"))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Declare `topology` (each queue with its `{queue}.dlq`). Idempotent:
+    /// run it from every process at boot.
+    pub async fn apply(&self, topology: &Topology) -> Result<()> {
+        self.check_open()?;
+        self.inner.backend.apply(topology).await
+    }
+
+    /// The envelope a publish with `options` carries: the given envelope (its
+    /// id kept) or a fresh one, the type and headers applied, and this
+    /// connection's origin where it has none. These are the rules for every
+    /// message, the outbox's included.
+    pub fn envelope_for(&self, options: &PublishOptions) -> Envelope {
+        let mut env = options.envelope.clone().unwrap_or_default();
+        if let Some(k) = &options.kind {
+            env.kind = Some(k.clone());
+        }
+        for (k, v) in &options.headers {
+            env.headers.insert(k.clone(), v.clone());
+        }
+        if env.origin.is_none() {
+            env.origin = Some(self.inner.origin.clone());
+        }
+        env
+    }
+
+    /// Publish `payload` as JSON to `routing_key` and wait for the broker's
+    /// confirm. Returns the envelope it went out with.
+    pub async fn publish<T: Serialize + ?Sized>(&self, payload: &T, routing_key: &str, options: PublishOptions) -> Result<Envelope> {
+        let body = serde_json::to_vec(payload)?;
+        let env = self.envelope_for(&options);
+        self.send_json(&body, &options.exchange, routing_key, &env).await?.wait().await?;
+        Ok(env)
+    }
+
+    /// Send a JSON body with `envelope` and return without waiting for the
+    /// confirm: await [`Confirm::wait`] on each, together, to publish many
+    /// at the speed of the network rather than of a round trip each.
+    pub async fn send_json(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope) -> Result<Confirm> {
+        self.check_open()?;
+        if exchange.is_empty() && routing_key.is_empty() {
+            return Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"));
+        }
+        self.inner.backend.send(exchange, routing_key, body, &props_for(envelope)).await
+    }
+
+    /// Open a pull consumer on `queue`: [`Consumer::next`] and
+    /// [`Consumer::settle`]. Declares the queue's retry ladder and DLQ.
+    pub async fn consumer(&self, queue: &str, options: ConsumeOptions) -> Result<Consumer> {
+        self.check_open()?;
+        Consumer::open(self.clone(), queue, options).await
+    }
+
+    /// Run `handler` for every message on `queue`, `options.concurrency` at a
+    /// time, until the returned handle is cancelled.
+    pub async fn consume<H, Fut>(&self, queue: &str, options: ConsumeOptions, handler: H) -> Result<ConsumerHandle>
+    where
+        H: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Outcome> + Send + 'static,
+    {
+        let consumer = self.consumer(queue, options).await?;
+        Ok(ConsumerHandle::spawn(consumer, handler))
+    }
+
+    /// Close the connection. Consumers' unsettled messages go back to their
+    /// queues.
+    pub async fn close(&self) {
+        if !self.inner.closed.swap(true, Ordering::AcqRel) {
+            self.inner.backend.close().await;
+        }
+    }
+
+    /// Is it closed?
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let endpoint = self.inner.url.split('@').next_back().unwrap_or("");
+        write!(f, "Connection({endpoint}, origin: {})", self.inner.origin)
+    }
+}

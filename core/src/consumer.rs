@@ -1,0 +1,354 @@
+//! Consuming: a pull consumer (next delivery, settle with an outcome) and a
+//! push consumer built on it. Settling is where the retry ladder and the
+//! dead-letter queue live: copy first, confirmed, then acknowledge.
+
+use crate::ack::{Outcome, Settlement};
+use crate::connection::Connection;
+use crate::envelope::{now_secs, ATTEMPT_HEADER};
+use crate::error::{Error, ErrorKind, Result};
+use crate::message::Message;
+use crate::retry::{dlq_name, rung_name, RetryPolicy};
+use crate::topology::{QueueSpec, Topology};
+use crate::transport::queue::Pop;
+use crate::transport::Link;
+use crate::wire::{
+    decode, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    QUEUE_HEADER, REASON_HEADER,
+};
+use serde_json::Value;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to consume.
+#[derive(Debug, Clone)]
+pub struct ConsumeOptions {
+    /// Deliveries in flight at once, never unlimited. Default 32.
+    pub prefetch: u16,
+    /// Handlers running at once (push consumer; the Ruby consumer's threads).
+    pub concurrency: usize,
+    /// The retry ladder.
+    pub retry: RetryPolicy,
+}
+
+impl Default for ConsumeOptions {
+    fn default() -> Self {
+        ConsumeOptions { prefetch: 32, concurrency: 1, retry: RetryPolicy::default() }
+    }
+}
+
+/// One delivery being handled: the message and what is needed to settle it.
+#[derive(Debug)]
+pub struct Delivery {
+    /// The message, for the handler.
+    pub message: Message,
+    raw: RawDelivery,
+}
+
+impl Delivery {
+    /// The delivery tag (unique within this consumer while unsettled).
+    pub fn tag(&self) -> u64 {
+        self.raw.tag
+    }
+}
+
+/// What a blocking wait produced.
+pub enum Next {
+    /// A message to handle.
+    Delivery(Box<Delivery>),
+    /// Nothing arrived within the wait.
+    Empty,
+    /// The consumer was stopped or the broker ended the subscription.
+    Closed,
+}
+
+/// Counters a consumer keeps; read with [`Consumer::stats`].
+#[derive(Debug, Default)]
+struct Counters {
+    accepted: AtomicU64,
+    retried: AtomicU64,
+    dead_lettered: AtomicU64,
+}
+
+/// A snapshot of a consumer's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConsumerStats {
+    /// Settled by acceptance.
+    pub accepted: u64,
+    /// Copied to a rung of the retry ladder.
+    pub retried: u64,
+    /// Copied to the DLQ (rejected, exhausted, or undecodable).
+    pub dead_lettered: u64,
+}
+
+/// A pull consumer on one queue.
+pub struct Consumer {
+    conn: Connection,
+    queue: String,
+    options: ConsumeOptions,
+    link: Link,
+    counters: Counters,
+    stopped: AtomicBool,
+}
+
+impl Consumer {
+    pub(crate) async fn open(conn: Connection, queue: &str, options: ConsumeOptions) -> Result<Consumer> {
+        options.retry.validate()?;
+        if queue.is_empty() {
+            return Err(Error::invalid("consume needs a queue name"));
+        }
+        if options.prefetch == 0 {
+            return Err(Error::invalid("prefetch must be at least 1: unlimited prefetch is not offered"));
+        }
+        if options.concurrency == 0 {
+            return Err(Error::invalid("concurrency must be at least 1"));
+        }
+        let link = conn.backend().subscribe(queue, options.prefetch).await?;
+        let consumer = Consumer { conn, queue: queue.to_owned(), options, link, counters: Counters::default(), stopped: AtomicBool::new(false) };
+        if let Err(e) = consumer.declare_ladder().await {
+            consumer.close().await;
+            return Err(e);
+        }
+        Ok(consumer)
+    }
+
+    /// The DLQ and one rung per distinct delay. Declared by every consumer:
+    /// a reject must never find its queue missing.
+    fn ladder(&self) -> Topology {
+        let mut t = Topology::new();
+        let mut dlq = QueueSpec::new(dlq_name(&self.queue));
+        dlq.dead_letter_queue = false;
+        t = t.queue_spec(dlq);
+        for delay in self.options.retry.rungs() {
+            t = t.queue_spec(QueueSpec::delay(rung_name(&self.queue, delay), delay, &self.queue));
+        }
+        t
+    }
+
+    async fn declare_ladder(&self) -> Result<()> {
+        self.conn.backend().apply(&self.ladder()).await
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The options it was opened with.
+    pub fn options(&self) -> &ConsumeOptions {
+        &self.options
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ConsumerStats {
+        ConsumerStats {
+            accepted: self.counters.accepted.load(Ordering::Relaxed),
+            retried: self.counters.retried.load(Ordering::Relaxed),
+            dead_lettered: self.counters.dead_lettered.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Why the broker ended the subscription, if it did.
+    pub fn failure(&self) -> Option<Error> {
+        self.link.failure()
+    }
+
+    /// The next message, or None once stopped. A delivery that cannot be a
+    /// message (not JSON, a foreign content type) is dead-lettered here with
+    /// the reason, and the wait goes on. Cancel safe.
+    pub async fn next(&self) -> Option<Delivery> {
+        loop {
+            let raw = self.link.queue().pop().await?;
+            if let Some(d) = self.understand(raw).await {
+                return Some(d);
+            }
+        }
+    }
+
+    /// Like [`Consumer::next`] for a thread outside the runtime: wait at most
+    /// `timeout`. Must not be called from inside a tokio runtime.
+    pub fn next_blocking(&self, timeout: Duration) -> Next {
+        match self.link.queue().pop_blocking(timeout) {
+            Pop::Item(raw) => match crate::runtime::block_on(self.understand(raw)) {
+                Some(d) => Next::Delivery(Box::new(d)),
+                None => Next::Empty,
+            },
+            Pop::Empty => Next::Empty,
+            Pop::Closed => Next::Closed,
+        }
+    }
+
+    /// Like [`Consumer::next_blocking`] without waiting at all.
+    pub fn try_next(&self) -> Next {
+        self.next_blocking(Duration::ZERO)
+    }
+
+    /// Wake every thread blocked in [`Consumer::next_blocking`] (they return `Empty`).
+    pub fn wake(&self) {
+        self.link.queue().wake_all();
+    }
+
+    async fn understand(&self, raw: RawDelivery) -> Option<Delivery> {
+        match decode(&self.queue, &raw) {
+            Ok(message) => Some(Delivery { message, raw }),
+            Err(undecodable) => {
+                let _ = self.dead_letter(raw, &undecodable.reason, None).await;
+                None
+            }
+        }
+    }
+
+    /// Settle a delivery with what its handler produced: accept acknowledges;
+    /// retry copies to the next rung (or the DLQ past `max_attempts`); reject
+    /// copies to the DLQ. A copy is confirmed by the broker before the
+    /// original is acknowledged, so a crash in between duplicates and never
+    /// loses. If the copy cannot be made the original goes back to the queue
+    /// and the error is returned.
+    pub async fn settle(&self, delivery: Delivery, outcome: Outcome) -> Result<()> {
+        match outcome.settlement() {
+            Settlement::Accept => {
+                self.link.ack(delivery.raw.tag);
+                self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Settlement::Retry { reason, error_class } => {
+                let attempt = delivery.message.envelope.attempt;
+                if attempt >= self.options.retry.max_attempts {
+                    let reason = format!("retries exhausted after {attempt} attempts: {reason}");
+                    self.dead_letter(delivery.raw, &reason, error_class.as_deref()).await
+                } else {
+                    self.retry(delivery.raw, attempt, &reason, error_class.as_deref()).await
+                }
+            }
+            Settlement::Reject { reason, error_class } => self.dead_letter(delivery.raw, &reason, error_class.as_deref()).await,
+        }
+    }
+
+    fn failure_headers(&self, raw: &mut RawDelivery, reason: &str, error_class: Option<&str>) {
+        let h = &mut raw.props.headers;
+        h.insert(REASON_HEADER.into(), Value::from(reason));
+        match error_class {
+            Some(c) => h.insert(ERROR_CLASS_HEADER.into(), Value::from(c)),
+            None => h.remove(ERROR_CLASS_HEADER),
+        };
+        h.insert(FAILED_AT_HEADER.into(), Value::from(now_secs()));
+        h.insert(QUEUE_HEADER.into(), Value::from(self.queue.as_str()));
+        // The first failure records where the message was really going; a
+        // copy coming back from a rung has the rung's exchange and key.
+        if !h.contains_key(ORIGINAL_EXCHANGE_HEADER) {
+            h.insert(ORIGINAL_EXCHANGE_HEADER.into(), Value::from(raw.exchange.as_str()));
+            h.insert(ORIGINAL_ROUTING_KEY_HEADER.into(), Value::from(raw.routing_key.as_str()));
+        }
+    }
+
+    async fn retry(&self, mut raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>) -> Result<()> {
+        let delay = self.options.retry.delay_after(attempt);
+        let rung = rung_name(&self.queue, delay);
+        self.failure_headers(&mut raw, reason, error_class);
+        raw.props.headers.insert(ATTEMPT_HEADER.into(), Value::from(attempt + 1));
+        self.copy_then_ack(raw, &rung).await?;
+        self.counters.retried.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(crate) async fn dead_letter(&self, mut raw: RawDelivery, reason: &str, error_class: Option<&str>) -> Result<()> {
+        self.failure_headers(&mut raw, reason, error_class);
+        let attempt = crate::wire::envelope_of(&raw.props).attempt;
+        raw.props.headers.insert(ATTEMPT_HEADER.into(), Value::from(attempt));
+        self.copy_then_ack(raw, &dlq_name(&self.queue)).await?;
+        self.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Publish the copy to `target` through the default exchange and wait for
+    /// its confirm; only then acknowledge the original. A target queue that
+    /// has gone (somebody deleted the DLQ) is declared again and the copy
+    /// retried once. If the copy still fails, the original is requeued:
+    /// nothing is acknowledged into nothing.
+    async fn copy_then_ack(&self, raw: RawDelivery, target: &str) -> Result<()> {
+        let backend = self.conn.backend();
+        let mut result = async { backend.send("", target, &raw.body, &raw.props).await?.wait().await }.await;
+        if matches!(&result, Err(e) if *e.kind() == ErrorKind::Unroutable) {
+            let redeclared = self.declare_ladder().await;
+            result = match redeclared {
+                Ok(()) => async { backend.send("", target, &raw.body, &raw.props).await?.wait().await }.await,
+                Err(e) => Err(e),
+            };
+        }
+        match result {
+            Ok(()) => {
+                self.link.ack(raw.tag);
+                Ok(())
+            }
+            Err(e) => {
+                self.link.requeue(raw.tag).await;
+                Err(Error::new(
+                    e.kind().clone(),
+                    format!("could not copy the message to {target} ({e}); it was put back on {}", self.queue),
+                ))
+            }
+        }
+    }
+
+    /// Stop receiving. Messages already handed out can still be settled;
+    /// buffered ones go back to the queue. Call [`Consumer::close`] after the
+    /// handlers are done.
+    pub async fn stop(&self) {
+        if !self.stopped.swap(true, Ordering::AcqRel) {
+            self.link.stop().await;
+        }
+    }
+
+    /// Stop, send the last acknowledgements and release the subscription.
+    /// Anything unsettled goes back to the queue.
+    pub async fn close(&self) {
+        self.stop().await;
+        self.link.close().await;
+    }
+}
+
+/// A running push consumer. Dropping it does not stop it; call
+/// [`ConsumerHandle::cancel`].
+pub struct ConsumerHandle {
+    consumer: Arc<Consumer>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl ConsumerHandle {
+    pub(crate) fn spawn<H, Fut>(consumer: Consumer, handler: H) -> ConsumerHandle
+    where
+        H: Fn(Message) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Outcome> + Send + 'static,
+    {
+        let consumer = Arc::new(consumer);
+        let handler = Arc::new(handler);
+        let tasks = (0..consumer.options.concurrency)
+            .map(|_| {
+                let c = consumer.clone();
+                let h = handler.clone();
+                tokio::spawn(async move {
+                    while let Some(d) = c.next().await {
+                        let outcome = h(d.message.clone()).await;
+                        let _ = c.settle(d, outcome).await;
+                    }
+                })
+            })
+            .collect();
+        ConsumerHandle { consumer, tasks }
+    }
+
+    /// The consumer, for its counters.
+    pub fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
+
+    /// Stop, let the handlers in progress finish and settle, then close.
+    pub async fn cancel(self) {
+        self.consumer.stop().await;
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        self.consumer.close().await;
+    }
+}

@@ -1,0 +1,212 @@
+//! The two transports behind one interface: `amqp://` (RabbitMQ through
+//! lapin) and `memory://` (the in-process broker). Everything above this
+//! module — publish rules, the retry ladder, dead-lettering — is written once
+//! against [`Backend`] and behaves the same on both.
+
+pub(crate) mod amqp;
+pub mod memory;
+pub(crate) mod queue;
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::topology::Topology;
+use crate::wire::{Props, RawDelivery};
+use memory::MemoryBroker;
+use queue::DeliveryQueue;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(crate) enum Backend {
+    Amqp(amqp::AmqpBackend),
+    Memory(Arc<MemoryBroker>),
+}
+
+/// A publish that has been sent; [`Confirm::wait`] resolves when the broker
+/// has confirmed it (or refused it).
+pub struct Confirm(ConfirmInner);
+
+enum ConfirmInner {
+    Ready(Result<()>),
+    Amqp(amqp::AmqpConfirm),
+}
+
+impl Confirm {
+    /// Wait for the broker's verdict. Cancel safe in the sense that dropping
+    /// it loses only the answer, not the message: it has been sent.
+    pub async fn wait(self) -> Result<()> {
+        match self.0 {
+            ConfirmInner::Ready(r) => r,
+            ConfirmInner::Amqp(c) => c.wait().await,
+        }
+    }
+}
+
+pub(crate) enum Link {
+    Amqp(amqp::AmqpConsumer),
+    Memory { broker: Arc<MemoryBroker>, id: u64, out: Arc<DeliveryQueue> },
+}
+
+impl Link {
+    pub(crate) fn queue(&self) -> &Arc<DeliveryQueue> {
+        match self {
+            Link::Amqp(c) => &c.out,
+            Link::Memory { out, .. } => out,
+        }
+    }
+
+    pub(crate) fn ack(&self, tag: u64) {
+        match self {
+            Link::Amqp(c) => c.ack(tag),
+            Link::Memory { broker, id, .. } => broker.ack(*id, tag),
+        }
+    }
+
+    pub(crate) async fn requeue(&self, tag: u64) {
+        match self {
+            Link::Amqp(c) => c.requeue(tag).await,
+            Link::Memory { broker, id, .. } => broker.requeue(*id, tag),
+        }
+    }
+
+    pub(crate) async fn stop(&self) {
+        match self {
+            Link::Amqp(c) => c.stop().await,
+            Link::Memory { out, .. } => {
+                out.close();
+            }
+        }
+    }
+
+    pub(crate) async fn close(&self) {
+        match self {
+            Link::Amqp(c) => c.close().await,
+            Link::Memory { broker, id, .. } => broker.cancel(*id),
+        }
+    }
+
+    /// Why the subscription ended, when the broker ended it.
+    pub(crate) fn failure(&self) -> Option<Error> {
+        match self {
+            Link::Amqp(c) => c.failure.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            Link::Memory { .. } => None,
+        }
+    }
+}
+
+impl Backend {
+    pub(crate) async fn open(url: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Backend> {
+        if let Some(rest) = url.strip_prefix("memory://") {
+            let name = rest.trim_end_matches('/');
+            return Ok(Backend::Memory(MemoryBroker::named(if name.is_empty() { "default" } else { name })));
+        }
+        if url.starts_with("amqps://") {
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                "amqps:// is not supported by this build (it is compiled without TLS): use amqp:// on a trusted network, or terminate TLS in a local proxy",
+            ));
+        }
+        if !url.starts_with("amqp://") {
+            let scheme = url.split("://").next().filter(|s| *s != url).unwrap_or("(none)");
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!("unknown URL scheme {scheme:?} in {url:?}: use amqp://user:pass@host:5672/vhost or memory://"),
+            ));
+        }
+        if url.parse::<lapin::uri::AMQPUri>().is_err() {
+            return Err(Error::new(
+                ErrorKind::InvalidUrl,
+                format!("cannot parse {url:?} as an AMQP URL: use amqp://user:pass@host:5672/vhost"),
+            ));
+        }
+        Ok(Backend::Amqp(amqp::AmqpBackend::connect(url, connect_timeout, confirm_timeout).await?))
+    }
+
+    pub(crate) async fn apply(&self, topology: &Topology) -> Result<()> {
+        topology.validate()?;
+        let queues = topology.expanded_queues();
+        match self {
+            Backend::Memory(b) => {
+                for e in &topology.exchanges {
+                    b.declare_exchange(e)?;
+                }
+                for q in &queues {
+                    b.declare_queue(q)?;
+                }
+                for bind in &topology.bindings {
+                    b.bind(bind)?;
+                }
+                Ok(())
+            }
+            Backend::Amqp(a) => {
+                a.with_declare_channel(|ch| async move {
+                    for e in &topology.exchanges {
+                        amqp::declare_exchange(&ch, e).await?;
+                    }
+                    for q in &queues {
+                        amqp::declare_queue(&ch, q).await?;
+                    }
+                    for bind in &topology.bindings {
+                        amqp::bind(&ch, bind).await?;
+                    }
+                    Ok(())
+                })
+                .await
+            }
+        }
+    }
+
+    pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<Confirm> {
+        match self {
+            Backend::Memory(b) => Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)))),
+            Backend::Amqp(a) => Ok(Confirm(ConfirmInner::Amqp(a.send(exchange, routing_key, body, props).await?))),
+        }
+    }
+
+    pub(crate) async fn subscribe(&self, queue: &str, prefetch: u16) -> Result<Link> {
+        match self {
+            Backend::Memory(b) => {
+                let (id, out) = b.consume(queue, prefetch)?;
+                Ok(Link::Memory { broker: b.clone(), id, out })
+            }
+            Backend::Amqp(a) => Ok(Link::Amqp(a.consume(queue, prefetch).await?)),
+        }
+    }
+
+    /// Move one message off `queue` through `republish`, which must succeed
+    /// (the copy confirmed) before the original is removed.
+    pub(crate) async fn take_one<F, Fut>(&self, queue: &str, republish: F) -> Result<Option<bool>>
+    where
+        F: FnOnce(RawDelivery) -> Fut,
+        Fut: std::future::Future<Output = Result<bool>>,
+    {
+        match self {
+            Backend::Memory(b) => {
+                // Look first, republish, and only then take: nothing leaves the
+                // queue before its copy is stored.
+                let Some(head) = b.peek(queue, 1)?.into_iter().next() else { return Ok(None) };
+                let moved = republish(head).await?;
+                if moved {
+                    b.get(queue)?;
+                }
+                Ok(Some(moved))
+            }
+            Backend::Amqp(a) => {
+                let Some((raw, ch)) = a.get(queue).await? else { return Ok(None) };
+                let tag = raw.tag;
+                let result = republish(raw).await;
+                let settle = match &result {
+                    Ok(true) => ch.basic_ack(tag, lapin::options::BasicAckOptions::default()).await,
+                    _ => ch.basic_nack(tag, lapin::options::BasicNackOptions { multiple: false, requeue: true }).await,
+                };
+                let _ = ch.close(200, lapin::types::ShortString::from("OK")).await;
+                settle.map_err(|e| amqp::map_error(&e, "settling a replayed message"))?;
+                result.map(Some)
+            }
+        }
+    }
+
+    pub(crate) async fn close(&self) {
+        if let Backend::Amqp(a) = self {
+            a.close().await;
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The wire format: how an envelope maps onto AMQP properties and headers,
+//! and how a delivery becomes a [`Message`] (or the reason it cannot).
+
+use crate::envelope::{Envelope, ATTEMPT_HEADER, ID_HEADER, ORIGIN_HEADER};
+use crate::headers::Headers;
+use crate::message::{DeliveryInfo, Message};
+use serde_json::Value;
+
+/// The content type every AceMQ message carries.
+pub const CONTENT_TYPE: &str = "application/json";
+
+/// Headers added to a dead-lettered or retried copy.
+pub const REASON_HEADER: &str = "x-acemq-reason";
+/// The error class that caused the retry or reject, when there was one.
+pub const ERROR_CLASS_HEADER: &str = "x-acemq-error-class";
+/// When it failed (seconds since the epoch).
+pub const FAILED_AT_HEADER: &str = "x-acemq-failed-at";
+/// The exchange the message was first published to.
+pub const ORIGINAL_EXCHANGE_HEADER: &str = "x-acemq-original-exchange";
+/// The routing key it was first published with.
+pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-acemq-original-routing-key";
+/// The queue it was being consumed from when it failed.
+pub const QUEUE_HEADER: &str = "x-acemq-queue";
+/// Earlier reasons, oldest first, kept when a message is replayed.
+pub const HISTORY_HEADER: &str = "x-acemq-history";
+
+/// AMQP basic properties, as far as AceMQ reads and writes them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Props {
+    /// `content_type`.
+    pub content_type: Option<String>,
+    /// `message_id`.
+    pub message_id: Option<String>,
+    /// `type`.
+    pub kind: Option<String>,
+    /// `app_id`.
+    pub app_id: Option<String>,
+    /// `timestamp`, seconds.
+    pub timestamp: Option<u64>,
+    /// `correlation_id`, kept for foreign publishers.
+    pub correlation_id: Option<String>,
+    /// `delivery_mode` 2.
+    pub persistent: bool,
+    /// `headers`, all of them, `x-acemq-*` included.
+    pub headers: Headers,
+}
+
+/// One message as it came off a queue, before it is understood.
+#[derive(Debug, Clone)]
+pub struct RawDelivery {
+    /// The delivery tag on its channel.
+    pub tag: u64,
+    /// The exchange it was published to.
+    pub exchange: String,
+    /// Its routing key.
+    pub routing_key: String,
+    /// Delivered before.
+    pub redelivered: bool,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+    /// Its properties.
+    pub props: Props,
+}
+
+/// The properties for publishing `envelope`.
+pub fn props_for(envelope: &Envelope) -> Props {
+    let mut headers = envelope.headers.clone();
+    headers.insert(ID_HEADER.into(), Value::from(envelope.id.clone()));
+    headers.insert(ATTEMPT_HEADER.into(), Value::from(envelope.attempt));
+    if let Some(origin) = &envelope.origin {
+        headers.insert(ORIGIN_HEADER.into(), Value::from(origin.clone()));
+    }
+    Props {
+        content_type: Some(CONTENT_TYPE.into()),
+        message_id: if envelope.id.is_empty() { None } else { Some(envelope.id.clone()) },
+        kind: envelope.kind.clone(),
+        app_id: envelope.origin.clone(),
+        timestamp: Some(envelope.timestamp),
+        correlation_id: None,
+        persistent: true,
+        headers,
+    }
+}
+
+/// The envelope a delivery carries. A foreign message (published by Bunny, a
+/// Java service) has whatever it has: the id is `message_id`, else the
+/// `x-acemq-id` header, else empty — and an empty id is not a key the
+/// idempotent consumer will guess at (see docs/idempotency.md).
+pub fn envelope_of(props: &Props) -> Envelope {
+    let mut headers = props.headers.clone();
+    let header_id = headers.remove(ID_HEADER).and_then(|v| v.as_str().map(str::to_owned));
+    let header_origin = headers.remove(ORIGIN_HEADER).and_then(|v| v.as_str().map(str::to_owned));
+    let attempt = headers
+        .remove(ATTEMPT_HEADER)
+        .and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
+        .unwrap_or(1)
+        .clamp(1, u32::MAX as u64) as u32;
+    Envelope {
+        id: props.message_id.clone().filter(|s| !s.is_empty()).or(header_id).unwrap_or_default(),
+        kind: props.kind.clone(),
+        origin: props.app_id.clone().or(header_origin),
+        timestamp: props.timestamp.unwrap_or(0),
+        attempt,
+        headers,
+    }
+}
+
+/// Why a delivery could not become a message. It is dead-lettered with this
+/// as the reason, the body kept byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undecodable {
+    /// What was wrong, and what to do.
+    pub reason: String,
+}
+
+/// Accept `application/json`, `application/json; charset=utf-8` and
+/// `application/*+json`. A message with no content type at all is tried as
+/// JSON: Bunny and most clients publish without one by default.
+fn json_content_type(ct: &str) -> bool {
+    let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    base == CONTENT_TYPE || (base.starts_with("application/") && base.ends_with("+json"))
+}
+
+/// Turn a delivery from `queue` into a message, or say why it cannot be one.
+pub fn decode(queue: &str, raw: &RawDelivery) -> Result<Message, Undecodable> {
+    if let Some(ct) = &raw.props.content_type {
+        if !ct.is_empty() && !json_content_type(ct) {
+            return Err(Undecodable {
+                reason: format!(
+                    "content type {ct:?} is not application/json: acemq consumers read JSON; publish JSON, or consume this queue with another client"
+                ),
+            });
+        }
+    }
+    let payload: Value = serde_json::from_slice(&raw.body).map_err(|e| Undecodable {
+        reason: format!("body is not JSON ({e}); the body is kept byte for byte on the dead-letter queue"),
+    })?;
+    Ok(Message {
+        payload,
+        envelope: envelope_of(&raw.props),
+        delivery: DeliveryInfo {
+            queue: queue.to_owned(),
+            exchange: raw.exchange.clone(),
+            routing_key: raw.routing_key.clone(),
+            redelivered: raw.redelivered,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(body: &str, ct: Option<&str>) -> RawDelivery {
+        RawDelivery {
+            tag: 1,
+            exchange: "".into(),
+            routing_key: "q".into(),
+            redelivered: false,
+            body: body.as_bytes().to_vec(),
+            props: Props { content_type: ct.map(Into::into), ..Props::default() },
+        }
+    }
+
+    #[test]
+    fn envelope_round_trips_through_props() {
+        let env = Envelope::new().with_type("payment.requested.v1").with_header("tenant", "acme");
+        let mut env = env;
+        env.origin = Some("billing".into());
+        let back = envelope_of(&props_for(&env));
+        assert_eq!(back, env);
+    }
+
+    #[test]
+    fn foreign_message_without_id_has_empty_id_and_attempt_one() {
+        let m = decode("q", &raw("{\"a\":1}", None)).unwrap();
+        assert_eq!(m.envelope.id, "");
+        assert_eq!(m.envelope.attempt, 1);
+    }
+
+    #[test]
+    fn non_json_and_foreign_content_types_are_undecodable() {
+        assert!(decode("q", &raw("not json", Some("application/json"))).unwrap_err().reason.contains("not JSON"));
+        assert!(decode("q", &raw("{}", Some("text/plain"))).unwrap_err().reason.contains("text/plain"));
+        assert!(decode("q", &raw("{}", Some("application/vnd.acme+json"))).is_ok());
+        assert!(decode("q", &raw("{}", Some("application/json; charset=utf-8"))).is_ok());
+    }
+}

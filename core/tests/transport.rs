@@ -1,0 +1,241 @@
+//! The transport's observable behaviour, on memory:// always and on RabbitMQ
+//! when AMQP_URL is set (CI sets it). Every scenario runs on both.
+
+use acemq::{Ack, ConsumeOptions, Connection, Consumer, ErrorKind, ExchangeKind, Outcome, PublishOptions, RetryPolicy, Topology};
+use serde_json::json;
+use std::time::Duration;
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
+}
+
+async fn transports() -> Vec<Connection> {
+    let mut out = vec![Connection::open(&format!("memory://{}", unique("t"))).await.unwrap()];
+    if let Ok(url) = std::env::var("AMQP_URL") {
+        out.push(Connection::open(&url).await.expect("AMQP_URL is set but the broker cannot be reached"));
+    }
+    out
+}
+
+async fn next(c: &Consumer) -> acemq::Delivery {
+    tokio::time::timeout(Duration::from_secs(10), c.next()).await.expect("no delivery within 10s").expect("consumer closed")
+}
+
+fn short_ladder(max_attempts: u32) -> ConsumeOptions {
+    ConsumeOptions { retry: RetryPolicy::new(max_attempts, Duration::from_millis(200), Duration::from_millis(400)), ..Default::default() }
+}
+
+async fn wait_for_ladder(mq: &Connection) {
+    match mq.memory_broker() {
+        Some(b) => b.advance(Duration::from_secs(1)),
+        None => tokio::time::sleep(Duration::from_millis(50)).await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_then_consume_carries_the_envelope() {
+    for mq in transports().await {
+        let q = unique("pay");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let env = mq
+            .publish(&json!({"order_id": "A-1"}), &q, PublishOptions { kind: Some("payment.requested.v1".into()), ..Default::default() })
+            .await
+            .unwrap();
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let d = next(&c).await;
+        assert_eq!(d.message.payload["order_id"], "A-1");
+        assert_eq!(d.message.envelope.id, env.id);
+        assert_eq!(d.message.envelope.kind.as_deref(), Some("payment.requested.v1"));
+        assert_eq!(d.message.envelope.attempt, 1);
+        assert_eq!(d.message.envelope.origin.as_deref(), Some(mq.origin()));
+        c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        assert_eq!(c.stats().accepted, 1);
+        c.close().await;
+        mq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exchanges_route_by_kind() {
+    for mq in transports().await {
+        let ex = unique("events");
+        let q = unique("orders");
+        mq.apply(&Topology::new().exchange(&ex, ExchangeKind::Topic).queue(&q).bind(&q, &ex, "order.*")).await.unwrap();
+        let opts = PublishOptions { exchange: ex.clone(), ..Default::default() };
+        mq.publish(&json!({"n": 1}), "order.placed", opts.clone()).await.unwrap();
+        let err = mq.publish(&json!({"n": 2}), "invoice.paid", opts.clone()).await.unwrap_err();
+        assert_eq!(*err.kind(), ErrorKind::Unroutable, "{err}");
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let d = next(&c).await;
+        assert_eq!(d.message.payload["n"], 1);
+        assert_eq!(d.message.delivery.exchange, ex);
+        assert_eq!(d.message.delivery.routing_key, "order.placed");
+        c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        c.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retry_climbs_the_ladder_then_dead_letters_with_the_reason() {
+    for mq in transports().await {
+        let q = unique("ladder");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let env = mq.publish(&json!({"x": 1}), &q, PublishOptions::default()).await.unwrap();
+        let c = mq.consumer(&q, short_ladder(3)).await.unwrap();
+        for attempt in 1..=3u32 {
+            if attempt > 1 {
+                wait_for_ladder(&mq).await;
+            }
+            let d = next(&c).await;
+            assert_eq!(d.message.envelope.attempt, attempt);
+            assert_eq!(d.message.envelope.id, env.id, "the id survives every rung");
+            c.settle(d, Outcome::Ack(Ack::retry(format!("down {attempt}")))).await.unwrap();
+        }
+        let dlq = mq.consumer(&format!("{q}.dlq"), ConsumeOptions::default()).await.unwrap();
+        let d = next(&dlq).await;
+        assert_eq!(d.message.envelope.id, env.id);
+        let reason = d.message.envelope.headers["x-acemq-reason"].as_str().unwrap().to_owned();
+        assert!(reason.contains("retries exhausted") && reason.contains("down 3"), "{reason}");
+        assert_eq!(d.message.envelope.attempt, 3);
+        assert_eq!(d.message.envelope.headers["x-acemq-original-routing-key"], json!(q));
+        dlq.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        assert_eq!(c.stats().retried, 2);
+        assert_eq!(c.stats().dead_lettered, 1);
+        c.close().await;
+        dlq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raised_errors_retry_and_fatal_ones_reject() {
+    for mq in transports().await {
+        let q = unique("raise");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        mq.publish(&json!({"x": 1}), &q, PublishOptions::default()).await.unwrap();
+        let c = mq.consumer(&q, short_ladder(5)).await.unwrap();
+        let d = next(&c).await;
+        c.settle(d, Outcome::Raised { class: "Timeout::Error".into(), message: "slow".into(), fatal: false }).await.unwrap();
+        wait_for_ladder(&mq).await;
+        let d = next(&c).await;
+        assert_eq!(d.message.envelope.attempt, 2);
+        assert_eq!(d.message.envelope.headers["x-acemq-error-class"], "Timeout::Error");
+        c.settle(d, Outcome::Raised { class: "AceMQ::AMQP::FatalError".into(), message: "bad".into(), fatal: true }).await.unwrap();
+        let dlq = mq.consumer(&format!("{q}.dlq"), ConsumeOptions::default()).await.unwrap();
+        let d = next(&dlq).await;
+        assert_eq!(d.message.envelope.headers["x-acemq-error-class"], "AceMQ::AMQP::FatalError");
+        assert_eq!(d.message.envelope.attempt, 2);
+        dlq.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        c.close().await;
+        dlq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_body_that_is_not_json_is_dead_lettered_byte_for_byte() {
+    for mq in transports().await {
+        let q = unique("garbage");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let env = mq.envelope_for(&PublishOptions::default());
+        mq.send_json(b"\xffnot json", "", &q, &env).await.unwrap().wait().await.unwrap();
+        mq.publish(&json!({"ok": true}), &q, PublishOptions::default()).await.unwrap();
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let d = next(&c).await;
+        assert_eq!(d.message.payload["ok"], true, "the bad one is skipped, not handed to the handler");
+        c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        assert_eq!(c.stats().dead_lettered, 1);
+        c.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unsettled_messages_come_back_when_a_consumer_goes_away() {
+    for mq in transports().await {
+        let q = unique("redeliver");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        mq.publish(&json!({"x": 1}), &q, PublishOptions::default()).await.unwrap();
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let d = next(&c).await;
+        assert!(!d.message.delivery.redelivered);
+        drop(d);
+        c.close().await;
+        let c2 = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let d = next(&c2).await;
+        assert!(d.message.delivery.redelivered);
+        c2.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        c2.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_gets_its_own_error() {
+    for mq in transports().await {
+        let err = mq.publish(&json!({}), "x", PublishOptions { exchange: unique("missing"), ..Default::default() }).await.unwrap_err();
+        assert!(err.is_not_found(), "{err:?}");
+        // The connection keeps working after a 404 closed the publishing channel.
+        let q = unique("after404");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        mq.publish(&json!({}), &q, PublishOptions::default()).await.unwrap();
+        let missing = mq.consumer(&unique("nope"), ConsumeOptions::default()).await.err().expect("consuming a missing queue fails");
+        assert!(missing.is_not_found(), "{missing:?}");
+        let unroutable = mq.publish(&json!({}), &unique("noqueue"), PublishOptions::default()).await.unwrap_err();
+        assert_eq!(*unroutable.kind(), ErrorKind::Unroutable);
+        let bad_policy = mq.consumer(&q, ConsumeOptions { retry: RetryPolicy::new(0, Duration::from_secs(1), Duration::from_secs(1)), ..Default::default() }).await;
+        assert_eq!(*bad_policy.err().unwrap().kind(), ErrorKind::InvalidArgument);
+    }
+    let err = Connection::open("kafka://localhost").await.unwrap_err();
+    assert_eq!(*err.kind(), ErrorKind::InvalidUrl);
+    assert!(err.to_string().contains("amqp://"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn redeclaring_a_queue_with_other_arguments_says_which() {
+    for mq in transports().await {
+        let q = unique("conflict");
+        mq.apply(&Topology::new().queue_spec(acemq::topology::QueueSpec::delay(&q, Duration::from_secs(1), "x"))).await.unwrap();
+        let err = mq.apply(&Topology::new().queue_spec(acemq::topology::QueueSpec::delay(&q, Duration::from_secs(2), "x"))).await.unwrap_err();
+        assert!(err.is_precondition_failed(), "{err:?}");
+        assert!(err.to_string().contains("x-message-ttl"), "{err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn push_consumer_runs_the_handler() {
+    for mq in transports().await {
+        let q = unique("push");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let handle = mq
+            .consume(&q, ConsumeOptions { concurrency: 4, ..Default::default() }, move |m| {
+                let tx = tx.clone();
+                async move {
+                    tx.send(m.payload["n"].as_i64().unwrap()).unwrap();
+                    Outcome::Ack(Ack::accept())
+                }
+            })
+            .await
+            .unwrap();
+        for n in 0..50 {
+            mq.publish(&json!({"n": n}), &q, PublishOptions::default()).await.unwrap();
+        }
+        let mut seen = Vec::new();
+        while seen.len() < 50 {
+            seen.push(tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.unwrap().unwrap());
+        }
+        seen.sort();
+        assert_eq!(seen, (0..50).collect::<Vec<_>>());
+        handle.cancel().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connecting_to_nothing_fails_fast() {
+    let started = std::time::Instant::now();
+    let opts = acemq::ConnectionOptions { connect_timeout: Duration::from_secs(2), ..Default::default() };
+    let err = Connection::open_with("amqp://guest:guest@127.0.0.1:1", opts).await.unwrap_err();
+    assert_eq!(*err.kind(), ErrorKind::ConnectionFailed, "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    if std::env::var("AMQP_URL").is_ok() {
+        let err = Connection::open("amqp://guest:wrong@127.0.0.1:5672").await.unwrap_err();
+        assert_eq!(*err.kind(), ErrorKind::AuthenticationFailed, "{err:?}");
+    }
+}

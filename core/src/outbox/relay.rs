@@ -2,7 +2,7 @@
 
 use super::{Completion, OutboxPublisher, SqlOutboxStore};
 use crate::error::{Error, Result};
-use crate::sql::SqlConnection;
+use crate::idempotency::ConnectionSource;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -45,9 +45,9 @@ impl std::fmt::Debug for RelayOptions {
 /// the confirms together, deletes what was confirmed and backs off what was
 /// not.
 ///
-/// The store's connection must be `Send + Sync` here, because its blocking
-/// SQL runs on tokio's blocking pool (`spawn_blocking`) rather than stalling
-/// a runtime worker while SQLite waits for a lock.
+/// The store's connection source must be `Send + Sync` here, because its
+/// blocking SQL runs on tokio's blocking pool (`spawn_blocking`) rather than
+/// stalling a runtime worker while SQLite waits for a lock.
 /// [`SqliteConnection`](crate::sql::SqliteConnection) is. A connection that
 /// cannot leave its thread (a Ruby driver object) uses the store's three
 /// steps directly instead: [`SqlOutboxStore::claim`], publish,
@@ -61,7 +61,7 @@ impl std::fmt::Debug for RelayOptions {
 /// # use acemq::sql::SqliteConnection;
 /// # use std::sync::Arc;
 /// # async fn run(publisher: Arc<dyn OutboxPublisher>) -> acemq::error::Result<()> {
-/// let store = SqlOutboxStore::new(Box::new(SqliteConnection::open("app.db")?), OutboxStoreOptions::default())?;
+/// let store = SqlOutboxStore::new(SqliteConnection::open("app.db")?, OutboxStoreOptions::default())?;
 /// store.create_schema()?;
 /// let relay = OutboxRelay::new(publisher, store, RelayOptions {
 ///     on_error: Some(Box::new(|error, exchange, routing_key| {
@@ -74,15 +74,15 @@ impl std::fmt::Debug for RelayOptions {
 /// relay.close().await;
 /// # Ok(()) }
 /// ```
-pub struct OutboxRelay<C: SqlConnection + Send + Sync + ?Sized + 'static = dyn SqlConnection + Send + Sync> {
-    inner: Arc<Inner<C>>,
+pub struct OutboxRelay<S: ConnectionSource + Send + Sync + 'static> {
+    inner: Arc<Inner<S>>,
     task: Mutex<Option<JoinHandle<()>>>,
     stop: watch::Sender<bool>,
 }
 
-struct Inner<C: SqlConnection + Send + Sync + ?Sized + 'static> {
+struct Inner<S: ConnectionSource + Send + Sync + 'static> {
     publisher: Arc<dyn OutboxPublisher>,
-    store: Arc<SqlOutboxStore<C>>,
+    store: Arc<SqlOutboxStore<S>>,
     options: RelayOptions,
 }
 
@@ -93,10 +93,10 @@ struct Swept {
     confirmed: usize,
 }
 
-impl<C: SqlConnection + Send + Sync + ?Sized + 'static> OutboxRelay<C> {
+impl<S: ConnectionSource + Send + Sync + 'static> OutboxRelay<S> {
     /// A relay publishing `store`'s rows through `publisher`. Nothing runs
     /// until [`start`](Self::start) or [`sweep`](Self::sweep).
-    pub fn new(publisher: Arc<dyn OutboxPublisher>, store: SqlOutboxStore<C>, options: RelayOptions) -> Self {
+    pub fn new(publisher: Arc<dyn OutboxPublisher>, store: SqlOutboxStore<S>, options: RelayOptions) -> Self {
         let (stop, _) = watch::channel(false);
         OutboxRelay {
             inner: Arc::new(Inner { publisher, store: Arc::new(store), options }),
@@ -107,7 +107,7 @@ impl<C: SqlConnection + Send + Sync + ?Sized + 'static> OutboxRelay<C> {
 
     /// The store it relays from (for [`backlog`](SqlOutboxStore::backlog) and
     /// [`stuck`](SqlOutboxStore::stuck)).
-    pub fn store(&self) -> &SqlOutboxStore<C> {
+    pub fn store(&self) -> &SqlOutboxStore<S> {
         &self.inner.store
     }
 
@@ -157,7 +157,7 @@ impl<C: SqlConnection + Send + Sync + ?Sized + 'static> OutboxRelay<C> {
     }
 }
 
-impl<C: SqlConnection + Send + Sync + ?Sized + 'static> Drop for OutboxRelay<C> {
+impl<S: ConnectionSource + Send + Sync + 'static> Drop for OutboxRelay<S> {
     /// A dropped relay stops after its current sweep rather than sweeping on
     /// with nobody holding it.
     fn drop(&mut self) {
@@ -165,13 +165,13 @@ impl<C: SqlConnection + Send + Sync + ?Sized + 'static> Drop for OutboxRelay<C> 
     }
 }
 
-impl<C: SqlConnection + Send + Sync + ?Sized + 'static> std::fmt::Debug for OutboxRelay<C> {
+impl<S: ConnectionSource + Send + Sync + 'static> std::fmt::Debug for OutboxRelay<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutboxRelay").field("store", &self.inner.store).field("options", &self.inner.options).finish()
     }
 }
 
-impl<C: SqlConnection + Send + Sync + ?Sized + 'static> Inner<C> {
+impl<S: ConnectionSource + Send + Sync + 'static> Inner<S> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         loop {
             if *stop.borrow() {

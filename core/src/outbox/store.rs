@@ -8,7 +8,8 @@ use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::headers::Headers;
-use crate::sql::{SqlConnection, SqlValue};
+use crate::idempotency::ConnectionSource;
+use crate::sql::{Dialect, SqlConnection, SqlValue};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -24,9 +25,12 @@ const IDS_PER_STATEMENT: usize = 500;
 ///   holding the caller's open transaction, and never begins, commits or
 ///   closes anything. The message commits with the work or rolls back with it.
 /// * Everything else (`create_schema`, `claim`, `complete`, `backlog`,
-///   `stuck`) uses the store's *own* connection, given at construction, which
-///   must not be in a transaction of the caller's: `claim` and `complete` run
-///   their own.
+///   `stuck`) uses the store's *own* connection, from the
+///   [`ConnectionSource`] given at construction: a connection it keeps (a
+///   [`SqliteConnection`](crate::sql::SqliteConnection), a
+///   `Box<dyn SqlConnection>`) or one lent per call (a pool checkout, see
+///   [`PerCall`](crate::idempotency::PerCall)). That connection must not be
+///   inside a transaction of the caller's: `claim` and `complete` run their own.
 ///
 /// Relaying is three steps so that the SQL can run on one thread and the
 /// publish on another (the Ruby extension runs SQL on a Ruby thread holding
@@ -35,43 +39,41 @@ const IDS_PER_STATEMENT: usize = 500;
 /// [`complete`](Self::complete). [`OutboxRelay`](crate::outbox::OutboxRelay)
 /// does all three for a Rust service.
 ///
-/// `C` is the connection type. The default, `dyn SqlConnection`, need not be
-/// `Send` (a Ruby driver object is not); the Rust relay needs a store whose
-/// connection is `Send + Sync`, such as
-/// [`SqliteConnection`](crate::sql::SqliteConnection) or
-/// `dyn SqlConnection + Send + Sync`.
+/// `S` is the connection source. The default, `Box<dyn ConnectionSource>`,
+/// need not be `Send` (a Ruby driver object is not); the Rust relay needs a
+/// store whose source is `Send + Sync`, such as
+/// [`SqliteConnection`](crate::sql::SqliteConnection) itself.
 ///
 /// Delivery is at least once: a row is deleted only after its confirm, so a
 /// crash between the confirm and the delete publishes it again. Rows are
 /// claimed in id order; on PostgreSQL ids are taken at insert, not commit, so
 /// two transactions committing out of order can publish out of order.
-pub struct SqlOutboxStore<C: SqlConnection + ?Sized = dyn SqlConnection> {
+pub struct SqlOutboxStore<S = Box<dyn ConnectionSource>> {
     statements: Statements,
     worker_id: String,
     options: OutboxStoreOptions,
-    conn: Box<C>,
+    source: S,
 }
 
-impl<C: SqlConnection + ?Sized> std::fmt::Debug for SqlOutboxStore<C> {
+impl<S> std::fmt::Debug for SqlOutboxStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqlOutboxStore")
             .field("table", &self.statements.table())
             .field("worker_id", &self.worker_id)
-            .field("dialect", &self.conn.dialect())
             .finish()
     }
 }
 
-impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
-    /// A store whose relay steps run on `conn`. Fails when the table name in
-    /// `options` is not a plain identifier.
-    pub fn new(conn: Box<C>, options: OutboxStoreOptions) -> Result<Self> {
+impl<S: ConnectionSource> SqlOutboxStore<S> {
+    /// A store whose relay steps run on connections from `source`. Fails
+    /// when the table name in `options` is not a plain identifier.
+    pub fn new(source: S, options: OutboxStoreOptions) -> Result<Self> {
         let statements = Statements::new(&options.table)?;
         let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
         if worker_id.is_empty() {
             return Err(Error::invalid("outbox worker id is empty: leave it unset for hostname:pid, or name this relay"));
         }
-        Ok(SqlOutboxStore { statements, worker_id, options, conn })
+        Ok(SqlOutboxStore { statements, worker_id, options, source })
     }
 
     /// The table name.
@@ -89,20 +91,27 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
         &self.options
     }
 
-    /// The store's own connection.
-    pub fn connection(&self) -> &C {
-        &self.conn
+    /// Where the store's own connections come from.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// The statements [`create_schema`](Self::create_schema) runs, for a
+    /// migration file.
+    pub fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
+        self.statements.create_schema(dialect)
     }
 
     /// Create the table and its index if they do not exist, in the dialect of
     /// the store's connection.
     pub fn create_schema(&self) -> Result<()> {
-        for sql in self.statements.create_schema(self.conn.dialect()) {
-            self.conn
-                .execute(&sql, &[])
-                .map_err(|e| context(e, "cannot create the outbox table; check the user may create tables"))?;
-        }
-        Ok(())
+        self.with_conn(|conn| {
+            for sql in self.statements.create_schema(conn.dialect()) {
+                conn.execute(&sql, &[])
+                    .map_err(|e| context(e, "cannot create the outbox table; check the user may create tables"))?;
+            }
+            Ok(())
+        })
     }
 
     /// Write `record` with `conn`, the connection holding the caller's open
@@ -128,12 +137,12 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
         let sql = self.statements.insert(dialect);
         let no_table = "cannot add to the outbox; has create_schema been run on this database?";
         match dialect {
-            crate::sql::Dialect::Postgres => {
+            Dialect::Postgres => {
                 let rows = conn.query(&sql, &params).map_err(|e| context(e, no_table))?;
                 let row = rows.first().ok_or_else(|| Error::store("outbox insert returned no id"))?;
                 int(column(row, 0, "id")?, "id")
             }
-            crate::sql::Dialect::Sqlite => {
+            Dialect::Sqlite => {
                 conn.execute(&sql, &params).map_err(|e| context(e, no_table))?;
                 // Same connection, same transaction: this is our insert's id.
                 let rows = conn.query("SELECT last_insert_rowid()", &[])?;
@@ -157,9 +166,9 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
         if batch_size == 0 {
             return Ok(Vec::new());
         }
-        let dialect = self.conn.dialect();
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
         self.transaction(|conn| {
+            let dialect = conn.dialect();
             let rows = conn.query(&self.statements.select_due(dialect), &[SqlValue::Int(limit)])?;
             let mut records = Vec::with_capacity(rows.len());
             let mut unreadable = Vec::new();
@@ -201,12 +210,12 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
         if completions.is_empty() {
             return Ok(0);
         }
-        let dialect = self.conn.dialect();
         let confirmed: Vec<i64> = completions.iter().filter(|c| c.result.is_ok()).map(|c| c.id).collect();
         let failed: Vec<(i64, &str)> =
             completions.iter().filter_map(|c| c.result.as_ref().err().map(|e| (c.id, e.as_str()))).collect();
         let me = SqlValue::Text(self.worker_id.clone());
         self.transaction(|conn| {
+            let dialect = conn.dialect();
             let mut deleted = 0u64;
             for chunk in confirmed.chunks(IDS_PER_STATEMENT) {
                 let mut params = vec![me.clone()];
@@ -234,7 +243,7 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
 
     /// How many rows wait, how long the oldest has, and how many have failed.
     pub fn backlog(&self) -> Result<Backlog> {
-        let rows = self.conn.query(&self.statements.backlog(self.conn.dialect()), &[])?;
+        let rows = self.with_conn(|conn| conn.query(&self.statements.backlog(conn.dialect()), &[]))?;
         let row = rows.first().ok_or_else(|| Error::store("outbox backlog query returned no row"))?;
         let count = int(column(row, 0, "count")?, "count")?;
         let oldest = opt_int(column(row, 1, "created_at")?, "created_at")?;
@@ -251,7 +260,8 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
     /// each is going, how often it has failed and why.
     pub fn stuck(&self, limit: usize) -> Result<Vec<StuckRecord>> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = self.conn.query(&self.statements.stuck(self.conn.dialect()), &[SqlValue::Int(limit)])?;
+        let rows =
+            self.with_conn(|conn| conn.query(&self.statements.stuck(conn.dialect()), &[SqlValue::Int(limit)]))?;
         rows.iter()
             .map(|row| {
                 Ok(StuckRecord {
@@ -268,7 +278,7 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
             .collect()
     }
 
-    fn record_failure(&self, conn: &C, id: i64, so_far: i64, error: &str, owned: bool) -> Result<()> {
+    fn record_failure(&self, conn: &dyn SqlConnection, id: i64, so_far: i64, error: &str, owned: bool) -> Result<()> {
         let attempts = so_far.saturating_add(1);
         let backoff = self.options.backoff(u32::try_from(attempts).unwrap_or(u32::MAX));
         let error: String = error.chars().take(self.options.max_error_length).collect();
@@ -283,18 +293,36 @@ impl<C: SqlConnection + ?Sized> SqlOutboxStore<C> {
 
     /// Run `f` in a transaction on the store's connection, rolling back on
     /// any error so the connection is never left inside one.
-    fn transaction<T>(&self, f: impl FnOnce(&C) -> Result<T>) -> Result<T> {
-        let conn = &*self.conn;
-        conn.execute(begin(conn.dialect()), &[]).map_err(|e| {
-            context(e, "cannot begin the outbox transaction; the store needs a connection of its own, not one inside a transaction")
+    fn transaction<T>(&self, f: impl FnOnce(&dyn SqlConnection) -> Result<T>) -> Result<T> {
+        // One lent connection for the whole transaction: BEGIN and COMMIT on
+        // two different pool connections would commit nothing.
+        self.with_conn(|conn| {
+            conn.execute(begin(conn.dialect()), &[]).map_err(|e| {
+                context(
+                    e,
+                    "cannot begin the outbox transaction; the store needs a connection of its own, not one inside a transaction",
+                )
+            })?;
+            let result = f(conn).and_then(|value| conn.execute("COMMIT", &[]).map(|_| value));
+            if result.is_err() {
+                // The error that matters is the one above; a failed rollback
+                // (the transaction is already gone) adds nothing to it.
+                let _ = conn.execute("ROLLBACK", &[]);
+            }
+            result
+        })
+    }
+
+    /// Run `f` with one connection lent by the source.
+    fn with_conn<T>(&self, f: impl FnOnce(&dyn SqlConnection) -> Result<T>) -> Result<T> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.source.with_connection(&mut |conn| {
+            let f = f.take().ok_or_else(|| Error::store("the connection source lent the outbox store two connections for one call; lend exactly one"))?;
+            out = Some(f(conn)?);
+            Ok(())
         })?;
-        let result = f(conn).and_then(|value| conn.execute("COMMIT", &[]).map(|_| value));
-        if result.is_err() {
-            // The error that matters is the one above; a failed rollback
-            // (the transaction is already gone) adds nothing to it.
-            let _ = conn.execute("ROLLBACK", &[]);
-        }
-        result
+        out.ok_or_else(|| Error::store("the connection source lent the outbox store no connection; lend exactly one per call"))
     }
 }
 

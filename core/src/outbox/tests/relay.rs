@@ -1,0 +1,212 @@
+//! OutboxRelay: sweep, failures, on_error, start and close.
+
+use super::support::{add_committed, eventually, record, FakePublisher, TempDb};
+use crate::outbox::{OutboxRelay, OutboxStoreOptions, RelayOptions};
+use crate::sql::SqlConnection;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_publishes_in_insertion_order_and_deletes() {
+    let db = TempDb::new("sweep");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..5 {
+        add_committed(&store, &app, &record("orders-events", "order.placed", n));
+    }
+    let publisher = Arc::new(FakePublisher::default());
+    let relay = OutboxRelay::new(publisher.clone(), store, RelayOptions::default());
+
+    assert_eq!(relay.sweep().await.unwrap(), 5);
+    assert_eq!(publisher.message_ids(), ["msg-0", "msg-1", "msg-2", "msg-3", "msg-4"]);
+    let published = publisher.published.lock().unwrap()[0].clone();
+    assert_eq!((published.exchange.as_str(), published.routing_key.as_str()), ("orders-events", "order.placed"));
+    assert_eq!(published.body, r#"{"n":0}"#);
+    assert_eq!(published.envelope.kind.as_deref(), Some("order.placed.v2"));
+    assert_eq!(relay.store().backlog().unwrap().count, 0);
+    assert_eq!(relay.sweep().await.unwrap(), 0, "nothing left to publish");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_takes_one_batch() {
+    let db = TempDb::new("batch");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..5 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let publisher = Arc::new(FakePublisher::default());
+    let relay = OutboxRelay::new(publisher.clone(), store, RelayOptions { batch_size: 2, ..RelayOptions::default() });
+    assert_eq!(relay.sweep().await.unwrap(), 2);
+    assert_eq!(relay.store().backlog().unwrap().count, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_destination_backs_off_and_does_not_block_the_others() {
+    let db = TempDb::new("failing");
+    let store = db.store("w1");
+    let app = db.connect();
+    add_committed(&store, &app, &record("missing", "order.placed", 0));
+    add_committed(&store, &app, &record("orders-events", "order.placed", 1));
+    let publisher = Arc::new(FakePublisher::failing(&["missing"]));
+    let relay = OutboxRelay::new(publisher.clone(), store, RelayOptions::default());
+
+    assert_eq!(relay.sweep().await.unwrap(), 1);
+    assert_eq!(publisher.message_ids(), ["msg-1"]);
+    add_committed(relay.store(), &app, &record("orders-events", "order.placed", 2));
+    // The failed row waits out its backoff; the new one behind it goes.
+    assert_eq!(relay.sweep().await.unwrap(), 1);
+    assert_eq!(publisher.message_ids(), ["msg-1", "msg-2"]);
+
+    let stuck = relay.store().stuck(10).unwrap();
+    assert_eq!(stuck.len(), 1);
+    assert_eq!(stuck[0].attempts, 1);
+    assert!(stuck[0].last_error.as_deref().unwrap().contains("no exchange 'missing'"));
+
+    // Once the exchange exists and the backoff has passed, it goes out.
+    publisher.failing.lock().unwrap().clear();
+    app.execute("UPDATE acemq_outbox SET next_attempt_at = 0", &[]).unwrap();
+    assert_eq!(relay.sweep().await.unwrap(), 1);
+    assert_eq!(relay.store().backlog().unwrap().count, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_error_is_told_the_exchange_and_routing_key() {
+    let db = TempDb::new("on-error");
+    let store = db.store("w1");
+    let app = db.connect();
+    add_committed(&store, &app, &record("billing-events", "payment.taken", 0));
+    add_committed(&store, &app, &record("orders-events", "order.placed", 1));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let on_error = {
+        let seen = seen.clone();
+        move |error: &crate::error::Error, exchange: &str, routing_key: &str| {
+            seen.lock().unwrap().push((error.reply_code(), exchange.to_owned(), routing_key.to_owned()));
+        }
+    };
+    let publisher = Arc::new(FakePublisher::failing(&["billing-events"]));
+    let relay = OutboxRelay::new(
+        publisher,
+        store,
+        RelayOptions { on_error: Some(Box::new(on_error)), ..RelayOptions::default() },
+    );
+
+    relay.sweep().await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(Some(404), "billing-events".to_owned(), "payment.taken".to_owned())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_publisher_gave_no_result_for_is_retried_not_deleted() {
+    let db = TempDb::new("short-results");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..3 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let publisher = Arc::new(FakePublisher::default());
+    *publisher.truncate.lock().unwrap() = Some(1);
+    let relay = OutboxRelay::new(publisher, store, RelayOptions::default());
+
+    assert_eq!(relay.sweep().await.unwrap(), 1);
+    let backlog = relay.store().backlog().unwrap();
+    assert_eq!((backlog.count, backlog.stuck), (2, 2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_sweeps_again_at_once_while_batches_are_full_and_close_stops_it() {
+    let db = TempDb::new("start");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..7 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let publisher = Arc::new(FakePublisher::default());
+    // An interval far longer than the test: only the immediate re-sweep
+    // after a full batch can empty the outbox in time.
+    let relay = OutboxRelay::new(
+        publisher.clone(),
+        store,
+        RelayOptions { interval: Duration::from_secs(3600), batch_size: 2, on_error: None },
+    );
+    relay.start().unwrap();
+    relay.start().unwrap(); // a second start does nothing
+
+    assert!(eventually(Duration::from_secs(5), || publisher.published.lock().unwrap().len() == 7).await);
+    assert!(eventually(Duration::from_secs(5), || relay.store().backlog().unwrap().count == 0).await);
+    assert_eq!(publisher.batches.load(Ordering::SeqCst), 4, "2 + 2 + 2 + 1, no empty sweeps between");
+
+    relay.close().await;
+    add_committed(relay.store(), &app, &record("ex", "rk", 99));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(relay.store().backlog().unwrap().count, 1, "a closed relay publishes nothing");
+    assert!(relay.start().unwrap_err().message().contains("closed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_sweeps_every_interval() {
+    let db = TempDb::new("interval");
+    let store = db.store("w1");
+    let app = db.connect();
+    let publisher = Arc::new(FakePublisher::default());
+    let relay = OutboxRelay::new(
+        publisher.clone(),
+        store,
+        RelayOptions { interval: Duration::from_millis(20), ..RelayOptions::default() },
+    );
+    relay.start().unwrap();
+    add_committed(relay.store(), &app, &record("ex", "rk", 1));
+    assert!(eventually(Duration::from_secs(5), || publisher.published.lock().unwrap().len() == 1).await);
+    relay.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_lets_the_sweep_in_progress_finish() {
+    let db = TempDb::new("close");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..3 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let publisher = Arc::new(SlowPublisher { inner: FakePublisher::default() });
+    let relay = OutboxRelay::new(publisher.clone(), store, RelayOptions::default());
+    relay.start().unwrap();
+    assert!(eventually(Duration::from_secs(5), || publisher.inner.batches.load(Ordering::SeqCst) == 1).await);
+    // The batch is being published; close waits for its confirms and deletes.
+    relay.close().await;
+    assert_eq!(publisher.inner.published.lock().unwrap().len(), 3);
+    assert_eq!(relay.store().backlog().unwrap().count, 0);
+}
+
+#[test]
+fn start_outside_a_runtime_says_so() {
+    let db = TempDb::new("no-runtime");
+    let relay = OutboxRelay::new(Arc::new(FakePublisher::default()), db.store("w1"), RelayOptions::default());
+    assert!(relay.start().unwrap_err().message().contains("tokio runtime"));
+}
+
+#[test]
+fn sweep_runs_without_a_tokio_runtime() {
+    let db = TempDb::new("other-executor");
+    let store = db.store_with(OutboxStoreOptions { worker_id: Some("w1".into()), ..OutboxStoreOptions::default() });
+    let app = db.connect();
+    add_committed(&store, &app, &record("ex", "rk", 1));
+    let relay = OutboxRelay::new(Arc::new(FakePublisher::default()), store, RelayOptions::default());
+    assert_eq!(futures_lite::future::block_on(relay.sweep()).unwrap(), 1);
+}
+
+/// Holds each batch for a moment before confirming it, as a broker does.
+struct SlowPublisher {
+    inner: FakePublisher,
+}
+
+impl crate::outbox::OutboxPublisher for SlowPublisher {
+    fn publish_batch<'a>(&'a self, records: &'a [crate::outbox::OutboxRecord]) -> crate::outbox::PublishFuture<'a> {
+        Box::pin(async move {
+            self.inner.batches.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            self.inner.published.lock().unwrap().extend(records.iter().cloned());
+            records.iter().map(|_| Ok(())).collect()
+        })
+    }
+}

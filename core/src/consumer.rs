@@ -208,8 +208,7 @@ impl Consumer {
     pub async fn settle(&self, delivery: Delivery, outcome: Outcome) -> Result<()> {
         match outcome.settlement() {
             Settlement::Accept => {
-                self.link.ack(delivery.raw.tag);
-                self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+                self.accept(delivery);
                 Ok(())
             }
             Settlement::Retry { reason, error_class } => {
@@ -223,6 +222,14 @@ impl Consumer {
             }
             Settlement::Reject { reason, error_class } => self.dead_letter(delivery.raw, &reason, error_class.as_deref()).await,
         }
+    }
+
+    /// Accept without waiting for anything: the acknowledgement is queued and
+    /// coalesced with its neighbours. The same as settling with
+    /// `Outcome::Ack(Ack::Accept)`, callable from outside the runtime.
+    pub fn accept(&self, delivery: Delivery) {
+        self.link.ack(delivery.raw.tag);
+        self.counters.accepted.fetch_add(1, Ordering::Relaxed);
     }
 
     fn failure_headers(&self, raw: &mut RawDelivery, reason: &str, error_class: Option<&str>) {

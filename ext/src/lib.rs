@@ -1,1 +1,26 @@
+//! The Ruby extension: an adapter over the `acemq` crate. It converts
+//! values, releases the GVL around anything that waits, maps errors onto the
+//! classes in lib/acemq/errors.rb, and holds no business rules.
 
+mod connection;
+mod consumer;
+mod errors;
+mod gvl;
+mod json;
+
+use magnus::{function, prelude::*, Error, RModule, Ruby};
+
+fn new_id() -> String {
+    acemq::envelope::new_id()
+}
+
+#[magnus::init(name = "acemq")]
+fn init(ruby: &Ruby) -> Result<(), Error> {
+    errors::init(ruby)?;
+    let acemq: RModule = ruby.define_module("AceMQ")?;
+    let amqp: RModule = acemq.define_module("AMQP")?;
+    amqp.define_module_function("_new_id", function!(new_id, 0))?;
+    connection::init(ruby, amqp)?;
+    consumer::init(ruby, amqp)?;
+    Ok(())
+}

@@ -1,0 +1,243 @@
+//! AceMQ::AMQP::Connection: the native half. lib/acemq/amqp/connection.rb
+//! adds the keywords, defaults and the consume loop.
+
+use crate::consumer::RbConsumer;
+use crate::errors::IntoRuby;
+use crate::gvl;
+use acemq::topology::{BindingSpec, ExchangeSpec, QueueSpec};
+use acemq::{ConnectionOptions, ConsumeOptions, Envelope, ExchangeKind, PublishOptions, RetryPolicy, Topology};
+use magnus::{function, method, prelude::*, Error, RArray, RModule, RString, Ruby};
+use std::time::Duration;
+
+#[magnus::wrap(class = "AceMQ::AMQP::Connection", free_immediately, size)]
+pub struct RbConnection {
+    pub(crate) inner: acemq::Connection,
+}
+
+pub(crate) fn seconds(ruby: &Ruby, what: &str, secs: f64) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(secs).map_err(|_| {
+        Error::new(
+            ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
+            format!("{what} must be a number of seconds, zero or more (got {secs})"),
+        )
+    })
+}
+
+/// One message to publish, as the Ruby side hands it over.
+struct Outgoing {
+    body: Vec<u8>,
+    exchange: String,
+    routing_key: String,
+    envelope: Envelope,
+}
+
+fn outgoing(
+    ruby: &Ruby,
+    conn: &acemq::Connection,
+    body: RString,
+    exchange: String,
+    routing_key: String,
+    id: String,
+    kind: Option<String>,
+    timestamp: u64,
+    headers_json: Option<String>,
+) -> Result<Outgoing, Error> {
+    let headers = match headers_json {
+        Some(text) => match crate::json::parse(ruby, &text, "headers")? {
+            serde_json::Value::Object(map) => map,
+            _ => Default::default(),
+        },
+        None => Default::default(),
+    };
+    let mut envelope = Envelope::new().with_id(id);
+    envelope.kind = kind;
+    envelope.timestamp = timestamp;
+    envelope.headers = headers;
+    // The same rules as every publish: the connection's origin where the
+    // envelope has none.
+    let envelope = conn.envelope_for(&PublishOptions { envelope: Some(envelope), ..Default::default() });
+    // Copied while the GVL is held: the Ruby string may move once it is released.
+    let body = unsafe { body.as_slice() }.to_vec();
+    Ok(Outgoing { body, exchange, routing_key, envelope })
+}
+
+impl RbConnection {
+    fn open(ruby: &Ruby, url: String, origin: Option<String>, connect_timeout: f64, confirm_timeout: f64) -> Result<Self, Error> {
+        let options = ConnectionOptions {
+            origin,
+            connect_timeout: seconds(ruby, "connect_timeout", connect_timeout)?,
+            confirm_timeout: seconds(ruby, "confirm_timeout", confirm_timeout)?,
+        };
+        let conn = gvl::block_on(ruby, acemq::Connection::open_with(&url, options))?.rb(ruby)?;
+        Ok(RbConnection { inner: conn })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn publish(
+        ruby: &Ruby,
+        rb_self: &Self,
+        body: RString,
+        exchange: String,
+        routing_key: String,
+        id: String,
+        kind: Option<String>,
+        timestamp: u64,
+        headers_json: Option<String>,
+    ) -> Result<String, Error> {
+        let out = outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers_json)?;
+        let conn = &rb_self.inner;
+        gvl::block_on(ruby, async {
+            conn.send_json(&out.body, &out.exchange, &out.routing_key, &out.envelope).await?.wait().await
+        })?
+        .rb(ruby)?;
+        Ok(out.envelope.origin.unwrap_or_default())
+    }
+
+    /// Send every message, then wait for all the confirms together. Raises
+    /// the first failure after every confirm has been waited for; returns the
+    /// number published.
+    fn publish_batch(ruby: &Ruby, rb_self: &Self, items: RArray) -> Result<usize, Error> {
+        let mut batch = Vec::with_capacity(items.len());
+        for item in items.into_iter() {
+            let (body, exchange, routing_key, id, kind, timestamp, headers): (RString, String, String, String, Option<String>, u64, Option<String>) =
+                magnus::TryConvert::try_convert(item)?;
+            batch.push(outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers)?);
+        }
+        let conn = &rb_self.inner;
+        let results = gvl::block_on(ruby, async {
+            let mut confirms = Vec::with_capacity(batch.len());
+            for o in &batch {
+                confirms.push(conn.send_json(&o.body, &o.exchange, &o.routing_key, &o.envelope).await);
+            }
+            let mut results = Vec::with_capacity(confirms.len());
+            for c in confirms {
+                results.push(match c {
+                    Ok(c) => c.wait().await,
+                    Err(e) => Err(e),
+                });
+            }
+            results
+        })?;
+        let n = results.len();
+        for r in results {
+            r.rb(ruby)?;
+        }
+        Ok(n)
+    }
+
+    fn apply(
+        ruby: &Ruby,
+        rb_self: &Self,
+        exchanges: Vec<(String, String)>,
+        queues: Vec<(String, Option<String>)>,
+        bindings: Vec<(String, String, String)>,
+    ) -> Result<(), Error> {
+        let mut t = Topology::new();
+        for (name, kind) in exchanges {
+            let kind = ExchangeKind::parse(&kind).rb(ruby)?;
+            t.exchanges.push(ExchangeSpec { name, kind });
+        }
+        for (name, args) in queues {
+            let mut spec = QueueSpec::new(name);
+            if let Some(text) = args {
+                if let serde_json::Value::Object(map) = crate::json::parse(ruby, &text, "queue arguments")? {
+                    spec.arguments = map;
+                }
+            }
+            t.queues.push(spec);
+        }
+        for (queue, exchange, routing_key) in bindings {
+            t.bindings.push(BindingSpec { queue, exchange, routing_key });
+        }
+        let conn = &rb_self.inner;
+        gvl::block_on(ruby, conn.apply(&t))?.rb(ruby)
+    }
+
+    fn consumer(
+        ruby: &Ruby,
+        rb_self: &Self,
+        queue: String,
+        prefetch: u16,
+        concurrency: usize,
+        max_attempts: u32,
+        initial_delay: f64,
+        max_delay: f64,
+    ) -> Result<RbConsumer, Error> {
+        let retry = RetryPolicy::new(
+            max_attempts,
+            seconds(ruby, "initial_delay", initial_delay)?,
+            seconds(ruby, "max_delay", max_delay)?,
+        );
+        let options = ConsumeOptions { prefetch, concurrency, retry };
+        let conn = &rb_self.inner;
+        let consumer = gvl::block_on(ruby, conn.consumer(&queue, options))?.rb(ruby)?;
+        Ok(RbConsumer::new(consumer))
+    }
+
+    fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let conn = &rb_self.inner;
+        gvl::block_on(ruby, conn.close())
+    }
+
+    fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    fn origin(&self) -> String {
+        self.inner.origin().to_owned()
+    }
+
+    fn is_memory(&self) -> bool {
+        self.inner.memory_broker().is_some()
+    }
+
+    fn advance_clock(ruby: &Ruby, rb_self: &Self, secs: f64) -> Result<(), Error> {
+        let by = seconds(ruby, "advance_clock", secs)?;
+        match rb_self.inner.memory_broker() {
+            Some(b) => {
+                b.advance(by);
+                Ok(())
+            }
+            None => Err(Error::new(
+                ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
+                "advance_clock works on memory:// connections only: RabbitMQ's clock is its own",
+            )),
+        }
+    }
+
+    fn queue_depth(&self, queue: String) -> Option<(usize, usize)> {
+        self.inner.memory_broker().and_then(|b| b.depth(&queue)).map(|d| (d.ready, d.unacked))
+    }
+
+    fn reset_memory(&self) -> bool {
+        match self.inner.memory_broker() {
+            Some(b) => {
+                b.reset();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn delete_memory_queue(&self, queue: String) -> bool {
+        self.inner.memory_broker().map(|b| b.delete_queue(&queue)).unwrap_or(false)
+    }
+}
+
+pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
+    let class = amqp.define_class("Connection", ruby.class_object())?;
+    class.define_singleton_method("_open", function!(RbConnection::open, 4))?;
+    class.define_private_method("_publish", method!(RbConnection::publish, 7))?;
+    class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
+    class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
+    class.define_private_method("_consumer", method!(RbConnection::consumer, 6))?;
+    class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;
+    class.define_private_method("_queue_depth", method!(RbConnection::queue_depth, 1))?;
+    class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
+    class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
+    class.define_method("close", method!(RbConnection::close, 0))?;
+    class.define_method("closed?", method!(RbConnection::is_closed, 0))?;
+    class.define_method("origin", method!(RbConnection::origin, 0))?;
+    class.define_method("memory?", method!(RbConnection::is_memory, 0))?;
+    Ok(())
+}

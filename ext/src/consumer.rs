@@ -1,0 +1,154 @@
+//! AceMQ::AMQP::NativeConsumer: a pull consumer for the Ruby threads that
+//! lib/acemq/amqp/subscription.rb starts. Each thread asks for the next
+//! delivery (waiting without the GVL), calls the block with the GVL, and
+//! settles the delivery here; core decides what the settlement does.
+
+use crate::errors::IntoRuby;
+use crate::gvl;
+use acemq::{Ack, Consumer, Delivery, Next, Outcome};
+use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[magnus::wrap(class = "AceMQ::AMQP::NativeConsumer", free_immediately, size)]
+pub struct RbConsumer {
+    inner: Arc<Consumer>,
+    inflight: Mutex<HashMap<u64, Delivery>>,
+}
+
+impl RbConsumer {
+    pub(crate) fn new(consumer: Consumer) -> Self {
+        RbConsumer { inner: Arc::new(consumer), inflight: Mutex::new(HashMap::new()) }
+    }
+
+    fn hand_out(&self, ruby: &Ruby, d: Delivery) -> Result<Value, Error> {
+        let m = &d.message;
+        let e = &m.envelope;
+        let arr: RArray = ruby.ary_new_capa(12);
+        arr.push(d.tag())?;
+        arr.push(crate::json::to_ruby(ruby, &m.payload)?)?;
+        arr.push(if e.id.is_empty() { None } else { Some(e.id.as_str()) })?;
+        arr.push(e.kind.as_deref())?;
+        arr.push(e.origin.as_deref())?;
+        arr.push(e.timestamp)?;
+        arr.push(e.attempt)?;
+        arr.push(crate::json::to_ruby(ruby, &serde_json::Value::Object(e.headers.clone()))?)?;
+        arr.push(m.delivery.queue.as_str())?;
+        arr.push(m.delivery.exchange.as_str())?;
+        arr.push(m.delivery.routing_key.as_str())?;
+        arr.push(m.delivery.redelivered)?;
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(d.tag(), d);
+        Ok(arr.into_value_with(ruby))
+    }
+
+    /// The next delivery as an array, nil when nothing arrived within
+    /// `timeout` seconds, false once the consumer is closed.
+    fn next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Value, Error> {
+        // The fast path keeps the GVL: a delivery already buffered is handed
+        // out without a thread switch.
+        match rb_self.inner.try_next() {
+            Next::Delivery(d) => return rb_self.hand_out(ruby, *d),
+            Next::Closed => return Ok(false.into_value_with(ruby)),
+            Next::Empty => {}
+        }
+        let deadline = Instant::now() + crate::connection::seconds(ruby, "timeout", timeout)?;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Ok(ruby.qnil().into_value_with(ruby));
+            }
+            let consumer = rb_self.inner.clone();
+            let waker = rb_self.inner.clone();
+            let slice = remaining.min(gvl::SLICE);
+            let next = gvl::without_gvl(ruby, move || consumer.next_blocking(slice), move || waker.wake())?;
+            match next {
+                Next::Delivery(d) => return rb_self.hand_out(ruby, *d),
+                Next::Closed => return Ok(false.into_value_with(ruby)),
+                Next::Empty => ruby.thread_check_ints()?,
+            }
+        }
+    }
+
+    /// Settle the delivery `tag`. `kind` is accept, retry, reject, raised or
+    /// not_an_ack; the rules for each live in core.
+    fn settle(
+        ruby: &Ruby,
+        rb_self: &Self,
+        tag: u64,
+        kind: String,
+        reason: Option<String>,
+        error_class: Option<String>,
+        fatal: bool,
+    ) -> Result<(), Error> {
+        let Some(delivery) = rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag) else {
+            return Err(Error::new(
+                ruby.exception_arg_error(),
+                format!("delivery {tag} is not in flight on this consumer (settled twice?)"),
+            ));
+        };
+        let reason = reason.unwrap_or_default();
+        let outcome = match (kind.as_str(), error_class) {
+            ("accept", _) => {
+                rb_self.inner.accept(delivery);
+                return Ok(());
+            }
+            ("retry", None) => Outcome::Ack(Ack::retry(reason)),
+            ("reject", None) => Outcome::Ack(Ack::reject(reason)),
+            ("retry", Some(class)) => Outcome::Raised { class, message: reason, fatal: false },
+            ("reject", Some(class)) => Outcome::Raised { class, message: reason, fatal: true },
+            ("raised", class) => Outcome::Raised { class: class.unwrap_or_else(|| "StandardError".into()), message: reason, fatal },
+            (_, _) => Outcome::NotAnAck { what: reason },
+        };
+        let consumer = rb_self.inner.clone();
+        gvl::block_on(ruby, async move { consumer.settle(delivery, outcome).await })?.rb(ruby)
+    }
+
+    /// Put back every delivery handed out and not settled (a handler thread
+    /// died): they go back to the queue when the consumer closes.
+    fn inflight_count(&self) -> usize {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    fn stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let consumer = rb_self.inner.clone();
+        gvl::block_on(ruby, async move { consumer.stop().await })
+    }
+
+    fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        // Unsettled deliveries are dropped here; the broker requeues them
+        // when the subscription closes.
+        rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let consumer = rb_self.inner.clone();
+        gvl::block_on(ruby, async move { consumer.close().await })
+    }
+
+    fn stats(&self) -> (u64, u64, u64) {
+        let s = self.inner.stats();
+        (s.accepted, s.retried, s.dead_lettered)
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure().map(|e| e.to_string())
+    }
+
+    fn queue(&self) -> String {
+        self.inner.queue().to_owned()
+    }
+}
+
+#[allow(dead_code)]
+const _: Duration = Duration::ZERO;
+
+pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
+    let class = amqp.define_class("NativeConsumer", ruby.class_object())?;
+    class.define_method("_next", method!(RbConsumer::next, 1))?;
+    class.define_method("_settle", method!(RbConsumer::settle, 5))?;
+    class.define_method("_stop", method!(RbConsumer::stop, 0))?;
+    class.define_method("_close", method!(RbConsumer::close, 0))?;
+    class.define_method("_stats", method!(RbConsumer::stats, 0))?;
+    class.define_method("_failure", method!(RbConsumer::failure, 0))?;
+    class.define_method("_inflight", method!(RbConsumer::inflight_count, 0))?;
+    class.define_method("queue", method!(RbConsumer::queue, 0))?;
+    Ok(())
+}

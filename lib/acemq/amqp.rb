@@ -1,0 +1,12 @@
+# frozen_string_literal: true
+
+require "json"
+require "acemq/version"
+require "acemq/native"
+require "acemq/amqp/envelope"
+require "acemq/amqp/message"
+require "acemq/amqp/ack"
+require "acemq/amqp/topology"
+require "acemq/amqp/subscription"
+require "acemq/amqp/batch"
+require "acemq/amqp/connection"

@@ -1,0 +1,134 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    # A connection to RabbitMQ (amqp://) or to the in-process broker
+    # (memory://). Thread-safe: one per process is the usual shape, shared by
+    # every publisher and consumer in it.
+    class Connection
+      DEFAULT_PREFETCH = 32
+
+      # Open a connection. A broker that is down raises ConnectionFailed after
+      # connect_timeout seconds rather than hanging the boot.
+      def self.open(url = ENV.fetch("AMQP_URL", "memory://"), origin: nil, connect_timeout: 5, confirm_timeout: 30)
+        raise ConfigurationError, "Connection.open needs a URL string, got #{url.inspect}" unless url.is_a?(String)
+
+        _open(url, origin&.to_s, Float(connect_timeout), Float(confirm_timeout))
+      end
+
+      # Publish payload as JSON and return once the broker has confirmed it.
+      #
+      # to: is the queue name (through the default exchange) or, with
+      # exchange:, the routing key. An envelope: keeps its id, so publishing
+      # one envelope twice is one message id twice. Returns the Envelope.
+      #
+      # Raises Unroutable when nothing is bound to take it (it was not
+      # stored), NotFound for a missing exchange, PublishNacked when the
+      # broker refuses it.
+      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil)
+        item, env = outgoing(payload, to, exchange, envelope, type, headers)
+        origin = _publish(*item)
+        env.origin ? env : env.with(origin: origin)
+      end
+
+      # Publish many and wait for their confirms together:
+      #
+      #   mq.batch { |b| orders.each { |o| b.publish(o, to: "orders") } }
+      #
+      # Returns how many were published.
+      def batch
+        batch = Batch.new(self)
+        yield batch
+        batch.flush
+      end
+
+      # Run the block for every message on queue, on `concurrency` Ruby
+      # threads, until the returned Subscription is cancelled. The block
+      # returns an Ack.
+      #
+      # retries: { max_attempts:, initial_delay:, max_delay: } (seconds) sets
+      # the retry ladder; the default is 5 attempts, 1 s doubling to 300 s.
+      # prefetch: defaults to 32 and is never unlimited.
+      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, &handler)
+        raise ConfigurationError, "consume needs a block (the handler)" unless handler
+
+        concurrency = Integer(concurrency)
+        raise ConfigurationError, "concurrency must be at least 1 (got #{concurrency})" if concurrency < 1
+
+        prefetch = Integer(prefetch || [DEFAULT_PREFETCH, concurrency * 2].max)
+        # Checked here only because the wire field is 16 bits; the engine
+        # refuses 0 (unlimited prefetch is not offered).
+        raise ConfigurationError, "prefetch must be between 1 and 65535 (got #{prefetch})" unless (0..65_535).cover?(prefetch)
+
+        policy = RetryPolicy.from(retries)
+        native = _consumer(queue.to_s, prefetch, concurrency, policy.max_attempts, policy.initial_delay,
+                           policy.max_delay)
+        on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
+        Subscription.new(native, handler, concurrency: concurrency, on_error: on_error)
+      end
+
+      # memory:// only: move the broker's clock forward, so messages waiting
+      # in a rung of the retry ladder come back now.
+      def advance_clock(seconds)
+        _advance_clock(Float(seconds))
+        self
+      end
+
+      # memory:// only: { ready:, unacked: } for a queue, nil if it does not exist.
+      def queue_depth(queue)
+        raise ConfigurationError, "queue_depth works on memory:// connections only" unless memory?
+
+        ready, unacked = _queue_depth(queue.to_s)
+        ready && { ready: ready, unacked: unacked }
+      end
+
+      def inspect = "#<AceMQ::AMQP::Connection origin=#{origin.inspect}#{closed? ? ' closed' : ''}>"
+
+      private
+
+      def outgoing(payload, to, exchange, envelope, type, headers)
+        raise ConfigurationError, "envelope: must be an AceMQ::AMQP::Envelope" if envelope && !envelope.is_a?(Envelope)
+
+        env = envelope || Envelope.new(type: type)
+        env = env.with(type: type) if envelope && type
+        env = env.with(headers: env.headers.merge(headers.transform_keys(&:to_s))) if headers && !headers.empty?
+        hdrs = env.headers.empty? ? nil : JSON.generate(env.headers)
+        [[encode(payload), exchange.to_s, to.to_s, env.id.to_s, env.type, env.timestamp, hdrs], env]
+      end
+
+      def encode(payload)
+        JSON.generate(payload)
+      rescue JSON::GeneratorError, TypeError, ArgumentError => e
+        raise EncodingError, "the payload cannot be sent as JSON (#{e.message}): publish a Hash, Array, String, " \
+                             "number, true, false or nil"
+      end
+    end
+
+    # The retry ladder's settings as handed to the engine, which checks them
+    # (max_attempts at least 1, delays not negative, max_delay not shorter
+    # than initial_delay) when the consumer is declared.
+    RetryPolicy = Struct.new(:max_attempts, :initial_delay, :max_delay, keyword_init: true) do
+      def self.from(options)
+        return options if options.is_a?(self)
+
+        options = (options || {}).to_h.transform_keys(&:to_sym)
+        unknown = options.keys - %i[max_attempts initial_delay max_delay]
+        unless unknown.empty?
+          raise ConfigurationError, "unknown retries: option(s) #{unknown.join(', ')}: use max_attempts, initial_delay, max_delay"
+        end
+
+        new(max_attempts: number(options, :max_attempts, 5) { |v| Integer(v) },
+            initial_delay: number(options, :initial_delay, 1) { |v| Float(v) },
+            max_delay: number(options, :max_delay, 300) { |v| Float(v) }).freeze
+      end
+
+      def self.number(options, name, default)
+        value = options.fetch(name, default)
+        yield value
+      rescue ArgumentError, TypeError
+        raise ConfigurationError, "retries: #{name} must be a number, got #{value.inspect}"
+      end
+      private_class_method :number
+    end
+  end
+end

@@ -1,0 +1,100 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    # A running consumer: `concurrency` Ruby threads, each taking the next
+    # delivery (waiting without the GVL), calling the handler, and handing
+    # what it returned to the engine to settle. Returned by Connection#consume.
+    class Subscription
+      # How long one wait for a delivery lasts before the thread looks
+      # whether it has been cancelled.
+      POLL = 0.5
+
+      attr_reader :queue
+
+      def initialize(native, handler, concurrency:, on_error:)
+        @native = native
+        @handler = handler
+        @on_error = on_error
+        @queue = native.queue
+        @cancelled = false
+        @threads = Array.new(concurrency) do |i|
+          Thread.new do
+            Thread.current.name = "acemq #{@queue} #{i + 1}"
+            work
+          end
+        end
+      end
+
+      # Stop taking deliveries, let the handlers in progress finish and
+      # settle, then close. Unsettled deliveries go back to the queue.
+      def cancel
+        return self if @cancelled
+
+        @cancelled = true
+        @native._stop
+        @threads.each { |t| t.join unless t == Thread.current }
+        @native._close
+        self
+      end
+      alias close cancel
+
+      def cancelled? = @cancelled
+
+      # Counters so far: accepted, retried, dead_lettered.
+      def stats
+        accepted, retried, dead_lettered = @native._stats
+        { accepted: accepted, retried: retried, dead_lettered: dead_lettered }
+      end
+
+      # Why the broker ended the subscription, if it did.
+      def failure = @native._failure
+
+      def alive? = @threads.any?(&:alive?)
+
+      def inspect = "#<AceMQ::AMQP::Subscription queue=#{@queue.inspect} cancelled=#{@cancelled}>"
+
+      private
+
+      def work
+        loop do
+          delivery = @native._next(POLL)
+          break if delivery == false
+          next if delivery.nil?
+
+          handle(delivery)
+        end
+      end
+
+      def handle(delivery)
+        tag = delivery[0]
+        begin
+          result = @handler.call(Message.from_native(delivery))
+        rescue StandardError => e
+          # Only a StandardError is a handler failure. Anything else (Interrupt,
+          # SystemExit, a Thread#kill) passes through untouched; the delivery
+          # stays unsettled and goes back to the queue when the consumer closes.
+          return settle(tag, "raised", e.message, e.class.name, e.is_a?(FatalError))
+        end
+        if result.is_a?(Ack)
+          settle(tag, result.kind.to_s, result.reason, result.error_class, false)
+        else
+          settle(tag, "not_an_ack", describe(result), nil, false)
+        end
+      end
+
+      def settle(tag, kind, reason, error_class, fatal)
+        @native._settle(tag, kind, reason, error_class, fatal)
+      rescue AceMQ::Error => e
+        # The engine put the message back on the queue; say so, and go on.
+        @on_error&.call(e)
+      end
+
+      def describe(value)
+        text = value.inspect
+        text = "#{text[0, 120]}..." if text.length > 120
+        "#{text} (#{value.class})"
+      end
+    end
+  end
+end

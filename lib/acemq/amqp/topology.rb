@@ -1,0 +1,56 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    # Exchanges, queues and bindings, declared with apply. Idempotent: run it
+    # from every process at boot. Every queue gets a {queue}.dlq beside it, so
+    # a reject never finds its dead-letter queue missing.
+    #
+    #   Topology.new
+    #           .exchange("orders-events", type: :topic)
+    #           .queue("payments")
+    #           .bind("payments", to: "orders-events", routing_key: "order.*")
+    #           .apply(mq)
+    #
+    # Declaring something that exists with other arguments raises
+    # PreconditionFailed naming the argument. Nothing is ever deleted to make
+    # a declaration fit.
+    class Topology
+      EXCHANGE_TYPES = %w[direct topic fanout headers].freeze
+
+      attr_reader :exchanges, :queues, :bindings
+
+      def initialize
+        @exchanges = []
+        @queues = []
+        @bindings = []
+      end
+
+      def exchange(name, type: :direct)
+        type = type.to_s
+        unless EXCHANGE_TYPES.include?(type)
+          raise ConfigurationError, "unknown exchange type #{type.inspect}: use one of #{EXCHANGE_TYPES.join(', ')}"
+        end
+
+        @exchanges << [name.to_s, type]
+        self
+      end
+
+      # `arguments:` are AMQP queue arguments (x-message-ttl, x-max-length, ...).
+      def queue(name, arguments: nil)
+        @queues << [name.to_s, arguments && JSON.generate(arguments.transform_keys(&:to_s))]
+        self
+      end
+
+      def bind(queue, to:, routing_key: "")
+        @bindings << [queue.to_s, to.to_s, routing_key.to_s]
+        self
+      end
+
+      def apply(connection)
+        connection.__send__(:_apply, @exchanges, @queues, @bindings)
+        self
+      end
+    end
+  end
+end

@@ -1,0 +1,75 @@
+# frozen_string_literal: true
+
+# Loaded before the native library, which looks these classes up once and
+# maps the engine's error kinds onto them.
+module AceMQ
+  # Everything AceMQ raises.
+  class Error < StandardError; end
+
+  module AMQP
+    class Error < AceMQ::Error; end
+
+    # Raise it (or a subclass) from a handler to reject the message: it goes
+    # to {queue}.dlq at once instead of climbing the retry ladder.
+    class FatalError < Error; end
+
+    # A setting that cannot work: a retry policy with max_attempts 0, a
+    # negative delay, a prefetch of 0. Raised at declaration, not at the first
+    # failure.
+    class ConfigurationError < ArgumentError; end
+
+    # The URL is not amqp:// or memory://, or does not parse.
+    class InvalidURL < ConfigurationError; end
+
+    class ConnectionError < Error; end
+    # The broker could not be reached within connect_timeout.
+    class ConnectionFailed < ConnectionError; end
+    # The connection (or the channel it needed) is closed.
+    class ConnectionClosed < ConnectionError; end
+
+    # The broker answered with an AMQP error; reply_code says which.
+    class BrokerError < Error
+      def initialize(message = nil, reply_code: nil)
+        super(message)
+        @reply_code = reply_code
+      end
+
+      def reply_code
+        @reply_code || self.class::REPLY_CODE
+      end
+
+      REPLY_CODE = nil
+    end
+
+    # 404: the exchange or queue does not exist. Declare it with a Topology.
+    class NotFound < BrokerError
+      REPLY_CODE = 404
+    end
+
+    # 406: a declaration conflicts with what exists (different arguments).
+    class PreconditionFailed < BrokerError
+      REPLY_CODE = 406
+    end
+
+    # 403: the user may not do this.
+    class AccessRefused < BrokerError
+      REPLY_CODE = 403
+    end
+
+    # 403 at connect time: the user or password is wrong.
+    class AuthenticationFailed < ConnectionError
+      def reply_code = 403
+    end
+
+    # The publish matched no queue, and the broker returned it: nothing was stored.
+    class Unroutable < Error; end
+    # The broker nacked the publish: it was not stored.
+    class PublishNacked < Error; end
+    # A confirm (or another broker round trip) did not arrive in time.
+    class Timeout < Error; end
+    # A payload that is not JSON, or cannot be made into JSON.
+    class EncodingError < Error; end
+    # An idempotency or outbox store, or its SQL connection, failed.
+    class StoreError < Error; end
+  end
+end

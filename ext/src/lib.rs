@@ -6,7 +6,10 @@ mod connection;
 mod consumer;
 mod errors;
 mod gvl;
+mod idempotency;
 mod json;
+mod outbox;
+mod sql;
 
 use magnus::{function, prelude::*, Error, RModule, Ruby};
 
@@ -22,5 +25,8 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     amqp.define_module_function("_new_id", function!(new_id, 0))?;
     connection::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;
+    sql::init(ruby, amqp)?;
+    idempotency::init(ruby, amqp)?;
+    outbox::init(ruby, amqp)?;
     Ok(())
 }

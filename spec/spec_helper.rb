@@ -22,6 +22,11 @@ RSpec.configure do |config|
   # ACEMQ_GC_STRESS=1 runs every example under GC.stress: how a Ruby value
   # the extension forgot to mark shows up.
   if ENV["ACEMQ_GC_STRESS"]
-    config.around { |ex| GC.stress = true; ex.run; ensure GC.stress = false }
+    config.around do |ex|
+      GC.stress = true
+      ex.run
+    ensure
+      GC.stress = false
+    end
   end
 end

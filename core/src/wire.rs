@@ -114,11 +114,14 @@ pub struct Undecodable {
 }
 
 /// Accept `application/json`, `application/json; charset=utf-8` and
-/// `application/*+json`. A message with no content type at all is tried as
-/// JSON: Bunny and most clients publish without one by default.
+/// `application/*+json`. A message with no content type, or with
+/// `application/octet-stream` (Bunny's default, which means "nobody said"),
+/// is tried as JSON: most clients publish that way unless told otherwise.
 fn json_content_type(ct: &str) -> bool {
     let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    base == CONTENT_TYPE || (base.starts_with("application/") && base.ends_with("+json"))
+    base == CONTENT_TYPE
+        || base == "application/octet-stream"
+        || (base.starts_with("application/") && base.ends_with("+json"))
 }
 
 /// Turn a delivery from `queue` into a message, or say why it cannot be one.
@@ -184,5 +187,7 @@ mod tests {
         assert!(decode("q", &raw("{}", Some("text/plain"))).unwrap_err().reason.contains("text/plain"));
         assert!(decode("q", &raw("{}", Some("application/vnd.acme+json"))).is_ok());
         assert!(decode("q", &raw("{}", Some("application/json; charset=utf-8"))).is_ok());
+        assert!(decode("q", &raw("{}", Some("application/octet-stream"))).is_ok());
+        assert!(decode("q", &raw("nope", Some("application/octet-stream"))).is_err());
     }
 }

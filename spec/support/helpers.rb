@@ -29,3 +29,6 @@ module AceMQSpecHelpers
     "memory://#{unique('broker')}"
   end
 end
+
+AMQP_URL = AceMQSpecHelpers::AMQP_URL unless defined?(AMQP_URL)
+DATABASE_URL = AceMQSpecHelpers::DATABASE_URL unless defined?(DATABASE_URL)

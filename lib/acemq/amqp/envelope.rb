@@ -11,8 +11,13 @@ module AceMQ
     class Envelope
       attr_reader :id, :type, :origin, :timestamp, :attempt, :headers
 
-      def initialize(type: nil, id: nil, origin: nil, timestamp: nil, attempt: 1, headers: nil)
-        @id = id.nil? ? AMQP._new_id : id.to_s.dup.freeze
+      GENERATE = Object.new.freeze
+      private_constant :GENERATE
+
+      # Without id: a new UUIDv7. With `id: nil`, no id at all: what a
+      # message from a foreign publisher that set none carries.
+      def initialize(type: nil, id: GENERATE, origin: nil, timestamp: nil, attempt: 1, headers: nil)
+        @id = id.equal?(GENERATE) ? AMQP._new_id : id&.to_s&.dup&.freeze
         @type = type&.to_s&.dup&.freeze
         @origin = origin&.to_s&.dup&.freeze
         @timestamp = timestamp || Time.now.to_i

@@ -1,0 +1,86 @@
+# frozen_string_literal: true
+
+require "bunny"
+
+# AceMQ speaks plain AMQP 0-9-1 with JSON bodies: other clients publish to an
+# AceMQ consumer and read what AceMQ publishes.
+RSpec.describe "interop with Bunny" do
+  before(:all) do
+    @bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil))
+    @bunny.start
+  end
+
+  after(:all) { @bunny.close }
+
+  let(:queue) { unique("interop") }
+  let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL) }
+
+  before { AceMQ::AMQP::Topology.new.queue(queue).apply(mq) }
+  after { mq.close }
+
+  it "consumes a JSON message published by Bunny" do
+    ch = @bunny.create_channel
+    ch.default_exchange.publish(JSON.generate("order_id" => "B-7"), routing_key: queue, message_id: "bunny-1",
+                                                                     type: "order.placed.v1", persistent: true)
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m; AceMQ::AMQP::Ack.accept }
+    m = eventually { got.pop(true) rescue nil }
+    expect(m.payload).to eq("order_id" => "B-7")
+    expect(m.envelope.id).to eq("bunny-1")
+    expect(m.envelope.type).to eq("order.placed.v1")
+    expect(m.envelope.attempt).to eq(1)
+    sub.cancel
+    ch.close
+  end
+
+  it "gives a foreign message without a message id a nil id, and consumes it" do
+    ch = @bunny.create_channel
+    ch.default_exchange.publish(JSON.generate("n" => 1), routing_key: queue)
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m; AceMQ::AMQP::Ack.accept }
+    m = eventually { got.pop(true) rescue nil }
+    expect(m.envelope.id).to be_nil
+    expect(m.payload).to eq("n" => 1)
+    sub.cancel
+    ch.close
+  end
+
+  it "publishes what Bunny reads, with the envelope in properties and headers" do
+    env = mq.publish({ "order_id" => "A-1" }, to: queue, type: "payment.requested.v1", headers: { "tenant" => "acme" })
+    ch = @bunny.create_channel
+    delivery, props, body = eventually { (r = ch.basic_get(queue, manual_ack: false)) && r[0] && r }
+    expect(JSON.parse(body)).to eq("order_id" => "A-1")
+    expect(props[:content_type]).to eq("application/json")
+    expect(props[:message_id]).to eq(env.id)
+    expect(props[:type]).to eq("payment.requested.v1")
+    expect(props[:app_id]).to eq(mq.origin)
+    expect(props[:delivery_mode]).to eq(2)
+    expect(props[:timestamp].to_i).to be_within(5).of(Time.now.to_i)
+    expect(props[:headers]).to include("x-acemq-id" => env.id, "x-acemq-attempt" => 1, "x-acemq-origin" => mq.origin,
+                                     "tenant" => "acme")
+    expect(delivery.routing_key).to eq(queue)
+    ch.close
+  end
+
+  it "dead-letters a body that is not JSON byte for byte, with the reason, where Bunny can read it" do
+    ch = @bunny.create_channel
+    raw = "\xFFnot json at all".b
+    ch.default_exchange.publish(raw, routing_key: queue, content_type: "application/json", message_id: "bad-1")
+    ch.default_exchange.publish("plain words", routing_key: queue, content_type: "text/plain", message_id: "bad-2")
+    handled = []
+    sub = mq.consume(queue) { |m| handled << m; AceMQ::AMQP::Ack.accept }
+    eventually { sub.stats[:dead_lettered] == 2 }
+    sub.cancel
+    copies = Array.new(2) { eventually { (r = ch.basic_get("#{queue}.dlq", manual_ack: false)) && r[0] && r } }
+    by_id = copies.to_h { |_d, props, body| [props[:message_id], [props, body]] }
+    props, body = by_id.fetch("bad-1")
+    expect(body.b).to eq(raw)
+    expect(props[:headers]["x-acemq-reason"]).to include("not JSON")
+    expect(props[:headers]["x-acemq-original-routing-key"]).to eq(queue)
+    props, body = by_id.fetch("bad-2")
+    expect(body).to eq("plain words")
+    expect(props[:headers]["x-acemq-reason"]).to include("text/plain")
+    expect(handled).to be_empty
+    ch.close
+  end
+end

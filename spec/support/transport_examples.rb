@@ -1,0 +1,204 @@
+# frozen_string_literal: true
+
+# The transport's observable behaviour. spec/unit runs these on memory://,
+# spec/integration on RabbitMQ: the same examples, so the two cannot drift.
+RSpec.shared_examples "a transport" do
+  include AceMQ::AMQP
+
+  let(:queue) { unique("q") }
+  let(:received) { Queue.new }
+  let(:fast_ladder) { { max_attempts: 3, initial_delay: 0.2, max_delay: 0.4 } }
+
+  before do
+    @mq = AceMQ::AMQP::Connection.open(url)
+    @subs = []
+    AceMQ::AMQP::Topology.new.queue(queue).apply(@mq)
+  end
+
+  after do
+    @subs.each(&:cancel)
+    @mq.close
+  end
+
+  def consume(name = queue, **opts, &block)
+    sub = @mq.consume(name, **opts, &block)
+    @subs << sub
+    sub
+  end
+
+  def take(timeout: 10)
+    deadline = Time.now + timeout
+    loop do
+      return received.pop(true)
+    rescue ThreadError
+      raise "nothing received within #{timeout}s" if Time.now > deadline
+
+      sleep 0.01
+    end
+  end
+
+  # Wait for the rungs of a short ladder: advance the clock on memory://,
+  # let RabbitMQ's TTL run out on amqp://.
+  def let_the_ladder_run
+    @mq.memory? ? @mq.advance_clock(1) : nil
+  end
+
+  it "runs Tutorial 3 Step 1: the same envelope twice is charged twice" do
+    charged = []
+    consume do |message|
+      charged << message.payload["order_id"]
+      AceMQ::AMQP::Ack.accept
+    end
+    envelope = AceMQ::AMQP::Envelope.new(type: "payment.requested.v1")
+    2.times { @mq.publish({ "order_id" => "A-1", "amount" => 4200 }, to: queue, envelope: envelope) }
+    eventually { charged.size == 2 }
+    expect(charged).to eq(%w[A-1 A-1])
+  end
+
+  it "carries the envelope: id, type, origin, timestamp, attempt, headers" do
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    env = @mq.publish({ "n" => 1 }, to: queue, type: "thing.happened.v1", headers: { "tenant" => "acme" })
+    m = take
+    expect(m.payload).to eq("n" => 1)
+    expect(m.envelope.id).to eq(env.id)
+    expect(m.envelope.id).to match(/\A\h{8}-\h{4}-7\h{3}-\h{4}-\h{12}\z/) # a UUIDv7
+    expect(m.envelope.type).to eq("thing.happened.v1")
+    expect(m.envelope.origin).to eq(@mq.origin)
+    expect(m.envelope.timestamp).to be_within(5).of(Time.now.to_i)
+    expect(m.envelope.attempt).to eq(1)
+    expect(m.envelope.headers).to include("tenant" => "acme")
+    expect(m.delivery.queue).to eq(queue)
+    expect(m.delivery).not_to be_redelivered
+  end
+
+  it "routes through topic exchanges and refuses what nothing is bound to" do
+    ex = unique("events")
+    AceMQ::AMQP::Topology.new.exchange(ex, type: :topic).queue(queue).bind(queue, to: ex, routing_key: "order.*").apply(@mq)
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    @mq.publish({ "k" => "placed" }, to: "order.placed", exchange: ex)
+    expect { @mq.publish({ "k" => "paid" }, to: "invoice.paid", exchange: ex) }.to raise_error(AceMQ::AMQP::Unroutable, /nothing is bound/)
+    m = take
+    expect(m.payload).to eq("k" => "placed")
+    expect(m.delivery.exchange).to eq(ex)
+    expect(m.delivery.routing_key).to eq("order.placed")
+  end
+
+  it "publishes a batch with the confirms awaited together" do
+    consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
+    count = @mq.batch { |b| 50.times { |n| b.publish({ "n" => n }, to: queue) } }
+    expect(count).to eq(50)
+    expect(Array.new(50) { take }.sort).to eq((0...50).to_a)
+  end
+
+  it "runs handlers on several threads with concurrency:" do
+    threads = Queue.new
+    consume(concurrency: 4) do |m|
+      threads << Thread.current.name
+      sleep 0.05
+      received << m.payload["n"]
+      AceMQ::AMQP::Ack.accept
+    end
+    20.times { |n| @mq.publish({ "n" => n }, to: queue) }
+    expect(Array.new(20) { take }.sort).to eq((0...20).to_a)
+    expect(Array.new(threads.size) { threads.pop }.uniq.size).to be > 1
+  end
+
+  it "retries up the ladder with the same id and then dead-letters with the reason" do
+    attempts = []
+    consume(retries: fast_ladder) do |m|
+      attempts << [m.envelope.id, m.envelope.attempt]
+      received << m
+      AceMQ::AMQP::Ack.retry("payment gateway down")
+    end
+    env = @mq.publish({ "x" => 1 }, to: queue)
+    take
+    let_the_ladder_run
+    take
+    let_the_ladder_run
+    take
+    expect(attempts).to eq([[env.id, 1], [env.id, 2], [env.id, 3]])
+    dead = Queue.new
+    consume("#{queue}.dlq") { |m| dead << m; AceMQ::AMQP::Ack.accept }
+    m = eventually { dead.pop(true) rescue nil }
+    expect(m.envelope.id).to eq(env.id)
+    expect(m.headers["x-acemq-reason"]).to include("retries exhausted", "payment gateway down")
+    expect(m.headers["x-acemq-original-routing-key"]).to eq(queue)
+    expect(m.envelope.attempt).to eq(3)
+  end
+
+  it "treats a raised error as a retry and a FatalError as a reject" do
+    consume(retries: fast_ladder) do |m|
+      received << m
+      raise ArgumentError, "transient" if m.envelope.attempt == 1
+
+      raise AceMQ::AMQP::FatalError, "this order does not exist"
+    end
+    @mq.publish({ "x" => 1 }, to: queue)
+    first = take
+    expect(first.envelope.attempt).to eq(1)
+    let_the_ladder_run
+    second = take
+    expect(second.envelope.attempt).to eq(2)
+    expect(second.headers["x-acemq-error-class"]).to eq("ArgumentError")
+    dead = Queue.new
+    consume("#{queue}.dlq") { |m| dead << m; AceMQ::AMQP::Ack.accept }
+    m = eventually { dead.pop(true) rescue nil }
+    expect(m.headers["x-acemq-error-class"]).to eq("AceMQ::AMQP::FatalError")
+    expect(m.headers["x-acemq-reason"]).to include("this order does not exist")
+  end
+
+  it "rejects a handler result that is not an Ack, naming it" do
+    consume { |_m| :ok }
+    @mq.publish({ "x" => 1 }, to: queue)
+    dead = Queue.new
+    consume("#{queue}.dlq") { |m| dead << m; AceMQ::AMQP::Ack.accept }
+    m = eventually { dead.pop(true) rescue nil }
+    expect(m.headers["x-acemq-reason"]).to include(":ok (Symbol)", "not an Ack")
+  end
+
+  it "does not hold the GVL while waiting for deliveries" do
+    consume { |_m| AceMQ::AMQP::Ack.accept }
+    counter = 0
+    spinner = Thread.new { loop { counter += 1 } }
+    sleep 0.3
+    spinner.kill
+    # A consumer thread holding the GVL while idle would starve the spinner.
+    expect(counter).to be > 100_000
+  end
+
+  it "refuses bad input with its own error class and keeps working" do
+    expect { @mq.publish({ "x" => 1 }, to: "k", exchange: unique("missing")) }.to raise_error(AceMQ::AMQP::NotFound) { |e| expect(e.reply_code).to eq(404) }
+    expect { @mq.consume(unique("missing")) { AceMQ::AMQP::Ack.accept } }.to raise_error(AceMQ::AMQP::NotFound, /no queue|NOT_FOUND/)
+    expect { @mq.publish({ "x" => 1 }, to: unique("noqueue")) }.to raise_error(AceMQ::AMQP::Unroutable)
+    expect { @mq.publish({ "x" => Float::NAN }, to: queue) }.to raise_error(AceMQ::AMQP::EncodingError, /JSON/)
+    expect { @mq.consume(queue, retries: { max_attempts: 0 }) { AceMQ::AMQP::Ack.accept } }.to raise_error(ArgumentError, /max_attempts/)
+    expect { @mq.consume(queue, retries: { initial_delay: -1 }) { AceMQ::AMQP::Ack.accept } }.to raise_error(AceMQ::AMQP::ConfigurationError, /initial_delay/)
+    expect { @mq.consume(queue, prefetch: 0) { AceMQ::AMQP::Ack.accept } }.to raise_error(AceMQ::AMQP::ConfigurationError, /prefetch/)
+    expect { @mq.consume(queue) }.to raise_error(AceMQ::AMQP::ConfigurationError, /block/)
+    # Still working after all of that.
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    @mq.publish({ "still" => "working" }, to: queue)
+    expect(take.payload).to eq("still" => "working")
+  end
+
+  it "says which argument differs when a queue is redeclared with others" do
+    name = unique("conflict")
+    AceMQ::AMQP::Topology.new.queue(name, arguments: { "x-max-length" => 10 }).apply(@mq)
+    expect { AceMQ::AMQP::Topology.new.queue(name, arguments: { "x-max-length" => 20 }).apply(@mq) }
+      .to raise_error(AceMQ::AMQP::PreconditionFailed, /x-max-length/) { |e| expect(e.reply_code).to eq(406) }
+    expect { AceMQ::AMQP::Topology.new.queue(name, arguments: { "x-max-length" => 10 }).apply(@mq) }.not_to raise_error
+  end
+
+  it "gives an unsettled message back when its consumer goes away" do
+    gate = Queue.new
+    first = consume { |m| received << m; gate.pop; AceMQ::AMQP::Ack.accept }
+    @mq.publish({ "x" => 1 }, to: queue)
+    take
+    canceller = Thread.new { first.cancel }
+    gate << :go
+    canceller.join
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    @mq.publish({ "x" => 2 }, to: queue)
+    expect(take.payload).to eq("x" => 2) # the first was accepted before the cancel finished
+  end
+end

@@ -1,0 +1,110 @@
+# frozen_string_literal: true
+
+RSpec.describe "memory:// transport" do
+  let(:url) { memory_url }
+
+  it_behaves_like "a transport"
+
+  it "walks a 5-minute ladder in no time with advance_clock" do
+    mq = AceMQ::AMQP::Connection.open(url)
+    q = unique("ladder")
+    AceMQ::AMQP::Topology.new.queue(q).apply(mq)
+    seen = Queue.new
+    sub = mq.consume(q, retries: { max_attempts: 3, initial_delay: 300, max_delay: 300 }) do |m|
+      seen << m.envelope.attempt
+      AceMQ::AMQP::Ack.retry("later")
+    end
+    mq.publish({}, to: q)
+    expect(eventually { seen.pop(true) rescue nil }).to eq(1)
+    expect(mq.queue_depth("#{q}.retry.300s")).to eq(ready: 1, unacked: 0)
+    mq.advance_clock(299)
+    expect(mq.queue_depth("#{q}.retry.300s")[:ready]).to eq(1)
+    mq.advance_clock(1)
+    expect(eventually { seen.pop(true) rescue nil }).to eq(2)
+    mq.advance_clock(300)
+    expect(eventually { seen.pop(true) rescue nil }).to eq(3)
+    eventually { mq.queue_depth("#{q}.dlq")[:ready] == 1 }
+    expect(sub.stats).to eq(accepted: 0, retried: 2, dead_lettered: 1)
+    sub.cancel
+    mq.close
+  end
+
+  it "dead-letters a body that is not JSON and hands the handler only what it can read" do
+    mq = AceMQ::AMQP::Connection.open(url)
+    q = unique("garbage")
+    AceMQ::AMQP::Topology.new.queue(q).apply(mq)
+    # Bypass publish's JSON encoding: a foreign client's body.
+    mq.__send__(:_publish, "<xml/>", "", q, "foreign-1", nil, 0, nil)
+    mq.publish({ "ok" => true }, to: q)
+    seen = Queue.new
+    sub = mq.consume(q) { |m| seen << m.payload; AceMQ::AMQP::Ack.accept }
+    expect(eventually { seen.pop(true) rescue nil }).to eq("ok" => true)
+    eventually { mq.queue_depth("#{q}.dlq")[:ready] == 1 }
+    expect(sub.stats[:dead_lettered]).to eq(1)
+    sub.cancel
+    mq.close
+  end
+
+  it "shares one broker between connections to the same memory:// name" do
+    a = AceMQ::AMQP::Connection.open(url)
+    b = AceMQ::AMQP::Connection.open(url)
+    q = unique("shared")
+    AceMQ::AMQP::Topology.new.queue(q).apply(a)
+    b.publish({ "from" => "b" }, to: q)
+    expect(a.queue_depth(q)).to eq(ready: 1, unacked: 0)
+    expect(AceMQ::AMQP::Connection.open(memory_url).queue_depth(q)).to be_nil
+  end
+
+  it "refuses advance_clock on RabbitMQ-only calls with a clear error" do
+    mq = AceMQ::AMQP::Connection.open(url)
+    expect { mq.advance_clock(-1) }.to raise_error(AceMQ::AMQP::ConfigurationError, /seconds/)
+  end
+end
+
+RSpec.describe "Connection.open" do
+  it "refuses an unknown scheme" do
+    expect { AceMQ::AMQP::Connection.open("kafka://localhost:9092") }
+      .to raise_error(AceMQ::AMQP::InvalidURL, /unknown URL scheme "kafka".*amqp:\/\//)
+  end
+
+  it "refuses a URL that is not a string" do
+    expect { AceMQ::AMQP::Connection.open(nil) }.to raise_error(AceMQ::AMQP::ConfigurationError, /URL string/)
+  end
+
+  it "fails fast when nothing listens, within connect_timeout" do
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    expect { AceMQ::AMQP::Connection.open("amqp://guest:guest@127.0.0.1:1", connect_timeout: 2) }
+      .to raise_error(AceMQ::AMQP::ConnectionFailed, /127\.0\.0\.1:1/)
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 4
+  end
+end
+
+RSpec.describe AceMQ::AMQP::Ack do
+  it "answers the predicates RSpec's be_accept uses" do
+    expect(described_class.accept).to be_accept
+    expect(described_class.retry("x")).to be_retry
+    expect(described_class.reject("x", error: AceMQ::AMQP::FatalError)).to be_reject
+    expect(described_class.reject("x", error: AceMQ::AMQP::FatalError).error_class).to eq("AceMQ::AMQP::FatalError")
+    expect(described_class.accept).not_to be_retry
+    expect { described_class.new(:accept) }.to raise_error(NoMethodError)
+  end
+end
+
+RSpec.describe AceMQ::AMQP::Message do
+  it "is built by hand for a handler spec, as the seed's RSpec example does" do
+    message = AceMQ::AMQP::Message.new(
+      payload: { "order_id" => "A-1", "amount_cents" => 1299 },
+      envelope: AceMQ::AMQP::Envelope.new(id: "m-1", type: "payment.due.v1")
+    )
+    expect(message.envelope.id).to eq("m-1")
+    expect(message.envelope.type).to eq("payment.due.v1")
+    expect(message.payload["order_id"]).to eq("A-1")
+    expect(message.envelope.attempt).to eq(1)
+  end
+
+  it "gives every new envelope a fresh UUIDv7" do
+    ids = Array.new(100) { AceMQ::AMQP::Envelope.new.id }
+    expect(ids.uniq.size).to eq(100)
+    expect(ids).to all(match(/\A\h{8}-\h{4}-7/))
+  end
+end

@@ -39,6 +39,7 @@ pub mod headers;
 pub mod idempotency;
 pub mod message;
 pub mod outbox;
+pub mod replay;
 pub mod retry;
 pub mod runtime;
 pub mod sql;
@@ -52,6 +53,7 @@ pub use consumer::{ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Deli
 pub use envelope::Envelope;
 pub use error::{Error, ErrorKind, Result};
 pub use message::{DeliveryInfo, Message};
+pub use replay::{ReplayOptions, ReplayReport};
 pub use retry::RetryPolicy;
 pub use topology::{ExchangeKind, Topology};
 pub use transport::memory::MemoryBroker;

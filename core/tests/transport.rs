@@ -239,3 +239,63 @@ async fn connecting_to_nothing_fails_fast() {
         assert_eq!(*err.kind(), ErrorKind::AuthenticationFailed, "{err:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_replay_with_attempts_reset_and_history_kept() {
+    for mq in transports().await {
+        let q = unique("replay");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let c = mq.consumer(&q, short_ladder(1)).await.unwrap();
+        let mut ids = Vec::new();
+        for (n, kind) in ["a.v1", "b.v1", "a.v1"].iter().enumerate() {
+            let env = mq
+                .publish(&json!({"n": n}), &q, PublishOptions { kind: Some(kind.to_string()), ..Default::default() })
+                .await
+                .unwrap();
+            ids.push(env.id);
+            let d = next(&c).await;
+            let reason = if n == 1 { "gateway down" } else { "card declined" };
+            c.settle(d, Outcome::Ack(Ack::reject(reason))).await.unwrap();
+        }
+        c.close().await;
+        let only_a = acemq::ReplayOptions { kind: Some("a.v1".into()), reason: Some("declined".into()), limit: Some(1) };
+        let report = mq.replay_dead_letters(&q, only_a).await.unwrap();
+        assert_eq!(report.replayed, 1);
+        let rest = mq.replay_dead_letters(&q, acemq::ReplayOptions { reason: Some("declined".into()), ..Default::default() }).await.unwrap();
+        assert_eq!(rest.replayed, 1, "the other a.v1 one");
+        assert_eq!(rest.skipped, 1, "the gateway one stays");
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let mut back = Vec::new();
+        for _ in 0..2 {
+            let d = next(&c).await;
+            assert_eq!(d.message.envelope.attempt, 1);
+            let history = d.message.envelope.headers["x-acemq-history"].as_array().unwrap().clone();
+            assert_eq!(history.len(), 1);
+            assert_eq!(history[0]["reason"], "card declined");
+            assert!(!d.message.envelope.headers.contains_key("x-acemq-reason"));
+            back.push(d.message.envelope.id.clone());
+            c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        }
+        back.sort();
+        let mut want = vec![ids[0].clone(), ids[2].clone()];
+        want.sort();
+        assert_eq!(back, want);
+        c.close().await;
+        // The gateway one is still in the DLQ.
+        let all = mq.replay_dead_letters(&q, acemq::ReplayOptions::default()).await.unwrap();
+        assert_eq!(all, acemq::ReplayReport { replayed: 1, skipped: 0 });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reject_whose_dlq_was_deleted_declares_it_again_rather_than_losing_the_message() {
+    let mq = Connection::open(&format!("memory://{}", unique("t"))).await.unwrap();
+    let q = unique("nodlq");
+    mq.apply(&Topology::new().queue(&q)).await.unwrap();
+    let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+    assert!(mq.memory_broker().unwrap().delete_queue(&format!("{q}.dlq")));
+    mq.publish(&json!({"x": 1}), &q, PublishOptions::default()).await.unwrap();
+    let d = next(&c).await;
+    c.settle(d, Outcome::Ack(Ack::reject("bad"))).await.unwrap();
+    assert_eq!(mq.memory_broker().unwrap().depth(&format!("{q}.dlq")).unwrap().ready, 1);
+}

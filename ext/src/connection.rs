@@ -174,6 +174,20 @@ impl RbConnection {
         Ok(RbConsumer::new(consumer))
     }
 
+    fn replay(
+        ruby: &Ruby,
+        rb_self: &Self,
+        queue: String,
+        limit: Option<usize>,
+        reason: Option<String>,
+        kind: Option<String>,
+    ) -> Result<(usize, usize), Error> {
+        let conn = &rb_self.inner;
+        let options = acemq::ReplayOptions { limit, reason, kind };
+        let report = gvl::block_on(ruby, conn.replay_dead_letters(&queue, options))?.rb(ruby)?;
+        Ok((report.replayed, report.skipped))
+    }
+
     fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let conn = &rb_self.inner;
         gvl::block_on(ruby, conn.close())
@@ -235,6 +249,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_queue_depth", method!(RbConnection::queue_depth, 1))?;
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
     class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
+    class.define_private_method("_replay", method!(RbConnection::replay, 4))?;
     class.define_method("close", method!(RbConnection::close, 0))?;
     class.define_method("closed?", method!(RbConnection::is_closed, 0))?;
     class.define_method("origin", method!(RbConnection::origin, 0))?;

@@ -172,28 +172,29 @@ impl AmqpBackend {
         Ok(AmqpConsumer { channel: ch, tag, out, acks, flusher: Mutex::new(Some(flusher)), failure })
     }
 
-    /// Take one message (basic.get, manual ack) for a replay.
-    pub(crate) async fn get(&self, queue: &str) -> Result<Option<(RawDelivery, Channel)>> {
-        let ch = self.open_channel(false).await?;
-        let got = ch
-            .basic_get(ShortString::from(queue), BasicGetOptions { no_ack: false })
-            .await
-            .map_err(|e| map_error(&e, &format!("reading from queue '{queue}'")))?;
-        Ok(got.map(|g| {
-            let d = g.delivery;
-            (
-                RawDelivery {
-                    tag: d.delivery_tag,
-                    exchange: d.exchange.to_string(),
-                    routing_key: d.routing_key.to_string(),
-                    redelivered: d.redelivered,
-                    body: d.data,
-                    props: from_basic_properties(&d.properties),
-                },
-                ch,
-            )
-        }))
+    /// A channel for reading a queue with basic.get (manual acks).
+    pub(crate) async fn reader_channel(&self) -> Result<Channel> {
+        self.open_channel(false).await
     }
+}
+
+/// One message off `queue` with basic.get, left unacknowledged on `ch`.
+pub(crate) async fn get(ch: &Channel, queue: &str) -> Result<Option<RawDelivery>> {
+    let got = ch
+        .basic_get(ShortString::from(queue), BasicGetOptions { no_ack: false })
+        .await
+        .map_err(|e| map_error(&e, &format!("reading from queue '{queue}'")))?;
+    Ok(got.map(|g| {
+        let d = g.delivery;
+        RawDelivery {
+            tag: d.delivery_tag,
+            exchange: d.exchange.to_string(),
+            routing_key: d.routing_key.to_string(),
+            redelivered: d.redelivered,
+            body: d.data,
+            props: from_basic_properties(&d.properties),
+        }
+    }))
 }
 
 fn connect_error(e: &lapin::Error, endpoint: &str) -> Error {

@@ -428,39 +428,6 @@ impl MemoryBroker {
         }
         self.dispatch(&mut st, &c.queue);
     }
-
-    /// Take one ready message off `queue` (basic.get with auto-ack): for the
-    /// DLQ replay, which republishes first and only then calls this.
-    pub(crate) fn get(&self, queue: &str) -> Result<Option<RawDelivery>> {
-        let mut st = self.lock();
-        let q = st.queues.get_mut(queue).ok_or_else(|| self.not_found("queue", queue))?;
-        Ok(q.ready.pop_front().map(|m| RawDelivery {
-            tag: 0,
-            exchange: m.exchange,
-            routing_key: m.routing_key,
-            redelivered: m.redelivered,
-            body: m.body,
-            props: m.props,
-        }))
-    }
-
-    /// Look at up to `limit` ready messages of `queue` without taking them.
-    pub(crate) fn peek(&self, queue: &str, limit: usize) -> Result<Vec<RawDelivery>> {
-        let st = self.lock();
-        let q = st.queues.get(queue).ok_or_else(|| self.not_found("queue", queue))?;
-        Ok(q.ready
-            .iter()
-            .take(limit)
-            .map(|m| RawDelivery {
-                tag: 0,
-                exchange: m.exchange.clone(),
-                routing_key: m.routing_key.clone(),
-                redelivered: m.redelivered,
-                body: m.body.clone(),
-                props: m.props.clone(),
-            })
-            .collect())
-    }
 }
 
 fn spawn_timer(broker: Weak<MemoryBroker>) {

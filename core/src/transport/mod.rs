@@ -171,42 +171,65 @@ impl Backend {
         }
     }
 
-    /// Move one message off `queue` through `republish`, which must succeed
-    /// (the copy confirmed) before the original is removed.
-    pub(crate) async fn take_one<F, Fut>(&self, queue: &str, republish: F) -> Result<Option<bool>>
-    where
-        F: FnOnce(RawDelivery) -> Fut,
-        Fut: std::future::Future<Output = Result<bool>>,
-    {
+    /// A reader that takes the messages sitting in `queue` one by one
+    /// without removing them: each is removed only when acknowledged, and
+    /// whatever is not acknowledged goes back (in order) when the reader
+    /// closes. For the DLQ replay.
+    pub(crate) async fn reader(&self, queue: &str) -> Result<Reader> {
         match self {
             Backend::Memory(b) => {
-                // Look first, republish, and only then take: nothing leaves the
-                // queue before its copy is stored.
-                let Some(head) = b.peek(queue, 1)?.into_iter().next() else { return Ok(None) };
-                let moved = republish(head).await?;
-                if moved {
-                    b.get(queue)?;
-                }
-                Ok(Some(moved))
+                let (id, out) = b.consume(queue, u16::MAX)?;
+                Ok(Reader::Memory { broker: b.clone(), id, out })
             }
-            Backend::Amqp(a) => {
-                let Some((raw, ch)) = a.get(queue).await? else { return Ok(None) };
-                let tag = raw.tag;
-                let result = republish(raw).await;
-                let settle = match &result {
-                    Ok(true) => ch.basic_ack(tag, lapin::options::BasicAckOptions::default()).await,
-                    _ => ch.basic_nack(tag, lapin::options::BasicNackOptions { multiple: false, requeue: true }).await,
-                };
-                let _ = ch.close(200, lapin::types::ShortString::from("OK")).await;
-                settle.map_err(|e| amqp::map_error(&e, "settling a replayed message"))?;
-                result.map(Some)
-            }
+            Backend::Amqp(a) => Ok(Reader::Amqp { channel: a.reader_channel().await?, queue: queue.to_owned() }),
         }
     }
 
     pub(crate) async fn close(&self) {
         if let Backend::Amqp(a) = self {
             a.close().await;
+        }
+    }
+}
+
+pub(crate) enum Reader {
+    Amqp { channel: lapin::Channel, queue: String },
+    Memory { broker: Arc<MemoryBroker>, id: u64, out: Arc<DeliveryQueue> },
+}
+
+impl Reader {
+    /// The next message still in the queue, or None when none is left.
+    pub(crate) async fn next(&self) -> Result<Option<RawDelivery>> {
+        match self {
+            Reader::Memory { out, .. } => Ok(match out.try_pop() {
+                queue::Pop::Item(d) => Some(d),
+                _ => None,
+            }),
+            Reader::Amqp { channel, queue } => amqp::get(channel, queue).await,
+        }
+    }
+
+    /// Remove it for good (its copy is stored elsewhere).
+    pub(crate) async fn ack(&self, tag: u64) -> Result<()> {
+        match self {
+            Reader::Memory { broker, id, .. } => {
+                broker.ack(*id, tag);
+                Ok(())
+            }
+            Reader::Amqp { channel, .. } => channel
+                .basic_ack(tag, lapin::options::BasicAckOptions::default())
+                .await
+                .map_err(|e| amqp::map_error(&e, "acknowledging a replayed message")),
+        }
+    }
+
+    /// Give back everything not acknowledged.
+    pub(crate) async fn close(&self) {
+        match self {
+            Reader::Memory { broker, id, .. } => broker.cancel(*id),
+            Reader::Amqp { channel, .. } => {
+                let _ = tokio::time::timeout(Duration::from_secs(5), channel.close(200, lapin::types::ShortString::from("OK"))).await;
+            }
         }
     }
 }

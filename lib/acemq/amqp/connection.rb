@@ -67,6 +67,19 @@ module AceMQ
         Subscription.new(native, handler, concurrency: concurrency, on_error: on_error)
       end
 
+      # Move dead letters from {queue}.dlq back to queue, with the attempt
+      # count reset and the failure kept in x-acemq-history. All of them, or
+      # at most limit:, optionally only those whose reason contains reason:
+      # or whose type is type:. A message leaves the DLQ only once its copy
+      # is confirmed. Returns { replayed:, skipped: }.
+      def replay_dead_letters(queue, limit: nil, reason: nil, type: nil)
+        limit = limit && Integer(limit)
+        raise ConfigurationError, "limit: must be at least 1 (or nil for all)" if limit && limit < 1
+
+        replayed, skipped = _replay(queue.to_s, limit, reason&.to_s, type&.to_s)
+        { replayed: replayed, skipped: skipped }
+      end
+
       # memory:// only: move the broker's clock forward, so messages waiting
       # in a rung of the retry ladder come back now.
       def advance_clock(seconds)

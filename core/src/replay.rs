@@ -1,0 +1,102 @@
+//! Moving dead letters back to work: `{queue}.dlq` to `{queue}`.
+
+use crate::connection::Connection;
+use crate::envelope::ATTEMPT_HEADER;
+use crate::error::{Error, Result};
+use crate::retry::dlq_name;
+use crate::wire::{
+    envelope_of, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER,
+};
+use serde_json::{Map, Value};
+
+/// Which dead letters to replay.
+#[derive(Debug, Clone, Default)]
+pub struct ReplayOptions {
+    /// At most this many; all when None.
+    pub limit: Option<usize>,
+    /// Only those whose reason contains this text.
+    pub reason: Option<String>,
+    /// Only those of this message type.
+    pub kind: Option<String>,
+}
+
+/// What a replay did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Republished to the queue and removed from the DLQ.
+    pub replayed: usize,
+    /// Left in the DLQ because they did not match.
+    pub skipped: usize,
+}
+
+/// Header recording when a message was last replayed.
+pub const REPLAYED_AT_HEADER: &str = "x-acemq-replayed-at";
+
+fn matches(raw: &RawDelivery, options: &ReplayOptions) -> bool {
+    let reason_ok = options.reason.as_deref().is_none_or(|want| {
+        raw.props.headers.get(REASON_HEADER).and_then(Value::as_str).is_some_and(|r| r.contains(want))
+    });
+    let kind_ok = options.kind.as_deref().is_none_or(|want| raw.props.kind.as_deref() == Some(want));
+    reason_ok && kind_ok
+}
+
+/// The copy that goes back to work: attempt 1 again, and this failure moved
+/// into `x-acemq-history` (oldest first) so the next failure's reason is its
+/// own and the earlier ones are still there to read.
+fn revived(mut raw: RawDelivery) -> RawDelivery {
+    let attempts = envelope_of(&raw.props).attempt;
+    let h = &mut raw.props.headers;
+    let mut entry = Map::new();
+    for (key, name) in [(REASON_HEADER, "reason"), (ERROR_CLASS_HEADER, "error_class"), (FAILED_AT_HEADER, "failed_at"), (QUEUE_HEADER, "queue")] {
+        if let Some(v) = h.remove(key) {
+            entry.insert(name.into(), v);
+        }
+    }
+    entry.insert("attempts".into(), Value::from(attempts));
+    let mut history = match h.remove(HISTORY_HEADER) {
+        Some(Value::Array(a)) => a,
+        _ => Vec::new(),
+    };
+    history.push(Value::Object(entry));
+    h.insert(HISTORY_HEADER.into(), Value::Array(history));
+    h.insert(ATTEMPT_HEADER.into(), Value::from(1));
+    h.insert(REPLAYED_AT_HEADER.into(), Value::from(crate::envelope::now_secs()));
+    raw
+}
+
+impl Connection {
+    /// Move dead letters from `{queue}.dlq` back to `{queue}`.
+    ///
+    /// Each copy goes straight to the queue through the default exchange,
+    /// not through the exchange it was first published to: re-routing would
+    /// deliver it again to every other queue bound there, which handled it
+    /// the first time. A message leaves the DLQ only once its copy is
+    /// confirmed; a crash in between leaves it in both (a duplicate, never a
+    /// loss). Messages that do not match stay where they are, in order.
+    pub async fn replay_dead_letters(&self, queue: &str, options: ReplayOptions) -> Result<ReplayReport> {
+        if queue.is_empty() {
+            return Err(Error::invalid("replay needs the queue whose dead letters to replay"));
+        }
+        let backend = self.backend();
+        let reader = backend.reader(&dlq_name(queue)).await?;
+        let mut report = ReplayReport::default();
+        let result: Result<()> = async {
+            while options.limit.is_none_or(|l| report.replayed < l) {
+                let Some(raw) = reader.next().await? else { break };
+                if !matches(&raw, &options) {
+                    report.skipped += 1;
+                    continue;
+                }
+                let tag = raw.tag;
+                let copy = revived(raw);
+                backend.send("", queue, &copy.body, &copy.props).await?.wait().await?;
+                reader.ack(tag).await?;
+                report.replayed += 1;
+            }
+            Ok(())
+        }
+        .await;
+        reader.close().await;
+        result.map(|()| report)
+    }
+}

@@ -1,0 +1,62 @@
+//! AceMQ::AMQP::Patterns::InMemoryIdempotencyStore: core's in-process store.
+//! lib/acemq/amqp/patterns/in_memory_idempotency_store.rb adds `new(window:)`.
+
+use super::{required_key, seconds};
+use crate::errors::IntoRuby;
+use acemq::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
+use magnus::{function, method, prelude::*, Error, RModule, Ruby, Value};
+
+#[magnus::wrap(class = "AceMQ::AMQP::Patterns::InMemoryIdempotencyStore", free_immediately, size)]
+pub struct RbInMemoryStore {
+    pub(crate) inner: InMemoryIdempotencyStore,
+}
+
+impl RbInMemoryStore {
+    fn new(ruby: &Ruby, window: f64, claim_timeout: f64) -> Result<Self, Error> {
+        let window = seconds(ruby, "window", window)?;
+        let claim_timeout = seconds(ruby, "claim_timeout", claim_timeout)?;
+        if window.is_zero() || claim_timeout.is_zero() {
+            return Err(Error::new(
+                ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
+                "window and claim_timeout must be longer than zero seconds",
+            ));
+        }
+        Ok(Self { inner: InMemoryIdempotencyStore::new(window).with_claim_timeout(claim_timeout) })
+    }
+
+    fn first_time(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<bool, Error> {
+        rb_self.inner.first_time(&required_key(ruby, key)?).rb(ruby)
+    }
+
+    fn confirm(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<(), Error> {
+        rb_self.inner.confirm(&required_key(ruby, key)?).rb(ruby)
+    }
+
+    fn forget(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<(), Error> {
+        rb_self.inner.forget(&required_key(ruby, key)?).rb(ruby)
+    }
+
+    fn confirmed(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<bool, Error> {
+        rb_self.inner.confirmed(&required_key(ruby, key)?).rb(ruby)
+    }
+
+    fn size(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn clear(&self) {
+        self.inner.clear()
+    }
+}
+
+pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
+    let class = patterns.define_class("InMemoryIdempotencyStore", ruby.class_object())?;
+    class.define_singleton_method("_new", function!(RbInMemoryStore::new, 2))?;
+    class.define_method("first_time?", method!(RbInMemoryStore::first_time, 1))?;
+    class.define_method("confirm", method!(RbInMemoryStore::confirm, 1))?;
+    class.define_method("forget", method!(RbInMemoryStore::forget, 1))?;
+    class.define_method("confirmed?", method!(RbInMemoryStore::confirmed, 1))?;
+    class.define_method("size", method!(RbInMemoryStore::size, 0))?;
+    class.define_method("clear", method!(RbInMemoryStore::clear, 0))?;
+    Ok(())
+}

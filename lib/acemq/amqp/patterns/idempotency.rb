@@ -1,0 +1,116 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    module Patterns
+      # The idempotency guard as middleware: Patterns.with_idempotency returns
+      # one, Patterns.idempotent wraps one round a block. What it does is
+      # decided by the engine's guard (the same rules a Rust consumer gets),
+      # in order:
+      #
+      # - no key (nil or ""): Ack.reject with FatalError — the same key
+      #   function finds the same nothing on every retry, so the message goes
+      #   to {queue}.dlq with the reason;
+      # - the store's first_time? raises: Ack.retry, handler not run — the
+      #   store is what is broken, and carrying on could be the duplicate it
+      #   exists to prevent;
+      # - not the first time: Ack.accept, handler not run — a duplicate is the
+      #   broker doing its job, not an error;
+      # - the first time: the handler runs; if it accepted, the key is
+      #   confirmed (when the store answers confirm), otherwise forgotten
+      #   (when it answers forget) so the retry really runs. A handler that
+      #   raises has its key forgotten and the same exception re-raised.
+      class Idempotency
+        DEFAULT_KEY = ->(message) { message.envelope&.id }
+
+        attr_reader :store, :guard
+
+        def initialize(store, key: nil)
+          unless store.respond_to?(:first_time?)
+            raise ConfigurationError, "#{store.inspect} is not an idempotency store: it must answer first_time?(key) " \
+                                      "(and may answer confirm(key), forget(key), confirmed?(key))"
+          end
+          if key && !key.respond_to?(:call)
+            raise ConfigurationError, "key: must answer call(message) (a lambda), got #{key.inspect}"
+          end
+
+          @store = store
+          @key = key || DEFAULT_KEY
+          @guard = NativeGuard.new
+        end
+
+        # The middleware: app is the guarded handler.
+        def call(message, app)
+          key = @key.call(message)
+          verdict, detail, error_class = @guard._before(@store, key)
+          case verdict
+          when "run" then run(message, app, detail)
+          when "duplicate"
+            Patterns.instrument(:duplicate, key: key, message: message)
+            Ack.accept
+          when "retry"
+            Patterns.instrument(:store_error, key: key, message: message, error: detail)
+            Ack.retry(detail, error: error_class)
+          else
+            Patterns.instrument(:missing_key, key: nil, message: message, error: detail) if error_class
+            Ack.reject(detail, error: error_class)
+          end
+        end
+
+        # The guard's counters: duplicates (first_time? answered false), runs,
+        # missing_keys, store_errors, confirmed, forgotten, confirm_errors,
+        # forget_errors, abandoned.
+        def stats = @guard.stats
+
+        def inspect = "#<AceMQ::AMQP::Patterns::Idempotency store=#{@store.class}>"
+
+        private
+
+        def run(message, app, key)
+          begin
+            result = app.call(message)
+          rescue StandardError
+            settle(message, key, "raised")
+            raise
+          rescue Exception # rubocop:disable Lint/RescueException
+            # Thread#kill, Interrupt, throw: the handler never finished, so
+            # the key must not stand; re-raised untouched.
+            failed = @guard._abandon(@store, key)
+            Patterns.instrument(:forget_failed, key: key, message: message, error: failed) if failed
+            raise
+          end
+          settle(message, key, result.is_a?(Ack) ? result.kind.to_s : "not_an_ack")
+          result
+        end
+
+        def settle(message, key, kind)
+          failed = @guard._after(@store, key, kind)
+          return unless failed
+
+          # The handler's outcome stands: the work was done (or not), and
+          # settling differently would only add a second problem.
+          event = kind == "accept" ? :confirm_failed : :forget_failed
+          return if Patterns.instrument(event, key: key, message: message, error: failed)
+
+          warn("acemq: idempotency #{event == :confirm_failed ? 'confirm' : 'forget'} failed for #{key.inspect}: #{failed}")
+        end
+      end
+
+      # What Patterns.idempotent returns: a Proc (so it goes into consume
+      # with &) that also answers stats and guard.
+      class Idempotent < Proc
+        def self.build(middleware, handler)
+          proc = new { |message| middleware.call(message, handler) }
+          proc.instance_variable_set(:@middleware, middleware)
+          proc
+        end
+
+        # The guard's counters (see Idempotency#stats).
+        def stats = @middleware.stats
+
+        # The middleware underneath.
+        def guard = @middleware
+      end
+    end
+  end
+end

@@ -1,0 +1,62 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    module Patterns
+      # Idempotency keys in a SQL table, with the engine's SQL for SQLite and
+      # PostgreSQL: the claim is an INSERT that commits on its own, a stale
+      # CLAIMED row is taken over after claim_timeout, a CONFIRMED row never
+      # is, and nothing on the handling path deletes (schedule purge_expired).
+      #
+      #   SQLIdempotencyStore.new(connection: db)                        # your SQLite3::Database / PG::Connection
+      #   SQLIdempotencyStore.new(connection: -> { Thread.current[:db] }) # one per call, from your pool
+      #   SQLIdempotencyStore.new(path: "payments.db")                   # a SQLite file the library opens
+      #
+      # connection: is yours: the store runs its statements on it, on the
+      # calling thread, inside whatever transaction it is in. A callable is
+      # called once per store operation and must hand back a connection that
+      # is already open — never one it opens for the call. path: opens the
+      # file once (WAL, busy timeout) and releases the GVL around each
+      # statement.
+      #
+      # The table (default acemq_idempotency) has integer epoch-millisecond
+      # times, not the datetime columns of the guide's ActiveRecord
+      # migration: if that table exists, give this store another table:.
+      class SQLIdempotencyStore
+        DEFAULT_RETENTION = 24 * 3600
+        DEFAULT_CLAIM_TIMEOUT = 300
+
+        def self.new(connection: nil, path: nil, table: nil, retention: DEFAULT_RETENTION,
+                     claim_timeout: DEFAULT_CLAIM_TIMEOUT, worker: nil)
+          if connection.nil? == path.nil?
+            raise ConfigurationError, "SQLIdempotencyStore.new takes connection: (your database connection, or a " \
+                                      "callable returning one) or path: (a SQLite file), exactly one of them"
+          end
+
+          retention = seconds(:retention, retention)
+          claim_timeout = seconds(:claim_timeout, claim_timeout)
+          table = table&.to_s
+          worker = worker&.to_s
+          if path
+            _new_file(path.to_s, table, retention, claim_timeout, worker)
+          else
+            _new_ruby(SQL.connect(connection), table, retention, claim_timeout, worker)
+          end
+        end
+
+        def self.seconds(name, value)
+          Float(value)
+        rescue TypeError, ArgumentError
+          raise ConfigurationError, "#{name}: is a number of seconds, got #{value.inspect}"
+        end
+        private_class_method :seconds
+
+        # The statements create_schema runs, for a migration: dialect is
+        # :sqlite or :postgres.
+        def schema_sql(dialect) = _schema_sql(dialect.to_s)
+
+        def inspect = "#<AceMQ::AMQP::Patterns::SQLIdempotencyStore table=#{table.inspect} worker=#{worker.inspect}>"
+      end
+    end
+  end
+end

@@ -1,0 +1,166 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    # The SQL seam, three methods wide. The stores' SQL is the engine's; what
+    # runs it is a connection adapter answering
+    #
+    #   dialect               -> "sqlite" or "postgres"
+    #   execute(sql, params)  -> Integer, the rows changed
+    #   query(sql, params)    -> Array of rows, each an Array in SELECT order
+    #
+    # SQL.connect builds one from what the application already has,
+    # recognising it by the methods it answers, never by its class (this gem
+    # depends on no driver). An object that already answers all three is
+    # used as it is, which is how another driver is wrapped.
+    module SQL
+      # SQL.connect was handed something it cannot drive.
+      class UnsupportedConnection < ConfigurationError; end
+
+      # A Ruby driver object as the seam's adapter.
+      def self.connect(connection)
+        if adapter?(connection) then connection
+        elsif connection.respond_to?(:exec_params) then Postgres.new(connection)
+        elsif connection.respond_to?(:execute) && connection.respond_to?(:changes) then SQLite.new(connection)
+        elsif connection.respond_to?(:call) then PerCall.new(connection)
+        else
+          raise UnsupportedConnection,
+                "cannot use #{connection.class} as a SQL connection: give an object answering exec_params " \
+                "(a PG::Connection), execute and changes (a SQLite3::Database, also an ActiveRecord raw_connection), " \
+                "call (a callable returning one of those per call, e.g. -> { Thread.current[:db] }), or dialect, " \
+                "execute(sql, params) and query(sql, params) (an adapter of your own)"
+        end
+      end
+
+      def self.adapter?(obj)
+        obj.respond_to?(:dialect) && obj.respond_to?(:execute) && obj.respond_to?(:query)
+      end
+
+      # Parameters as the driver should bind them. A String is bound as text
+      # in UTF-8 whatever its encoding says: SQLite stores a binary
+      # (ASCII-8BIT) string as a BLOB, and a BLOB never equals the TEXT of the
+      # same bytes, so a key claimed from a delivery (binary) would never be
+      # found from a console (UTF-8).
+      def self.text(params)
+        params.map do |p|
+          next p unless p.is_a?(String)
+          next p if p.encoding == Encoding::UTF_8
+
+          p.encoding == Encoding::BINARY || p.ascii_only? ? p.dup.force_encoding(Encoding::UTF_8) : p.encode(Encoding::UTF_8)
+        end
+      end
+
+      # SQLite3::Database, with results_as_hash true or false (an
+      # ActiveRecord 6.1 raw_connection has it true). Rows are read from the
+      # statement itself, which steps arrays in SELECT order whatever
+      # results_as_hash says; a row that arrives as a Hash anyway is read by
+      # column name, never by position.
+      class SQLite
+        def initialize(db)
+          @db = db
+        end
+
+        def dialect = "sqlite"
+
+        def execute(sql, params)
+          @db.execute(sql, SQL.text(params))
+          @db.changes
+        end
+
+        def query(sql, params)
+          stmt = @db.prepare(sql)
+          begin
+            stmt.bind_params(*SQL.text(params)) unless params.empty?
+            columns = stmt.columns
+            rows = []
+            stmt.each { |row| rows << (row.is_a?(Hash) ? columns.map { |c| row.fetch(c) } : row.to_a) }
+            rows
+          ensure
+            stmt.close
+          end
+        end
+
+        def inspect = "#<AceMQ::AMQP::SQL::SQLite #{@db.class}>"
+      end
+
+      # PG::Connection. Without a type map every column comes back as a
+      # String; integers, floats and booleans are converted by the column's
+      # type so the engine sees what the SQLite driver would give it.
+      class Postgres
+        INTEGER = [20, 21, 23, 26].freeze # int8, int2, int4, oid
+        FLOAT = [700, 701].freeze         # float4, float8
+        NUMERIC = 1700
+        BOOLEAN = 16
+
+        def initialize(conn)
+          @conn = conn
+        end
+
+        def dialect = "postgres"
+
+        def execute(sql, params)
+          result = @conn.exec_params(sql, SQL.text(params))
+          n = result.cmd_tuples
+          result.clear
+          n.to_i
+        end
+
+        def query(sql, params)
+          result = @conn.exec_params(sql, SQL.text(params))
+          begin
+            types = Array.new(result.nfields) { |i| result.ftype(i) }
+            result.values.map { |row| row.each_with_index.map { |v, i| cast(v, types[i]) } }
+          ensure
+            result.clear
+          end
+        end
+
+        def inspect = "#<AceMQ::AMQP::SQL::Postgres #{@conn.class}>"
+
+        private
+
+        def cast(value, type)
+          return value unless value.is_a?(String)
+
+          case type
+          when *INTEGER then Integer(value, 10)
+          when *FLOAT then Float(value)
+          when NUMERIC then value.include?(".") ? Float(value) : Integer(value, 10)
+          when BOOLEAN then value == "t" ? 1 : 0
+          else value
+          end
+        end
+      end
+
+      # A callable (connection: -> { Thread.current[:db] }): called once per
+      # store operation, on the calling thread, for the connection to use for
+      # it — a pool checkout, or the thread's own. It must return an open
+      # connection it keeps, never open one for the call: a store operation
+      # is one statement or two, and a connect per message is slower than
+      # the work.
+      class PerCall
+        def initialize(callable)
+          @callable = callable
+        end
+
+        # The adapter for one store operation (the engine calls this).
+        def checkout
+          conn = @callable.call
+          if conn.nil? || conn.is_a?(PerCall) || (!SQL.adapter?(conn) && conn.respond_to?(:call) &&
+                                                  !conn.respond_to?(:exec_params) && !conn.respond_to?(:changes))
+            raise UnsupportedConnection, "the connection: callable returned #{conn.inspect}: it must return an open " \
+                                         "database connection (a SQLite3::Database, a PG::Connection)"
+          end
+
+          SQL.connect(conn)
+        end
+
+        def dialect = checkout.dialect
+        def execute(sql, params) = checkout.execute(sql, params)
+        def query(sql, params) = checkout.query(sql, params)
+
+        def inspect = "#<AceMQ::AMQP::SQL::PerCall #{@callable.inspect}>"
+      end
+    end
+  end
+end

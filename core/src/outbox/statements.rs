@@ -117,7 +117,7 @@ impl Statements {
             dialect,
             &format!(
                 "SELECT {RECORD_COLUMNS} FROM {} WHERE next_attempt_at <= {now} \
-                 AND (claimed_until IS NULL OR claimed_until < {now} OR 1 = 1) ORDER BY id LIMIT ?{lock}",
+                 AND (claimed_until IS NULL OR claimed_until < {now}) ORDER BY id LIMIT ?{lock}",
                 self.table
             ),
         )

@@ -13,6 +13,25 @@
 //! That is at least once, deliberately: a crash between a confirm and the
 //! delete publishes the message again. The idempotent consumer is what makes
 //! the duplicate harmless; a lost message could not be recognised at all.
+//!
+//! ```no_run
+//! use acemq::envelope::Envelope;
+//! use acemq::outbox::{OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
+//! use acemq::sql::{SqlConnection, SqliteConnection};
+//!
+//! # fn main() -> acemq::error::Result<()> {
+//! let store = SqlOutboxStore::new(SqliteConnection::open("app.db")?, OutboxStoreOptions::default())?;
+//! store.create_schema()?;
+//!
+//! let db = SqliteConnection::open("app.db")?;
+//! db.execute("BEGIN", &[])?;
+//! db.execute("INSERT INTO orders (total) VALUES (?)", &[acemq::sql::SqlValue::Int(42)])?;
+//! let event = serde_json::json!({ "order_id": 1 });
+//! let envelope = Envelope::new().with_type("order.placed.v2");
+//! store.add(&OutboxRecord::json("orders-events", "order.placed", &event, envelope)?, &db)?;
+//! db.execute("COMMIT", &[])?; // roll back instead and the message is gone too
+//! # Ok(()) }
+//! ```
 
 mod backlog;
 mod completion;

@@ -64,7 +64,7 @@ impl std::fmt::Debug for RelayOptions {
 /// let store = SqlOutboxStore::new(SqliteConnection::open("app.db")?, OutboxStoreOptions::default())?;
 /// store.create_schema()?;
 /// let relay = OutboxRelay::new(publisher, store, RelayOptions {
-///     on_error: Some(Box::new(|error, exchange, routing_key| {
+///     on_error: Some(Box::new(|error: &acemq::error::Error, exchange: &str, routing_key: &str| {
 ///         eprintln!("outbox stuck on {exchange}/{routing_key}: {error}");
 ///     })),
 ///     ..RelayOptions::default()

@@ -210,3 +210,36 @@ impl crate::outbox::OutboxPublisher for SlowPublisher {
         })
     }
 }
+
+/// The doc examples of `outbox` and `OutboxRelay`, compiled here because
+/// doc tests are not part of the `--lib` run.
+#[allow(dead_code)]
+async fn doc_examples_compile(publisher: Arc<dyn crate::outbox::OutboxPublisher>) -> crate::error::Result<()> {
+    use crate::envelope::Envelope;
+    use crate::outbox::{OutboxRecord, SqlOutboxStore};
+    use crate::sql::SqliteConnection;
+
+    let store = SqlOutboxStore::new(SqliteConnection::open("app.db")?, OutboxStoreOptions::default())?;
+    store.create_schema()?;
+    let db = SqliteConnection::open("app.db")?;
+    db.execute("BEGIN", &[])?;
+    db.execute("INSERT INTO orders (total) VALUES (?)", &[crate::sql::SqlValue::Int(42)])?;
+    let event = serde_json::json!({ "order_id": 1 });
+    let envelope = Envelope::new().with_type("order.placed.v2");
+    store.add(&OutboxRecord::json("orders-events", "order.placed", &event, envelope)?, &db)?;
+    db.execute("COMMIT", &[])?;
+
+    let relay = OutboxRelay::new(
+        publisher,
+        store,
+        RelayOptions {
+            on_error: Some(Box::new(|error: &crate::error::Error, exchange: &str, routing_key: &str| {
+                eprintln!("outbox stuck on {exchange}/{routing_key}: {error}");
+            })),
+            ..RelayOptions::default()
+        },
+    );
+    relay.start()?;
+    relay.close().await;
+    Ok(())
+}

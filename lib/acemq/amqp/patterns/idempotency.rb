@@ -67,17 +67,22 @@ module AceMQ
         private
 
         def run(message, app, key)
+          finished = false
           begin
             result = app.call(message)
+            finished = true
           rescue StandardError
+            finished = true
             settle(message, key, "raised")
             raise
-          rescue Exception # rubocop:disable Lint/RescueException
-            # Thread#kill, Interrupt, throw: the handler never finished, so
-            # the key must not stand; re-raised untouched.
-            failed = @guard._abandon(@store, key)
-            Patterns.instrument(:forget_failed, key: key, message: message, error: failed) if failed
-            raise
+          ensure
+            # Not finished and not a StandardError: Thread#kill, Interrupt,
+            # throw. The handler never finished, so the key must not stand;
+            # whatever it was goes on untouched.
+            unless finished
+              failed = @guard._abandon(@store, key)
+              Patterns.instrument(:forget_failed, key: key, message: message, error: failed) if failed
+            end
           end
           settle(message, key, result.is_a?(Ack) ? result.kind.to_s : "not_an_ack")
           result

@@ -1,0 +1,46 @@
+# frozen_string_literal: true
+
+require "rake"
+
+module AceMQ
+  # Rake tasks for an application without Rails (a Rails application gets the
+  # same from the Railtie). In a Rakefile:
+  #
+  #   require "acemq/rake_tasks"
+  #   AceMQ::RakeTasks.install_idempotency_purge do
+  #     AceMQ::AMQP::Patterns::SQLIdempotencyStore.new(path: "payments.db")
+  #   end
+  #
+  # then schedule `rake acemq:purge_idempotency` (hourly, say). Without a
+  # block the task opens the SQLite file named by ACEMQ_IDEMPOTENCY_PATH,
+  # with the table in ACEMQ_IDEMPOTENCY_TABLE (default acemq_idempotency).
+  module RakeTasks
+    extend Rake::DSL
+
+    # Define acemq:purge_idempotency (or name:). The block builds the store
+    # each time the task runs — anything answering purge_expired, so the
+    # guide's ActiveRecordIdempotencyStore works too. Returns the task.
+    def self.install_idempotency_purge(name: "acemq:purge_idempotency", &store_builder)
+      store_builder ||= method(:store_from_env)
+      desc "Remove idempotency keys past their retention"
+      task(name) do
+        # Nothing on the handling path deletes a key (a delete there is
+        # contention on the one table every message touches), so this is what
+        # keeps the table from growing by one row per message for ever.
+        removed = store_builder.call.purge_expired
+        puts "removed #{removed} expired keys"
+      end
+    end
+
+    def self.store_from_env
+      require "acemq/amqp/patterns"
+      path = ENV.fetch("ACEMQ_IDEMPOTENCY_PATH") do
+        raise AceMQ::AMQP::ConfigurationError,
+              "acemq:purge_idempotency needs a store: pass install_idempotency_purge a block that builds one, " \
+              "or set ACEMQ_IDEMPOTENCY_PATH to the SQLite file"
+      end
+      AceMQ::AMQP::Patterns::SQLIdempotencyStore.new(path: path, table: ENV.fetch("ACEMQ_IDEMPOTENCY_TABLE", nil))
+    end
+    private_class_method :store_from_env
+  end
+end

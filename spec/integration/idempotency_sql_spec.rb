@@ -1,0 +1,365 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "acemq/amqp/patterns"
+require "sqlite3"
+require "pg"
+
+module IdempotencySQLSpec
+  Patterns = AceMQ::AMQP::Patterns
+  Ack = AceMQ::AMQP::Ack
+
+  def self.message(id, payload = { "order_id" => "A-1" })
+    AceMQ::AMQP::Message.new(payload: payload, envelope: AceMQ::AMQP::Envelope.new(id: id, type: "payment.due.v1"))
+  end
+
+  # Every backend passes the same examples. The including group defines
+  # store(**options) (same table each call, so two stores are two workers on
+  # one table) and stored_type(key) (the SQL type the key was stored as).
+  RSpec.shared_examples "a SQL idempotency store" do
+    let(:a) { store(worker: "worker-a") }
+
+    it "claims a key once, then confirms it" do
+      expect(a.first_time?("m-1")).to be(true)
+      expect(a.first_time?("m-1")).to be(false)
+      expect(a.confirmed?("m-1")).to be(false)
+      a.confirm("m-1")
+      a.confirm("m-1") # idempotent
+      expect(a.confirmed?("m-1")).to be(true)
+      expect(a.first_time?("m-1")).to be(false)
+    end
+
+    it "forgets only this worker's own live claim, never a confirmed key" do
+      b = store(worker: "worker-b")
+      a.first_time?("mine")
+      b.forget("mine")
+      expect(b.first_time?("mine")).to be(false)
+      a.forget("mine")
+      expect(b.first_time?("mine")).to be(true)
+
+      a.first_time?("done")
+      a.confirm("done")
+      a.forget("done")
+      expect(a.confirmed?("done")).to be(true)
+    end
+
+    it "takes over a stale claim after claim_timeout, and never a confirmed key" do
+      a = store(worker: "worker-a", claim_timeout: 0.3)
+      b = store(worker: "worker-b", claim_timeout: 0.3)
+      a.first_time?("stale")
+      a.first_time?("done")
+      a.confirm("done")
+      expect(b.first_time?("stale")).to be(false)
+
+      eventually(timeout: 3) { b.first_time?("stale") }
+      expect(a.first_time?("stale")).to be(false) # b's claim is live now
+      expect(b.first_time?("done")).to be(false)
+    end
+
+    it "treats a binary key and the UTF-8 key as one key, stored as text" do
+      expect(a.first_time?("m-2".b)).to be(true)
+      expect(a.first_time?("m-2")).to be(false)
+      a.confirm("m-2".b)
+      expect(a.confirmed?("m-2")).to be(true)
+      expect(stored_type("m-2")).to eq("text")
+    end
+
+    it "purges keys past their retention and says how many" do
+      s = store(retention: 0.2)
+      s.first_time?("old")
+      s.confirm("old")
+      expect(s.purge_expired).to eq(0)
+      eventually(timeout: 3) { s.purge_expired == 1 }
+      expect(s.first_time?("old")).to be(true)
+    end
+
+    it "guards a handler through Patterns.idempotent" do
+      charged = []
+      handler = Patterns.idempotent(a) { |m| charged << m.id; Ack.accept }
+      3.times { handler.call(IdempotencySQLSpec.message("m-3")) }
+      expect(charged).to eq(["m-3"])
+      expect(a.confirmed?("m-3")).to be(true)
+      expect(handler.stats[:duplicates]).to eq(2)
+    end
+  end
+
+  RSpec.shared_examples "the transaction question" do
+    # The handler confirms inside its own transaction, as the guide shows:
+    # the work and the confirmed key commit together, or neither does.
+    def guarded(store, fail_after_work: false)
+      Patterns.idempotent(store) do |m|
+        transaction do
+          record_charge(m.id)
+          store.confirm(m.envelope.id)
+          raise "card declined after the insert" if fail_after_work
+        end
+        Ack.accept
+      end
+    end
+
+    it "commits the work and the confirmed key in one transaction" do
+      s = store
+      expect(guarded(s).call(IdempotencySQLSpec.message("t-1"))).to be_accept
+      expect(charges("t-1")).to eq(1)
+      expect(s.confirmed?("t-1")).to be(true)
+    end
+
+    it "rolls back both, and forgets the claim so the retry runs" do
+      s = store
+      expect { guarded(s, fail_after_work: true).call(IdempotencySQLSpec.message("t-2")) }
+        .to raise_error(RuntimeError, /card declined/)
+      expect(charges("t-2")).to eq(0)
+      expect(s.confirmed?("t-2")).to be(false)
+      expect(s.first_time?("t-2")).to be(true)
+    end
+  end
+
+  RSpec.shared_context "a SQLite file through the sqlite3 driver" do |results_as_hash|
+    let(:path) { sqlite_path }
+    let(:db) { sqlite_db(path, results_as_hash: results_as_hash) }
+    after { db.close }
+
+    def store(**options)
+      Patterns::SQLIdempotencyStore.new(connection: db, **options).tap(&:create_schema)
+    end
+
+    def stored_type(key)
+      row = db.execute("SELECT typeof(message_id) FROM acemq_idempotency WHERE message_id = ?", [key]).first
+      row.is_a?(Hash) ? row.values.first : row.first
+    end
+
+    def transaction(&block) = db.transaction(&block)
+
+    def record_charge(key)
+      db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT NOT NULL)")
+      db.execute("INSERT INTO charges (key) VALUES (?)", [key])
+    end
+
+    def charges(key)
+      db.execute("CREATE TABLE IF NOT EXISTS charges (key TEXT NOT NULL)")
+      row = db.execute("SELECT count(*) AS n FROM charges WHERE key = ?", [key]).first
+      row.is_a?(Hash) ? row["n"] : row.first
+    end
+  end
+
+  RSpec.describe "SQLIdempotencyStore on a SQLite3::Database (results_as_hash false)" do
+    include_context "a SQLite file through the sqlite3 driver", false
+    it_behaves_like "a SQL idempotency store"
+    it_behaves_like "the transaction question"
+
+    it "binds a binary key as text through the driver adapter itself" do
+      adapter = AceMQ::AMQP::SQL.connect(db)
+      adapter.execute("CREATE TABLE k (k TEXT)", [])
+      expect(adapter.execute("INSERT INTO k VALUES (?)", ["a".b])).to eq(1)
+      expect(adapter.query("SELECT typeof(k), k FROM k WHERE k = ?", ["a"])).to eq([%w[text a]])
+    end
+  end
+
+  RSpec.describe "SQLIdempotencyStore on a SQLite3::Database with results_as_hash" do
+    include_context "a SQLite file through the sqlite3 driver", true
+    it_behaves_like "a SQL idempotency store"
+    it_behaves_like "the transaction question"
+
+    it "reads rows that arrive as hashes by column, in SELECT order" do
+      adapter = AceMQ::AMQP::SQL.connect(db)
+      expect(adapter.query("SELECT 'z' AS b, 1 AS a, NULL AS c", [])).to eq([["z", 1, nil]])
+    end
+  end
+
+  RSpec.describe "SQLIdempotencyStore on a connection: callable (one connection per thread)" do
+    let(:path) { sqlite_path }
+    after { Thread.current[:idem_db]&.close; Thread.current[:idem_db] = nil }
+
+    def store(**options)
+      Patterns::SQLIdempotencyStore.new(connection: -> { Thread.current[:idem_db] ||= sqlite_db(path) }, **options)
+                                   .tap(&:create_schema)
+    end
+
+    def stored_type(key)
+      Thread.current[:idem_db].get_first_value("SELECT typeof(message_id) FROM acemq_idempotency WHERE message_id = ?", key)
+    end
+
+    it_behaves_like "a SQL idempotency store"
+
+    it "calls the callable once per store operation, on the calling thread" do
+      calls = []
+      s = Patterns::SQLIdempotencyStore.new(connection: -> { calls << Thread.current; Thread.current[:idem_db] ||= sqlite_db(path) })
+      s.create_schema
+      calls.clear
+      s.first_time?("k")
+      s.confirm("k")
+      Thread.new { s.confirmed?("k") }.join
+      expect(calls.size).to eq(3)
+      expect(calls.last).not_to eq(Thread.current)
+    end
+  end
+
+  RSpec.describe "SQLIdempotencyStore on a file it opens itself (path:)" do
+    let(:path) { sqlite_path }
+
+    def store(**options)
+      Patterns::SQLIdempotencyStore.new(path: path, **options).tap(&:create_schema)
+    end
+
+    def stored_type(key)
+      db = sqlite_db(path)
+      db.get_first_value("SELECT typeof(message_id) FROM acemq_idempotency WHERE message_id = ?", key)
+    ensure
+      db&.close
+    end
+
+    it_behaves_like "a SQL idempotency store"
+
+    it "uses the table: given, and answers the schema for a migration" do
+      s = store(table: "handled_keys")
+      s.first_time?("k")
+      expect(sqlite_db(path).get_first_value("SELECT count(*) FROM handled_keys")).to eq(1)
+      expect(s.schema_sql(:postgres).first).to include("CREATE TABLE IF NOT EXISTS handled_keys", "BIGINT")
+    end
+  end
+
+  RSpec.describe "SQLIdempotencyStore on a PG::Connection" do
+    let(:conn) { pg_connection }
+    let(:table) { unique_table }
+    after do
+      conn.exec("DROP TABLE IF EXISTS #{table}")
+      conn.exec("DROP TABLE IF EXISTS #{table}_charges")
+      conn.close
+    end
+
+    def store(**options)
+      Patterns::SQLIdempotencyStore.new(connection: conn, table: table, **options).tap(&:create_schema)
+    end
+
+    def stored_type(key)
+      conn.exec_params("SELECT pg_typeof(message_id)::text FROM #{table} WHERE message_id = $1", [key]).getvalue(0, 0)
+    end
+
+    def transaction(&block) = conn.transaction { block.call }
+
+    def record_charge(key)
+      conn.exec("CREATE TABLE IF NOT EXISTS #{table}_charges (key TEXT NOT NULL)")
+      conn.exec_params("INSERT INTO #{table}_charges (key) VALUES ($1)", [key])
+    end
+
+    def charges(key)
+      conn.exec("CREATE TABLE IF NOT EXISTS #{table}_charges (key TEXT NOT NULL)")
+      conn.exec_params("SELECT count(*) FROM #{table}_charges WHERE key = $1", [key]).getvalue(0, 0).to_i
+    end
+
+    it_behaves_like "a SQL idempotency store"
+    it_behaves_like "the transaction question"
+
+    it "converts columns that pg hands back as strings" do
+      adapter = AceMQ::AMQP::SQL.connect(conn)
+      expect(adapter.query("SELECT 1::bigint, 2::int, 2.5::float8, true, 'x'::text, NULL::text, $1::text", ["k".b]))
+        .to eq([[1, 2, 2.5, 1, "x", nil, "k"]])
+    end
+  end
+
+  # The guide's ActiveRecord store, as written, on ActiveRecord 6.1 and SQLite.
+  module AR
+    def self.load(path)
+      require "active_record"
+      require "socket"
+      ActiveRecord::Base.establish_connection(adapter: "sqlite3", database: path)
+      ActiveRecord::Migration.verbose = false
+      return if defined?(AR::ActiveRecordIdempotencyStore)
+
+      module_eval(<<~RUBY, __FILE__, __LINE__ + 1)
+        class ApplicationRecord < ActiveRecord::Base
+          self.abstract_class = true
+        end
+
+        class CreateAcemqIdempotency < ActiveRecord::Migration[6.1]
+          def change
+            create_table :acemq_idempotency, id: false do |t|
+              t.string   :message_id,  null: false, limit: 255, primary_key: true
+              t.string   :state,       null: false, limit: 16
+              t.string   :claimed_by,  limit: 64
+              t.datetime :recorded_at, null: false
+              t.datetime :expires_at,  null: false
+            end
+
+            add_index :acemq_idempotency, :expires_at, name: "acemq_idempotency_expiry"
+          end
+        end
+
+        class HandledMessage < ApplicationRecord
+          self.table_name = "acemq_idempotency"
+          self.primary_key = "message_id"
+        end
+
+        class ActiveRecordIdempotencyStore
+          CLAIMED = "CLAIMED"
+          CONFIRMED = "CONFIRMED"
+          RETENTION = 24 * 3600
+          CLAIM_TIMEOUT = 300
+
+          def initialize(worker: "\#{Socket.gethostname}:\#{Process.pid}")
+            @worker = worker
+          end
+
+          def first_time?(key)
+            now = Time.now.utc
+            HandledMessage.create!(message_id: key.to_s, state: CLAIMED, claimed_by: @worker,
+                                   recorded_at: now, expires_at: now + RETENTION)
+            true
+          rescue ActiveRecord::RecordNotUnique
+            taken = HandledMessage.where(message_id: key.to_s, state: CLAIMED)
+                                  .where(recorded_at: ...(now - CLAIM_TIMEOUT))
+                                  .update_all(claimed_by: @worker, recorded_at: now,
+                                              expires_at: now + RETENTION)
+            taken.positive?
+          end
+
+          def confirm(key)
+            HandledMessage.where(message_id: key.to_s).update_all(state: CONFIRMED)
+            nil
+          end
+
+          def forget(key)
+            HandledMessage.where(message_id: key.to_s, state: CLAIMED, claimed_by: @worker).delete_all
+            nil
+          end
+
+          def purge_expired = HandledMessage.where(expires_at: ...Time.now.utc).delete_all
+        end
+      RUBY
+    end
+  end
+
+  RSpec.describe "the guide's ActiveRecordIdempotencyStore, and an ActiveRecord raw_connection" do
+    let(:path) { sqlite_path }
+    before { AR.load(path) }
+    after { ActiveRecord::Base.remove_connection }
+
+    it "works with Patterns.idempotent as written: one charge, retries run, confirmed rows" do
+      AR::CreateAcemqIdempotency.new.migrate(:up)
+      store = AR::ActiveRecordIdempotencyStore.new
+      runs = 0
+      handler = Patterns.idempotent(store) { runs += 1; runs == 1 ? Ack.retry("first try fails") : Ack.accept }
+
+      expect(handler.call(IdempotencySQLSpec.message("ar-1"))).to be_retry
+      expect(handler.call(IdempotencySQLSpec.message("ar-1"))).to be_accept
+      expect(handler.call(IdempotencySQLSpec.message("ar-1"))).to be_accept
+      expect(runs).to eq(2)
+      expect(AR::HandledMessage.find("ar-1").state).to eq("CONFIRMED")
+      expect(store.purge_expired).to eq(0)
+    end
+
+    it "drives our store over the raw_connection (results_as_hash) beside the migration's table" do
+      raw = ActiveRecord::Base.connection.raw_connection
+      expect(raw.results_as_hash).to be(true)
+      AR::CreateAcemqIdempotency.new.migrate(:up)
+      store = Patterns::SQLIdempotencyStore.new(connection: raw, table: "acemq_idempotency_keys")
+      store.create_schema
+
+      expect(store.first_time?("k".b)).to be(true)
+      expect(store.first_time?("k")).to be(false)
+      store.confirm("k")
+      expect(store.confirmed?("k".b)).to be(true)
+      expect(raw.execute("SELECT typeof(message_id) AS t FROM acemq_idempotency_keys").first["t"]).to eq("text")
+    end
+  end
+end

@@ -1,0 +1,222 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "acemq/amqp/patterns"
+require "sqlite3"
+require "pg"
+
+# The properties that only exist with several processes: one claim per key
+# however the race goes, one charge per key however the broker redelivers,
+# and a dead worker's claim taken over after claim_timeout and not before.
+# Children are forked after acemq is loaded (the engine rebuilds its runtime
+# in the child) and open their own connections.
+module IdempotencyProcessesSpec
+  Patterns = AceMQ::AMQP::Patterns
+
+  # How a child reaches each database, and the few statements the specs need.
+  class SQLiteBackend
+    attr_reader :table
+
+    def initialize(path, table)
+      @path = path
+      @table = table
+    end
+
+    def connect
+      db = SQLite3::Database.new(@path)
+      db.busy_timeout = 10_000
+      db.execute("PRAGMA journal_mode = WAL")
+      db.execute("PRAGMA synchronous = NORMAL")
+      db
+    end
+
+    def transaction(db, &block) = db.transaction(:immediate, &block)
+    def charge(db, key) = db.execute("INSERT INTO #{table}_charges (key, pid) VALUES (?, ?)", [key, Process.pid])
+    def charges(db) = db.execute("SELECT key, count(*) FROM #{table}_charges GROUP BY key").to_h
+    def create_charges(db) = db.execute("CREATE TABLE IF NOT EXISTS #{table}_charges (key TEXT NOT NULL, pid INTEGER)")
+    def claimed_by(db, worker) = db.execute("SELECT message_id FROM #{table} WHERE state = 'CLAIMED' AND claimed_by = ?", [worker]).flatten
+    def drop(_db) = nil
+  end
+
+  class PostgresBackend
+    attr_reader :table
+
+    def initialize(table)
+      @table = table
+    end
+
+    def connect = PG.connect(AceMQSpecHelpers::DATABASE_URL).tap { |c| c.set_notice_processor { |_| } }
+    def transaction(conn, &block) = conn.transaction { block.call }
+    def charge(conn, key) = conn.exec_params("INSERT INTO #{table}_charges (key, pid) VALUES ($1, $2)", [key, Process.pid])
+    def charges(conn) = conn.exec("SELECT key, count(*) FROM #{table}_charges GROUP BY key").values.to_h { |k, n| [k, n.to_i] }
+    def create_charges(conn) = conn.exec("CREATE TABLE IF NOT EXISTS #{table}_charges (key TEXT NOT NULL, pid INTEGER)")
+
+    def claimed_by(conn, worker)
+      conn.exec_params("SELECT message_id FROM #{table} WHERE state = 'CLAIMED' AND claimed_by = $1", [worker]).column_values(0)
+    end
+
+    def drop(conn)
+      conn.exec("DROP TABLE IF EXISTS #{table}")
+      conn.exec("DROP TABLE IF EXISTS #{table}_charges")
+    end
+  end
+
+  RSpec.shared_examples "one winner, one charge, one takeover" do
+    def store(conn, **options)
+      Patterns::SQLIdempotencyStore.new(connection: conn, table: backend.table, **options)
+    end
+
+    before do
+      @conn = backend.connect
+      store(@conn).create_schema
+      backend.create_charges(@conn)
+    end
+
+    after do
+      backend.drop(@conn)
+      @conn.close
+    end
+
+    it "(a) two processes racing first_time? on one key: exactly one winner every round" do
+      rounds = 150
+      go_r, go_w = IO.pipe
+      children = Array.new(2) do
+        spawn_child do |out|
+          go_w.close
+          s = store(backend.connect)
+          go_r.read # both start when the parent closes the pipe
+          rounds.times { |i| out.puts("#{i} #{s.first_time?("race-#{i}")}") }
+        end
+      end
+      go_r.close
+      go_w.close
+
+      wins = Hash.new(0)
+      children.each do |pid, io|
+        Timeout.timeout(30) { io.each_line { |l| i, won = l.split; wins[i.to_i] += 1 if won == "true" } }
+        expect(wait_child(pid)).to be_success
+      end
+      expect(wins.size).to eq(rounds)
+      expect(wins.values.uniq).to eq([1])
+    end
+
+    it "(b) three consumers on one queue, every message delivered twice and one consumer killed: one charge per key" do
+      n = 40
+      queue = unique("idem-procs")
+      mq = AceMQ::AMQP::Connection.open(AMQP_URL)
+      AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+      workers = Array.new(3) do |i|
+        worker = "consumer-#{i}-#{SecureRandom.hex(3)}"
+        pid, io = spawn_child do |out|
+          conn = backend.connect
+          s = store(conn, worker: worker, claim_timeout: 2)
+          child_mq = AceMQ::AMQP::Connection.open(AMQP_URL)
+          # The guide's transaction: the charge and the confirmed key commit
+          # together, so a kill between them leaves neither.
+          child_mq.consume(queue, prefetch: 4, &Patterns.idempotent(s) do |m|
+            sleep 0.02 # the call to the payment gateway: where a kill lands
+            backend.transaction(conn) do
+              backend.charge(conn, m.envelope.id)
+              s.confirm(m.envelope.id)
+            end
+            AceMQ::AMQP::Ack.accept
+          end)
+          out.puts "ready"
+          sleep
+        end
+        expect(read_line(io)).to eq("ready")
+        [pid, worker]
+      end
+
+      envelopes = Array.new(n) { AceMQ::AMQP::Envelope.new(type: "payment.requested.v1") }
+      envelopes.each { |e| 2.times { mq.publish({ "n" => 1 }, to: queue, envelope: e) } }
+      eventually(timeout: 15) { backend.charges(@conn).size >= n / 4 }
+      killed_pid, killed_worker = workers.first
+      Process.kill(:KILL, killed_pid)
+      killed_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      wait_child(killed_pid)
+
+      keys = envelopes.map(&:id)
+      # A message the dead consumer held mid-handler left a live CLAIMED row
+      # and no charge; its redeliveries were accepted as duplicates. It is
+      # the only way a key ends uncharged, and the operator's replay after
+      # claim_timeout charges it, once.
+      settled = lambda do
+        charged = backend.charges(@conn)
+        (keys - charged.keys - backend.claimed_by(@conn, killed_worker)).empty? && charged
+      end
+      eventually(timeout: 20) { settled.call }
+      lost = keys - backend.charges(@conn).keys
+      expect(lost.size).to be <= 1
+      unless lost.empty?
+        warn("  (the killed consumer held #{lost.size} claim(s) mid-handler: replayed after claim_timeout)") if ENV["VERBOSE"]
+        stale_at = killed_at + 2.1
+        eventually(timeout: 5) { Process.clock_gettime(Process::CLOCK_MONOTONIC) > stale_at }
+        envelopes.select { |e| lost.include?(e.id) }.each { |e| mq.publish({ "n" => 1 }, to: queue, envelope: e) }
+      end
+
+      eventually(timeout: 15) { backend.charges(@conn).size == n }
+      expect(backend.charges(@conn).values.uniq).to eq([1])
+    ensure
+      mq&.close
+    end
+
+    it "(c) a claim left by a process killed mid-handler is taken over after claim_timeout, and not before" do
+      key = unique("kill")
+      pid, io = spawn_child do |out|
+        s = store(backend.connect, worker: "doomed", claim_timeout: 2)
+        Patterns.idempotent(s) { out.puts("in handler"); sleep }
+                .call(AceMQ::AMQP::Message.new(payload: {}, envelope: AceMQ::AMQP::Envelope.new(id: key)))
+      end
+      expect(read_line(io)).to eq("in handler")
+      killed_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      Process.kill(:KILL, pid)
+      wait_child(pid)
+
+      survivor = store(@conn, worker: "survivor", claim_timeout: 2)
+      taken_at = nil
+      Timeout.timeout(5) do
+        until survivor.first_time?(key)
+          sleep 0.05
+        end
+        taken_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      end
+      expect(taken_at - killed_at).to be_between(1.7, 3.0)
+      expect(survivor.first_time?(key)).to be(false)
+    end
+  end
+
+  RSpec.describe "the SQL idempotency store across processes, SQLite (WAL)" do
+    let(:backend) { SQLiteBackend.new(sqlite_path, unique_table) }
+    it_behaves_like "one winner, one charge, one takeover"
+  end
+
+  RSpec.describe "the SQL idempotency store across processes, PostgreSQL" do
+    let(:backend) { PostgresBackend.new(unique_table) }
+    it_behaves_like "one winner, one charge, one takeover"
+  end
+
+  RSpec.describe "the SQL idempotency store across processes, SQLite file opened by the library (path:)" do
+    it "(a) two processes racing first_time?: exactly one winner every round" do
+      path = sqlite_path
+      Patterns::SQLIdempotencyStore.new(path: path).create_schema
+      go_r, go_w = IO.pipe
+      children = Array.new(2) do
+        spawn_child do |out|
+          go_w.close
+          s = Patterns::SQLIdempotencyStore.new(path: path)
+          go_r.read
+          150.times { |i| out.puts("#{i} #{s.first_time?("race-#{i}")}") }
+        end
+      end
+      go_r.close
+      go_w.close
+      wins = Hash.new(0)
+      children.each do |pid, io|
+        Timeout.timeout(30) { io.each_line { |l| i, won = l.split; wins[i.to_i] += 1 if won == "true" } }
+        expect(wait_child(pid)).to be_success
+      end
+      expect(wins.values).to eq([1] * 150)
+    end
+  end
+end

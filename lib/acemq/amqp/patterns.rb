@@ -7,6 +7,7 @@ require "acemq/amqp/patterns/pipeline"
 require "acemq/amqp/patterns/idempotency"
 require "acemq/amqp/patterns/in_memory_idempotency_store"
 require "acemq/amqp/patterns/sql_idempotency_store"
+require "acemq/amqp/patterns/outbox"
 
 module AceMQ
   module AMQP

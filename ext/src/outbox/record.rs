@@ -1,0 +1,91 @@
+//! AceMQ::AMQP::Patterns::OutboxRecord: core's `OutboxRecord`, built with
+//! the connection's `envelope_for` so a relayed message carries exactly what
+//! a direct publish would. lib/acemq/amqp/patterns/outbox_record.rb adds the
+//! readers and `Patterns.record`.
+
+use crate::connection::RbConnection;
+use crate::errors::IntoRuby;
+use acemq::outbox::OutboxRecord;
+use acemq::{Envelope, Error as CoreError, ErrorKind, PublishOptions};
+use magnus::{function, method, prelude::*, Error, RModule, RString, Ruby};
+
+#[magnus::wrap(class = "AceMQ::AMQP::Patterns::OutboxRecord", free_immediately, size)]
+pub struct RbOutboxRecord {
+    pub(crate) inner: OutboxRecord,
+}
+
+impl RbOutboxRecord {
+    /// What `Connection#publish` hands its native half (the body already
+    /// JSON, a fresh id, now, the type, the headers as JSON), made into an
+    /// envelope the way publish makes it: `envelope_for`, which adds this
+    /// connection's origin. Stored as it is and sent as it is by the relay.
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        ruby: &Ruby,
+        mq: &RbConnection,
+        body: RString,
+        exchange: String,
+        routing_key: String,
+        id: String,
+        kind: Option<String>,
+        timestamp: u64,
+        headers_json: Option<String>,
+    ) -> Result<Self, Error> {
+        if exchange.is_empty() && routing_key.is_empty() {
+            // The refusal publish makes, at add rather than at every sweep.
+            return Err(CoreError::new(
+                ErrorKind::InvalidArgument,
+                "Patterns.record needs to: (a queue name, or a routing key with exchange:)",
+            ))
+            .rb(ruby);
+        }
+        let headers = match headers_json {
+            Some(text) => match crate::json::parse(ruby, &text, "headers")? {
+                serde_json::Value::Object(map) => map,
+                _ => Default::default(),
+            },
+            None => Default::default(),
+        };
+        // The body is a TEXT column: JSON.generate gives UTF-8, anything else
+        // is refused here rather than mangled in the table.
+        let body = String::from_utf8(unsafe { body.as_slice() }.to_vec()).map_err(|_| {
+            crate::errors::to_ruby(ruby, CoreError::new(ErrorKind::Encoding, "the outbox body is not UTF-8 JSON text"))
+        })?;
+        let mut envelope = Envelope::new().with_id(id);
+        envelope.kind = kind;
+        envelope.timestamp = timestamp;
+        envelope.headers = headers;
+        let envelope = mq.inner.envelope_for(&PublishOptions { envelope: Some(envelope), ..Default::default() });
+        Ok(Self { inner: OutboxRecord::new(exchange, routing_key, body, envelope) })
+    }
+
+    fn exchange(&self) -> String {
+        self.inner.exchange.clone()
+    }
+
+    fn routing_key(&self) -> String {
+        self.inner.routing_key.clone()
+    }
+
+    fn body(&self) -> String {
+        self.inner.body.clone()
+    }
+
+    /// id, type, origin, timestamp, attempt and the headers as JSON, for
+    /// the Ruby Envelope.
+    fn envelope_parts(&self) -> (String, Option<String>, Option<String>, u64, u32, String) {
+        let e = &self.inner.envelope;
+        let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "{}".into());
+        (e.id.clone(), e.kind.clone(), e.origin.clone(), e.timestamp, e.attempt, headers)
+    }
+}
+
+pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
+    let class = patterns.define_class("OutboxRecord", ruby.class_object())?;
+    class.define_singleton_method("_build", function!(RbOutboxRecord::build, 8))?;
+    class.define_method("exchange", method!(RbOutboxRecord::exchange, 0))?;
+    class.define_method("routing_key", method!(RbOutboxRecord::routing_key, 0))?;
+    class.define_method("body", method!(RbOutboxRecord::body, 0))?;
+    class.define_private_method("_envelope", method!(RbOutboxRecord::envelope_parts, 0))?;
+    Ok(())
+}

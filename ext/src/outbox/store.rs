@@ -1,0 +1,258 @@
+//! AceMQ::AMQP::Patterns::SQLOutboxStore: core's SQL outbox, over a SQLite
+//! file the library opens itself (`path:`, rusqlite, GVL released) or over
+//! the application's own Ruby connection (`connection:`, through
+//! `SQL.connect`'s adapter, GVL held), and the relay's sweep.
+//! lib/acemq/amqp/patterns/sql_outbox_store.rb adds the keywords.
+
+use super::record::RbOutboxRecord;
+use crate::connection::RbConnection;
+use crate::gvl;
+use crate::sql::{self, RbSource};
+use acemq::idempotency::ConnectionSource;
+use acemq::outbox::{Completion, OutboxPublisher, OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
+use acemq::sql::{Dialect, SqliteConnection};
+use magnus::value::Opaque;
+use magnus::{
+    function, method, prelude::*, typed_data::DataTypeFunctions, Error, Exception, ExceptionClass, RArray, RModule, Ruby,
+    Value,
+};
+
+enum Inner {
+    /// A SQLite file opened by the library: no Ruby is called, so the GVL is
+    /// released around every statement.
+    File(SqlOutboxStore<SqliteConnection>),
+    /// The application's connection, called with the GVL held on the
+    /// calling Ruby thread (the only thread a Ruby driver may be used on).
+    Ruby(SqlOutboxStore<RbSource>),
+}
+
+#[derive(magnus::TypedData)]
+#[magnus(class = "AceMQ::AMQP::Patterns::SQLOutboxStore", free_immediately, size, mark)]
+pub struct RbOutboxStore {
+    inner: Inner,
+    // The adapter the Ruby source calls, marked so the GC keeps it while
+    // this store lives.
+    adapter: Option<Opaque<Value>>,
+}
+
+impl DataTypeFunctions for RbOutboxStore {
+    fn mark(&self, marker: &magnus::gc::Marker) {
+        if let Some(a) = self.adapter {
+            marker.mark(a);
+        }
+    }
+}
+
+fn options(
+    ruby: &Ruby,
+    table: Option<String>,
+    worker: Option<String>,
+    lease: f64,
+    backoff: f64,
+    max_backoff: f64,
+) -> Result<OutboxStoreOptions, Error> {
+    let mut o = OutboxStoreOptions {
+        worker_id: worker,
+        lease: crate::connection::seconds(ruby, "lease", lease)?,
+        base_backoff: crate::connection::seconds(ruby, "backoff", backoff)?,
+        max_backoff: crate::connection::seconds(ruby, "max_backoff", max_backoff)?,
+        ..Default::default()
+    };
+    if let Some(t) = table {
+        o.table = t;
+    }
+    Ok(o)
+}
+
+/// Call a store method on whichever store this is, with the GVL released
+/// for a file and held (Ruby interrupts raised untouched) for a Ruby
+/// connection. A macro because the two stores are two types.
+macro_rules! on_store {
+    ($ruby:expr, $self:expr, |$s:ident| $body:expr) => {
+        match &$self.inner {
+            Inner::File($s) => {
+                let r = gvl::without_gvl($ruby, || $body, || {})?;
+                sql::finish($ruby, r)
+            }
+            Inner::Ruby($s) => {
+                sql::begin();
+                let r = $body;
+                sql::finish($ruby, r)
+            }
+        }
+    };
+}
+
+impl RbOutboxStore {
+    fn new_file(
+        ruby: &Ruby,
+        path: String,
+        table: Option<String>,
+        worker: Option<String>,
+        lease: f64,
+        backoff: f64,
+        max_backoff: f64,
+    ) -> Result<Self, Error> {
+        let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
+        let store = gvl::without_gvl(ruby, || SqliteConnection::open(&path).and_then(|c| SqlOutboxStore::new(c, o)), || {})?;
+        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: None })
+    }
+
+    fn new_ruby(
+        ruby: &Ruby,
+        adapter: Value,
+        table: Option<String>,
+        worker: Option<String>,
+        lease: f64,
+        backoff: f64,
+        max_backoff: f64,
+    ) -> Result<Self, Error> {
+        let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
+        sql::begin();
+        let source = RbSource::new(ruby, adapter)?;
+        let store = SqlOutboxStore::new(source, o);
+        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: Some(adapter.into()) })
+    }
+
+    fn create_schema(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        on_store!(ruby, rb_self, |s| s.create_schema())
+    }
+
+    /// Insert `record` with `adapter`, the caller's connection (what
+    /// `SQL.connect` made of it), on this thread with the GVL held: nothing
+    /// is begun, committed or closed, so the row belongs to whatever
+    /// transaction that connection is in.
+    fn add(ruby: &Ruby, rb_self: &Self, record: &RbOutboxRecord, adapter: Value) -> Result<i64, Error> {
+        sql::begin();
+        let source = RbSource::new(ruby, adapter)?;
+        let mut id = 0;
+        let r = source.with_connection(&mut |conn| {
+            id = match &rb_self.inner {
+                Inner::File(s) => s.add(&record.inner, conn)?,
+                Inner::Ruby(s) => s.add(&record.inner, conn)?,
+            };
+            Ok(())
+        });
+        std::hint::black_box(adapter);
+        sql::finish(ruby, r.map(|()| id))
+    }
+
+    /// (count, seconds the oldest has waited or nil, rows that have failed).
+    fn backlog(ruby: &Ruby, rb_self: &Self) -> Result<(u64, Option<f64>, u64), Error> {
+        let b = on_store!(ruby, rb_self, |s| s.backlog())?;
+        Ok((b.count, b.oldest_age.map(|d| d.as_secs_f64()), b.stuck))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn stuck(
+        ruby: &Ruby,
+        rb_self: &Self,
+        limit: usize,
+    ) -> Result<Vec<(i64, String, String, String, u32, Option<String>, i64, i64)>, Error> {
+        let rows = on_store!(ruby, rb_self, |s| s.stuck(limit))?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.id, r.exchange, r.routing_key, r.message_id, r.attempts, r.last_error, r.next_attempt_at, r.created_at))
+            .collect())
+    }
+
+    /// One sweep: claim up to `batch_size` due rows (SQL on this thread),
+    /// publish them through `mq` and await the confirms together (without
+    /// the GVL), then complete: delete the confirmed, back off the failed.
+    /// Returns [claimed, confirmed, [[exception, exchange, routing_key], …]]
+    /// for the failures; a database error is raised.
+    fn sweep(ruby: &Ruby, rb_self: &Self, mq: &RbConnection, batch_size: usize) -> Result<(usize, usize, RArray), Error> {
+        let records: Vec<OutboxRecord> = on_store!(ruby, rb_self, |s| s.claim(batch_size))?;
+        let failures = ruby.ary_new();
+        if records.is_empty() {
+            return Ok((0, 0, failures));
+        }
+        let conn = &mq.inner;
+        // Interrupted here (Thread#kill, Ctrl-C): the rows stay leased and
+        // are published again once the lease runs out. Never deleted unconfirmed.
+        let results = gvl::block_on(ruby, conn.publish_batch(&records))?;
+        let mut results = results.into_iter();
+        let mut confirmed = 0;
+        let mut completions = Vec::with_capacity(records.len());
+        for record in &records {
+            let result = results.next().unwrap_or_else(|| {
+                Err(acemq::Error::new(acemq::ErrorKind::Store, "the publisher returned no result for this record; it will be retried"))
+            });
+            match result {
+                Ok(()) => {
+                    confirmed += 1;
+                    completions.push(Completion::confirmed(record));
+                }
+                Err(e) => {
+                    completions.push(Completion::failed(record, &e));
+                    failures.push((exception(ruby, e), record.exchange.clone(), record.routing_key.clone()))?;
+                }
+            }
+        }
+        // After the confirms, never before: a crash in between publishes
+        // these again, where deleting first would lose them.
+        on_store!(ruby, rb_self, |s| s.complete(&completions))?;
+        Ok((records.len(), confirmed, failures))
+    }
+
+    fn schema_sql(ruby: &Ruby, rb_self: &Self, dialect: String) -> Result<Vec<String>, Error> {
+        let d = match dialect.as_str() {
+            "sqlite" => Dialect::Sqlite,
+            "postgres" => Dialect::Postgres,
+            other => {
+                return Err(Error::new(
+                    ruby.exception_arg_error(),
+                    format!("dialect must be \"sqlite\" or \"postgres\", got {other:?}"),
+                ))
+            }
+        };
+        Ok(match &rb_self.inner {
+            Inner::File(s) => s.schema_sql(d),
+            Inner::Ruby(s) => s.schema_sql(d),
+        })
+    }
+
+    fn table(&self) -> String {
+        match &self.inner {
+            Inner::File(s) => s.table().to_owned(),
+            Inner::Ruby(s) => s.table().to_owned(),
+        }
+    }
+
+    fn worker(&self) -> String {
+        match &self.inner {
+            Inner::File(s) => s.worker_id().to_owned(),
+            Inner::Ruby(s) => s.worker_id().to_owned(),
+        }
+    }
+}
+
+/// The Ruby exception object for a core error, as `raise` would have made
+/// it (errors::to_ruby gives a class and a message for most kinds).
+fn exception(ruby: &Ruby, e: acemq::Error) -> Value {
+    let message = e.to_string();
+    let error = crate::errors::to_ruby(ruby, e);
+    match error.value() {
+        Some(v) if Exception::from_value(v).is_some() => v,
+        Some(v) => ExceptionClass::from_value(v)
+            .and_then(|c| c.new_instance((message.as_str(),)).ok())
+            .map(|x| x.as_value())
+            .unwrap_or_else(|| ruby.qnil().as_value()),
+        None => ruby.qnil().as_value(),
+    }
+}
+
+pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
+    let class = patterns.define_class("SQLOutboxStore", ruby.class_object())?;
+    class.define_singleton_method("_new_file", function!(RbOutboxStore::new_file, 6))?;
+    class.define_singleton_method("_new_ruby", function!(RbOutboxStore::new_ruby, 6))?;
+    class.define_method("create_schema", method!(RbOutboxStore::create_schema, 0))?;
+    class.define_private_method("_add", method!(RbOutboxStore::add, 2))?;
+    class.define_private_method("_backlog", method!(RbOutboxStore::backlog, 0))?;
+    class.define_private_method("_stuck", method!(RbOutboxStore::stuck, 1))?;
+    class.define_private_method("_sweep", method!(RbOutboxStore::sweep, 2))?;
+    class.define_private_method("_schema_sql", method!(RbOutboxStore::schema_sql, 1))?;
+    class.define_method("table", method!(RbOutboxStore::table, 0))?;
+    class.define_method("worker", method!(RbOutboxStore::worker, 0))?;
+    Ok(())
+}

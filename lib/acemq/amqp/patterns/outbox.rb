@@ -1,0 +1,6 @@
+# frozen_string_literal: true
+
+require "acemq/amqp/sql"
+require "acemq/amqp/patterns/outbox_record"
+require "acemq/amqp/patterns/sql_outbox_store"
+require "acemq/amqp/patterns/outbox_relay"

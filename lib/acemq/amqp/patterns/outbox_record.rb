@@ -1,0 +1,53 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    module Patterns
+      # Build a message for the outbox, to be written with
+      # SQLOutboxStore#add in the same transaction as the work it describes:
+      #
+      #   store.add(Patterns.record(mq, event, to: "order.placed", exchange: "orders-events",
+      #                             type: "order.placed.v2"),
+      #             connection: db)
+      #
+      # The arguments are publish's, and so are the rules: the payload is
+      # generated as JSON, the envelope gets a new id, now, the type, the
+      # headers, and mq's origin. The relay sends it exactly as it was built,
+      # so a message that went through the outbox is indistinguishable on the
+      # wire from one published directly.
+      def self.record(mq, payload, to:, exchange: "", type: nil, headers: nil)
+        unless mq.is_a?(Connection)
+          raise ConfigurationError, "Patterns.record needs the AceMQ::AMQP::Connection whose origin the message " \
+                                    "carries, got #{mq.class}"
+        end
+
+        # publish's own preparation (JSON, id, timestamp, headers), so the two
+        # paths cannot drift apart; the native half then applies envelope_for.
+        item, = mq.__send__(:outgoing, payload, to, exchange, nil, type, headers)
+        OutboxRecord._build(mq, *item)
+      end
+
+      # One message waiting to be added to the outbox (Patterns.record builds
+      # it): where it goes, the JSON body and the envelope it will travel with.
+      class OutboxRecord
+        def self.new(*)
+          raise NoMethodError, "build an OutboxRecord with Patterns.record(mq, payload, to:, exchange:, type:, headers:)"
+        end
+
+        def envelope
+          id, type, origin, timestamp, attempt, headers = _envelope
+          Envelope.new(id: id, type: type, origin: origin, timestamp: timestamp, attempt: attempt,
+                       headers: JSON.parse(headers))
+        end
+
+        def payload = JSON.parse(body)
+        def id = envelope.id
+
+        def inspect
+          "#<AceMQ::AMQP::Patterns::OutboxRecord exchange=#{exchange.inspect} routing_key=#{routing_key.inspect} " \
+            "id=#{id.inspect}>"
+        end
+      end
+    end
+  end
+end

@@ -1,0 +1,96 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    module Patterns
+      # The transactional outbox in a SQL table, with the engine's SQL for
+      # SQLite and PostgreSQL.
+      #
+      #   store = SQLOutboxStore.new(connection: db)   # the relay's connection
+      #   store.create_schema
+      #   db.transaction do
+      #     orders.insert(order)
+      #     store.add(Patterns.record(mq, event, to: "order.placed", exchange: "orders-events"), connection: db)
+      #   end
+      #
+      # Two connections, and keeping them apart is the point. add writes with
+      # the connection it is handed, inside whatever transaction that
+      # connection is in, and never begins, commits or closes anything: roll
+      # back and the message is gone with the work. Everything else (the
+      # relay's claim and complete, backlog, stuck) runs on the store's own
+      # connection: connection: (a SQLite3::Database with or without
+      # results_as_hash, a PG::Connection, a callable returning one per call)
+      # or path: (a SQLite file the library opens, WAL, GVL released). The
+      # relay begins and commits transactions on it, so it must not be a
+      # connection another thread is using for a transaction of its own.
+      class SQLOutboxStore
+        DEFAULT_LEASE = 60
+        DEFAULT_BACKOFF = 1
+        DEFAULT_MAX_BACKOFF = 300
+
+        # lease: how long a claim keeps other relays off a row; it must
+        # outlast a publish with its confirm, and it is how long a crashed
+        # relay's rows wait. backoff: the wait after a row's first failure,
+        # doubled per failure up to max_backoff:. worker: who claims
+        # (default hostname:pid).
+        def self.new(connection: nil, path: nil, table: nil, worker: nil, lease: DEFAULT_LEASE,
+                     backoff: DEFAULT_BACKOFF, max_backoff: DEFAULT_MAX_BACKOFF)
+          if connection.nil? == path.nil?
+            raise ConfigurationError, "SQLOutboxStore.new takes connection: (your database connection, or a callable " \
+                                      "returning one) or path: (a SQLite file), exactly one of them"
+          end
+
+          args = [table&.to_s, worker&.to_s, seconds(:lease, lease), seconds(:backoff, backoff),
+                  seconds(:max_backoff, max_backoff)]
+          path ? _new_file(path.to_s, *args) : _new_ruby(SQL.connect(connection), *args)
+        end
+
+        def self.seconds(name, value)
+          Float(value)
+        rescue TypeError, ArgumentError
+          raise ConfigurationError, "#{name}: is a number of seconds, got #{value.inspect}"
+        end
+        private_class_method :seconds
+
+        # Write record with connection: — the one holding your open
+        # transaction — and return the row id. There is no default: a store
+        # that used a connection of its own would commit the message on its
+        # own, and a business write rolled back afterwards would leave a
+        # message queued for something that never happened.
+        def add(record, connection:)
+          unless record.is_a?(OutboxRecord)
+            raise ConfigurationError, "add takes a record built by Patterns.record, got #{record.class}"
+          end
+
+          _add(record, SQL.connect(connection))
+        end
+
+        # { count:, oldest_age:, stuck: } — rows waiting (leased ones
+        # included), seconds the oldest has waited (nil when empty), rows that
+        # have failed at least once. A count that keeps growing means the
+        # relay is not keeping up or not running; stuck above zero means a
+        # destination keeps failing.
+        def backlog
+          count, oldest_age, stuck = _backlog
+          { count: count, oldest_age: oldest_age, stuck: stuck }
+        end
+
+        # Up to limit rows that have failed at least once, oldest first:
+        # where each is going, how often it failed and why. Times are the
+        # database's, as Time.
+        def stuck(limit = 100)
+          _stuck(Integer(limit)).map do |id, exchange, routing_key, message_id, attempts, last_error, next_at, created|
+            { id: id, exchange: exchange, routing_key: routing_key, message_id: message_id, attempts: attempts,
+              last_error: last_error, next_attempt_at: Time.at(next_at / 1000.0), created_at: Time.at(created / 1000.0) }
+          end
+        end
+
+        # The statements create_schema runs, for a migration: dialect is
+        # :sqlite or :postgres.
+        def schema_sql(dialect) = _schema_sql(dialect.to_s)
+
+        def inspect = "#<AceMQ::AMQP::Patterns::SQLOutboxStore table=#{table.inspect} worker=#{worker.inspect}>"
+      end
+    end
+  end
+end

@@ -170,9 +170,14 @@ impl Consumer {
     /// `timeout`. Must not be called from inside a tokio runtime.
     pub fn next_blocking(&self, timeout: Duration) -> Next {
         match self.link.queue().pop_blocking(timeout) {
-            Pop::Item(raw) => match crate::runtime::block_on(self.understand(raw)) {
-                Some(d) => Next::Delivery(Box::new(d)),
-                None => Next::Empty,
+            // Decoding needs no runtime; only dead-lettering an undecodable
+            // delivery waits on the broker.
+            Pop::Item(raw) => match decode(&self.queue, &raw) {
+                Ok(message) => Next::Delivery(Box::new(Delivery { message, raw })),
+                Err(undecodable) => {
+                    let _ = crate::runtime::block_on(self.dead_letter(raw, &undecodable.reason, None));
+                    Next::Empty
+                }
             },
             Pop::Empty => Next::Empty,
             Pop::Closed => Next::Closed,

@@ -11,6 +11,17 @@ RSpec.describe "amqp:// transport on RabbitMQ" do
       .to raise_error(AceMQ::AMQP::AuthenticationFailed, /refused the login/) { |e| expect(e.reply_code).to eq(403) }
   end
 
+  it "raises PublishNacked when the broker refuses to store a message" do
+    mq = AceMQ::AMQP::Connection.open(url)
+    full = unique("full")
+    AceMQ::AMQP::Topology.new.queue(full, arguments: { "x-max-length" => 0, "x-overflow" => "reject-publish" }).apply(mq)
+    expect { mq.publish({ "x" => 1 }, to: full) }.to raise_error(AceMQ::AMQP::PublishNacked, /not stored/)
+    ok = unique("ok")
+    AceMQ::AMQP::Topology.new.queue(ok).apply(mq)
+    expect(mq.publish({ "x" => 2 }, to: ok).id).to be_a(String) # the connection keeps working
+    mq.close
+  end
+
   it "keeps several connections and consumers apart in one process and closes them cleanly" do
     a = AceMQ::AMQP::Connection.open(url)
     b = AceMQ::AMQP::Connection.open(url)

@@ -34,28 +34,38 @@ pub trait OutboxPublisher: Send + Sync {
 /// on the wire from a direct one.
 ///
 /// A publish to a missing exchange closes the channel it was sent on, and
-/// the records sent after it on that channel fail with it although nothing
-/// is wrong with their destinations. Those are sent once more, on a fresh
-/// channel, so one bad destination costs only its own records.
+/// every record sent on that channel and not yet confirmed fails with the
+/// same 404, whatever its destination. So after a batch with a 404 in it,
+/// the failed records are sent again one exchange at a time, each group on a
+/// fresh channel: the missing exchange fails on its own, the others go out,
+/// and one bad destination costs only its own records.
 impl OutboxPublisher for crate::Connection {
     fn publish_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> PublishFuture<'a> {
         Box::pin(async move {
             let mut results = send_all(self, records, &(0..records.len()).collect::<Vec<_>>()).await;
-            let missing: Vec<&str> = records
-                .iter()
-                .zip(&results)
-                .filter(|(_, r)| matches!(r, Err(e) if e.is_not_found()))
-                .map(|(record, _)| record.exchange.as_str())
-                .collect();
-            if !missing.is_empty() {
-                let again: Vec<usize> = (0..records.len())
-                    .filter(|&i| {
-                        matches!(&results[i], Err(e) if !e.is_not_found() && *e.kind() != ErrorKind::Unroutable)
-                            && !missing.contains(&records[i].exchange.as_str())
-                    })
-                    .collect();
-                if !again.is_empty() {
-                    for (i, r) in again.iter().zip(send_all(self, records, &again).await) {
+            if results.iter().any(|r| matches!(r, Err(e) if e.is_not_found())) {
+                let mut exchanges: Vec<&str> = Vec::new();
+                for (record, result) in records.iter().zip(&results) {
+                    if matches!(result, Err(e) if *e.kind() != ErrorKind::Unroutable)
+                        && !exchanges.contains(&record.exchange.as_str())
+                    {
+                        exchanges.push(&record.exchange);
+                    }
+                }
+                // The broker names the missing exchange in its 404 ("no
+                // exchange 'x' in vhost '/'"). Its group goes last: a group
+                // sent after it could otherwise catch the channel it closes
+                // before the client has noticed the close.
+                let named = |exchange: &str| {
+                    let quoted = format!("'{exchange}'");
+                    results.iter().any(|r| matches!(r, Err(e) if e.is_not_found() && e.message().contains(&quoted)))
+                };
+                exchanges.sort_by_key(|exchange| named(exchange));
+                for exchange in exchanges {
+                    let group: Vec<usize> = (0..records.len())
+                        .filter(|&i| records[i].exchange == exchange && matches!(&results[i], Err(e) if *e.kind() != ErrorKind::Unroutable))
+                        .collect();
+                    for (i, r) in group.iter().zip(send_all(self, records, &group).await) {
                         results[*i] = r;
                     }
                 }

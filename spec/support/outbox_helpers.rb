@@ -96,9 +96,13 @@ module OutboxSpecHelpers
     return unless @bunny
 
     ch = bunny.create_channel
-    broker_names[:queues].each { |q| ch.queue_delete(q) rescue nil } # rubocop:disable Style/RescueModifier
-    broker_names[:exchanges].each { |x| ch.exchange_delete(x) rescue nil } # rubocop:disable Style/RescueModifier
-    ch.close
+    names = broker_names[:queues].map { |q| [:queue_delete, q] } + broker_names[:exchanges].map { |x| [:exchange_delete, x] }
+    names.each do |op, name|
+      ch = bunny.create_channel unless ch.open?
+      ch.public_send(op, name)
+    rescue StandardError
+      nil # already gone (a 404 closes the channel; the next name gets a new one)
+    end
   ensure
     @bunny&.close
     @bunny = nil

@@ -188,4 +188,43 @@ module OutboxSpec
 
     it_behaves_like "an outbox in the caller's transaction"
   end
+
+  # The box in docs/outbox.md: ActiveRecord's raw SQLite connection hands rows
+  # back as hashes, and add rides ActiveRecord's transaction.
+  RSpec.describe "the outbox under ActiveRecord on SQLite" do
+    let(:path) { outbox_sqlite_path }
+    let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL) }
+
+    before do
+      require "active_record"
+      ActiveRecord::Base.establish_connection(adapter: "sqlite3", database: path, timeout: 5000)
+    end
+
+    after do
+      ActiveRecord::Base.remove_connection
+      mq.close
+    end
+
+    it "adds in ActiveRecord's transaction, and the relay sweeps on a connection of its own (path:)" do
+      raw = ActiveRecord::Base.connection.raw_connection
+      expect(raw.results_as_hash).to be(true)
+      table = outbox_table
+      Patterns::SQLOutboxStore.new(connection: raw, table: table).create_schema
+      relay_store = Patterns::SQLOutboxStore.new(path: path, table: table)
+      exchange, queue = destination(mq)
+      record = -> { Patterns.record(mq, { "order_id" => "A-1" }, to: "order.placed", exchange: exchange) }
+
+      ActiveRecord::Base.transaction do
+        relay_store.add(record.call, connection: ActiveRecord::Base.connection.raw_connection)
+        raise ActiveRecord::Rollback
+      end
+      expect(relay_store.backlog[:count]).to eq(0)
+      ActiveRecord::Base.transaction do
+        relay_store.add(record.call, connection: ActiveRecord::Base.connection.raw_connection)
+      end
+
+      expect(Patterns::OutboxRelay.new(mq, relay_store).sweep).to eq(1)
+      expect(drain(queue, expect: 1).size).to eq(1)
+    end
+  end
 end

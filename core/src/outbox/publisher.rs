@@ -108,3 +108,33 @@ fn fault_point(name: &str) {
         std::process::exit(86);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Connection, Envelope, Topology};
+
+    #[tokio::test]
+    async fn one_result_per_record_and_a_missing_exchange_fails_alone() {
+        let mq = Connection::open("memory://outbox-publisher").await.unwrap();
+        mq.apply(&Topology::new().queue("receipts")).await.unwrap();
+        let envelope = Envelope::new().with_type("receipt.v1").with_header("tenant", "acme");
+        let records = vec![
+            OutboxRecord::new("", "receipts", "{\"n\":1}", envelope.clone()),
+            OutboxRecord::new("no-such-exchange", "x", "{\"n\":2}", Envelope::new()),
+            OutboxRecord::new("", "receipts", "{\"n\":3}", Envelope::new()),
+        ];
+        let results = mq.publish_batch(&records).await;
+        assert_eq!(results.len(), 3);
+        assert!(results[0].is_ok() && results[2].is_ok());
+        assert!(results[1].as_ref().unwrap_err().is_not_found());
+
+        // Sent as stored: the id, type and headers are the record's own.
+        let consumer = mq.consumer("receipts", Default::default()).await.unwrap();
+        let first = consumer.next().await.expect("a delivery");
+        assert_eq!(first.message.envelope.id, envelope.id);
+        assert_eq!(first.message.envelope.kind.as_deref(), Some("receipt.v1"));
+        assert_eq!(first.message.envelope.headers.get("tenant"), Some(&serde_json::json!("acme")));
+        mq.close().await;
+    }
+}

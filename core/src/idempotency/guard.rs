@@ -77,6 +77,10 @@ pub struct GuardStats {
     /// Handlers that never finished (a Rust future dropped or panicking, a
     /// Ruby thread killed): their key was forgotten.
     pub abandoned: u64,
+    /// Deliveries whose key another consumer holds a live, unconfirmed claim
+    /// on: retried rather than accepted, so that if that consumer died the
+    /// message still runs once its claim expires.
+    pub in_progress: u64,
 }
 
 /// The idempotency decision and its counters. One per guarded handler;
@@ -95,6 +99,7 @@ pub struct Guard {
     confirm_errors: AtomicU64,
     forget_errors: AtomicU64,
     abandoned: AtomicU64,
+    in_progress: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -135,9 +140,41 @@ impl Guard {
                 bump(&self.runs);
                 Before::Run { key: key.to_string() }
             }
-            Ok(false) => {
+            Ok(false) => self.not_first(store, key),
+            Err(e) => {
+                bump(&self.store_errors);
+                Before::Settle(Outcome::Ack(Ack::retry(format!(
+                    "idempotency store failed, so the handler was not run: {e}"
+                ))))
+            }
+        }
+    }
+
+    /// `first_time` said no. A confirmed key is a message that really was
+    /// handled: a duplicate, accepted. A key that is only claimed is a
+    /// handler still running — or one that died mid-handler, whose claim
+    /// nothing has taken over yet. Accepting that would drop the message
+    /// (the broker redelivers a dead consumer's message at once, long before
+    /// its claim expires), so it is retried: the ladder brings it back, and
+    /// once the claim is confirmed it is a duplicate, or once it has expired
+    /// it is taken over and runs. A store that cannot say what is confirmed
+    /// (one answering only `first_time?`) gets the seed's two-state rule:
+    /// not first is a duplicate.
+    fn not_first(&self, store: &dyn IdempotencyStore, key: &str) -> Before {
+        if !(store.supports_confirm() && store.supports_confirmed()) {
+            bump(&self.duplicates);
+            return Before::Duplicate;
+        }
+        match store.confirmed(key) {
+            Ok(true) => {
                 bump(&self.duplicates);
                 Before::Duplicate
+            }
+            Ok(false) => {
+                bump(&self.in_progress);
+                Before::Settle(Outcome::Ack(Ack::retry(format!(
+                    "idempotency key {key:?} is claimed by a handler that has not finished; retrying so that it runs if that handler died (its claim expires after the claim timeout)"
+                ))))
             }
             Err(e) => {
                 bump(&self.store_errors);
@@ -198,6 +235,7 @@ impl Guard {
             confirm_errors: get(&self.confirm_errors),
             forget_errors: get(&self.forget_errors),
             abandoned: get(&self.abandoned),
+            in_progress: get(&self.in_progress),
         }
     }
 }

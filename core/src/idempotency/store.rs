@@ -48,6 +48,13 @@ pub trait IdempotencyStore {
     fn supports_forget(&self) -> bool {
         true
     }
+
+    /// Whether [`confirmed`](Self::confirmed) answers. When it does (and
+    /// confirm is supported), a key that is claimed but not confirmed is
+    /// retried rather than accepted as a duplicate.
+    fn supports_confirmed(&self) -> bool {
+        true
+    }
 }
 
 // Forwarding impls, so one store can be shared by several guarded handlers
@@ -61,6 +68,7 @@ macro_rules! forward {
             fn confirmed(&self, key: &str) -> Result<bool> { (**self).confirmed(key) }
             fn supports_confirm(&self) -> bool { (**self).supports_confirm() }
             fn supports_forget(&self) -> bool { (**self).supports_forget() }
+            fn supports_confirmed(&self) -> bool { (**self).supports_confirmed() }
         }
     )*};
 }

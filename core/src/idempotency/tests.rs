@@ -280,14 +280,37 @@ fn step_by_step_as_the_extension_drives_it() {
     let before = guard.before(dyn_store, Some("m-1"));
     assert_eq!(before, Before::Run { key: "m-1".into() });
     assert_eq!(before.outcome_without_running(), None);
+    // Claimed and not confirmed: somebody is (or was) working on it. Retried,
+    // not accepted, so a handler that died does not take the message with it.
+    match guard.before(dyn_store, Some("m-1")) {
+        Before::Settle(Outcome::Ack(Ack::Retry { reason })) => assert!(reason.contains("has not finished"), "{reason}"),
+        other => panic!("expected a retry while the claim is live, got {other:?}"),
+    }
+    guard.after(dyn_store, "m-1", &Outcome::Ack(Ack::Accept)).unwrap();
+    assert!(store.confirmed("m-1").unwrap());
     assert_eq!(guard.before(dyn_store, Some("m-1")), Before::Duplicate);
     assert_eq!(
         guard.before(dyn_store, Some("m-1")).outcome_without_running(),
         Some(Outcome::Ack(Ack::Accept))
     );
-    guard.after(dyn_store, "m-1", &Outcome::Ack(Ack::Accept)).unwrap();
-    assert!(store.confirmed("m-1").unwrap());
     assert_eq!(guard.stats().duplicates, 2);
+    assert_eq!(guard.stats().in_progress, 1);
+}
+
+#[test]
+fn a_redelivery_while_a_dead_handlers_claim_is_live_is_retried_then_runs_after_the_timeout() {
+    let clock = ManualClock::default();
+    let store = InMemoryIdempotencyStore::new(std::time::Duration::from_secs(3600))
+        .with_claim_timeout(std::time::Duration::from_secs(300))
+        .with_clock(clock.clone());
+    let guard = Guard::new();
+    // A consumer claims the key and dies without confirm or forget.
+    assert!(matches!(guard.before(&store, Some("k")), Before::Run { .. }));
+    // The broker redelivers at once to another consumer: not dropped.
+    assert!(matches!(guard.before(&store, Some("k")), Before::Settle(Outcome::Ack(Ack::Retry { .. }))));
+    // The retry ladder brings it back after the claim expired: it runs.
+    clock.advance(std::time::Duration::from_secs(301));
+    assert!(matches!(guard.before(&store, Some("k")), Before::Run { .. }));
 }
 
 #[test]

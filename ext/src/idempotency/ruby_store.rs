@@ -15,6 +15,7 @@ pub(crate) struct RbStore<'a> {
     obj: Value,
     confirm: bool,
     forget: bool,
+    confirmed: bool,
 }
 
 impl<'a> RbStore<'a> {
@@ -24,6 +25,7 @@ impl<'a> RbStore<'a> {
             obj,
             confirm: obj.respond_to("confirm", false)?,
             forget: obj.respond_to("forget", false)?,
+            confirmed: obj.respond_to("confirmed?", false)?,
         })
     }
 }
@@ -56,5 +58,9 @@ impl IdempotencyStore for RbStore<'_> {
 
     fn supports_forget(&self) -> bool {
         self.forget
+    }
+
+    fn supports_confirmed(&self) -> bool {
+        self.confirmed
     }
 }

@@ -51,6 +51,20 @@ pub struct PublishOptions {
     pub headers: Headers,
 }
 
+/// One message for [`Connection::send_json_batch`]: a JSON body and where it
+/// goes, with the envelope it carries (see [`Connection::envelope_for`]).
+#[derive(Debug, Clone, Copy)]
+pub struct JsonMessage<'a> {
+    /// The body, already JSON.
+    pub body: &'a [u8],
+    /// The exchange; empty for the default exchange.
+    pub exchange: &'a str,
+    /// The routing key (the queue name on the default exchange).
+    pub routing_key: &'a str,
+    /// The envelope, as [`Connection::envelope_for`] made it.
+    pub envelope: &'a Envelope,
+}
+
 struct Inner {
     backend: Backend,
     origin: String,
@@ -170,6 +184,29 @@ impl Connection {
             return Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"));
         }
         self.inner.backend.send(exchange, routing_key, body, &props_for(envelope)).await
+    }
+
+    /// Send many JSON bodies, in the order given, and return without waiting
+    /// for any confirm: one [`Confirm`] (or the reason it could not be sent)
+    /// per message, in the same order. Faster than calling
+    /// [`Connection::send_json`] in a loop: the sends are not waited for one
+    /// by one. Not cancel safe: a dropped future may have sent some.
+    pub async fn send_json_batch(&self, messages: &[JsonMessage<'_>]) -> Vec<Result<Confirm>> {
+        if let Err(e) = self.check_open() {
+            return messages.iter().map(|_| Err(e.clone())).collect();
+        }
+        let mut results: Vec<Option<Result<Confirm>>> = Vec::with_capacity(messages.len());
+        let mut items = Vec::with_capacity(messages.len());
+        for m in messages {
+            if m.exchange.is_empty() && m.routing_key.is_empty() {
+                results.push(Some(Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"))));
+            } else {
+                results.push(None);
+                items.push((m.exchange, m.routing_key, m.body, props_for(m.envelope)));
+            }
+        }
+        let mut sent = self.inner.backend.send_many(&items).await.into_iter();
+        results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().expect("one result per message sent"))).collect()
     }
 
     /// Open a pull consumer on `queue`: [`Consumer::next`] and

@@ -5,7 +5,7 @@ use crate::consumer::RbConsumer;
 use crate::errors::IntoRuby;
 use crate::gvl;
 use acemq::topology::{BindingSpec, ExchangeSpec, QueueSpec};
-use acemq::{ConnectionOptions, ConsumeOptions, Envelope, ExchangeKind, PublishOptions, RetryPolicy, Topology};
+use acemq::{ConnectionOptions, ConsumeOptions, Envelope, ExchangeKind, JsonMessage, PublishOptions, RetryPolicy, Topology};
 use magnus::{function, method, prelude::*, Error, RArray, RModule, RString, Ruby};
 use std::time::Duration;
 
@@ -104,11 +104,12 @@ impl RbConnection {
             batch.push(outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers)?);
         }
         let conn = &rb_self.inner;
+        let messages: Vec<JsonMessage<'_>> = batch
+            .iter()
+            .map(|o| JsonMessage { body: &o.body, exchange: &o.exchange, routing_key: &o.routing_key, envelope: &o.envelope })
+            .collect();
         let results = gvl::block_on(ruby, async {
-            let mut confirms = Vec::with_capacity(batch.len());
-            for o in &batch {
-                confirms.push(conn.send_json(&o.body, &o.exchange, &o.routing_key, &o.envelope).await);
-            }
+            let confirms = conn.send_json_batch(&messages).await;
             let mut results = Vec::with_capacity(confirms.len());
             for c in confirms {
                 results.push(match c {

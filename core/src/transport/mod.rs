@@ -161,6 +161,17 @@ impl Backend {
         }
     }
 
+    /// Send many, in order, without waiting for each to be written.
+    pub(crate) async fn send_many(&self, items: &[(&str, &str, &[u8], Props)]) -> Vec<Result<Confirm>> {
+        match self {
+            Backend::Memory(b) => items
+                .iter()
+                .map(|(exchange, routing_key, body, props)| Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)))))
+                .collect(),
+            Backend::Amqp(a) => a.send_many(items).await.into_iter().map(|r| r.map(|c| Confirm(ConfirmInner::Amqp(c)))).collect(),
+        }
+    }
+
     pub(crate) async fn subscribe(&self, queue: &str, prefetch: u16) -> Result<Link> {
         match self {
             Backend::Memory(b) => {

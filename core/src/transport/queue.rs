@@ -12,6 +12,9 @@ use tokio::sync::Notify;
 struct Inner {
     items: VecDeque<RawDelivery>,
     closed: bool,
+    /// Threads blocked in `pop_blocking`: a push with none waiting skips the
+    /// condvar (a futex syscall per delivery otherwise).
+    blocked: usize,
 }
 
 /// A multi-producer, multi-consumer queue of deliveries that can be waited on
@@ -36,14 +39,17 @@ impl DeliveryQueue {
     }
 
     pub(crate) fn push(&self, d: RawDelivery) {
-        {
+        let blocked = {
             let mut g = self.lock();
             if g.closed {
                 return;
             }
             g.items.push_back(d);
+            g.blocked > 0
+        };
+        if blocked {
+            self.ready.notify_one();
         }
-        self.ready.notify_one();
         self.notify.notify_one();
     }
 
@@ -73,8 +79,10 @@ impl DeliveryQueue {
     /// Block this thread for at most `timeout`.
     pub(crate) fn pop_blocking(&self, timeout: Duration) -> Pop {
         let mut g = self.lock();
-        if g.items.is_empty() && !g.closed {
+        if g.items.is_empty() && !g.closed && !timeout.is_zero() {
+            g.blocked += 1;
             g = self.ready.wait_timeout(g, timeout).unwrap_or_else(|p| p.into_inner()).0;
+            g.blocked -= 1;
         }
         match g.items.pop_front() {
             Some(d) => Pop::Item(d),

@@ -1,0 +1,327 @@
+# frozen_string_literal: true
+
+# AceMQ against Bunny 2.19 on the same broker, in the same run.
+#
+#   rake bench                      # builds the release extension, runs the Rust bench, then this
+#   ruby bench/run.rb               # this file alone (the extension must be built)
+#
+# AMQP_URL overrides the broker (default amqp://guest:guest@127.0.0.1:5672).
+# BENCH_RUNS (default 5) runs per side and case; the median is reported.
+# BENCH_SCALE (default 1.0) multiplies every message count.
+#
+# Every case sends the same 1 KiB JSON object, persistent. Queues are named
+# per run, purged before every timed run and deleted at the end.
+
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+require "acemq"
+require "bunny"
+require "json"
+require "logger"
+require "securerandom"
+
+module Bench
+  URL = ENV.fetch("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
+  RUNS = Integer(ENV.fetch("BENCH_RUNS", "5"))
+  SCALE = Float(ENV.fetch("BENCH_SCALE", "1"))
+  PREFETCH = 100
+  # A run that has not finished by then is a hang, not a slow result.
+  RUN_LIMIT = 60
+
+  def self.count(n) = [(n * SCALE).round, 16].max
+
+  N_EACH = count(2_000)
+  N_THREADS = count(4_000)
+  N_BATCH = count(10_000)
+  N_CONSUME = count(10_000)
+  N_RETRY = count(3_000)
+  THREADS = 8
+
+  Ack = AceMQ::AMQP::Ack
+
+  # One order of exactly 1 KiB once generated (the filler is sized from the
+  # rest); the order id varies, its width does not.
+  def self.payload(i)
+    base = {
+      "order_id" => format("A-%08d", i),
+      "customer" => { "id" => 4217, "name" => "Ada Lovelace", "email" => "ada@example.com" },
+      "items" => [{ "sku" => "BK-001", "qty" => 2, "price" => 1250 }, { "sku" => "PN-042", "qty" => 1, "price" => 399 }],
+      "currency" => "EUR",
+      "note" => ""
+    }
+    @filler ||= "x" * (1024 - JSON.generate(base).bytesize)
+    base.merge("note" => @filler)
+  end
+
+  PAYLOADS = Array.new(64) { |i| payload(i) }.freeze
+  raise "payload is #{JSON.generate(PAYLOADS[0]).bytesize} bytes, not 1024" unless JSON.generate(PAYLOADS[0]).bytesize == 1024
+
+  def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  def self.median(xs)
+    s = xs.sort
+    s.size.odd? ? s[s.size / 2] : (s[s.size / 2 - 1] + s[s.size / 2]) / 2.0
+  end
+
+  # Waits for a count to reach a target, with a limit (Ruby 3.1's Queue#pop has none).
+  class Latch
+    def initialize(target)
+      @target = target
+      @count = 0
+      @lock = Mutex.new
+      @cond = ConditionVariable.new
+    end
+
+    attr_reader :count
+
+    def hit
+      @lock.synchronize do
+        @count += 1
+        @cond.broadcast if @count >= @target
+      end
+    end
+
+    def wait(limit)
+      deadline = Bench.now + limit
+      @lock.synchronize do
+        while @count < @target
+          left = deadline - Bench.now
+          raise "timed out with #{@count}/#{@target} after #{limit}s" if left <= 0
+
+          @cond.wait(@lock, left)
+        end
+      end
+    end
+  end
+
+  class Runner
+    def initialize
+      @mq = AceMQ::AMQP::Connection.open(URL, origin: "acemq-bench")
+      @bunny = Bunny.new(URL, logger: Logger.new(nil))
+      @bunny.start
+      @admin = @bunny.create_channel
+      @prefix = "acemq-bench-#{Process.pid}-#{SecureRandom.hex(3)}"
+      @queues = []
+      @rows = []
+    end
+
+    def queue(name)
+      q = "#{@prefix}-#{name}"
+      AceMQ::AMQP::Topology.new.queue(q).apply(@mq)
+      @queues << q << "#{q}.dlq"
+      q
+    end
+
+    def purge(q) = @admin.queue_purge(q)
+
+    # Seconds for one run of the block, the queue purged first.
+    def timed(q)
+      purge(q)
+      GC.start
+      t = Bench.now
+      yield
+      Bench.now - t
+    end
+
+    # Medians of msg/s for two sides, their runs alternated so that whatever
+    # else the machine is doing falls on both.
+    def pair(n, ours, base)
+      runs = Array.new(RUNS) { [n / ours.call, n / base.call] }
+      [Bench.median(runs.map(&:first)), Bench.median(runs.map(&:last))]
+    end
+
+    def row(name, ours, base, baseline_name, target)
+      ratio = ours / base
+      @rows << [name, ours, base, baseline_name, ratio, target, ratio >= target ? "pass" : "MISS"]
+      $stdout.puts format("  %-44s acemq %8.0f/s  %-16s %8.0f/s  %5.2fx", name, ours, baseline_name, base, ratio)
+    end
+
+    def info_row(name, ours, base, baseline_name)
+      @rows << [name, ours, base, baseline_name, ours / base, nil, "(info)"]
+      $stdout.puts format("  %-44s acemq %8.0f/s  %-16s %8.0f/s  %5.2fx", name, ours, baseline_name, base, ours / base)
+    end
+
+    def bunny_publisher(q)
+      ch = @bunny.create_channel
+      ch.confirm_select
+      [ch, ch.default_exchange]
+    end
+
+    def bunny_publish(x, q, i)
+      x.publish(JSON.generate(PAYLOADS[i % 64]), routing_key: q, persistent: true, content_type: "application/json",
+                                                 message_id: SecureRandom.uuid, timestamp: Time.now.to_i)
+    end
+
+    # 1. One publish, one confirm, N times.
+    def publish_each
+      q = queue("each")
+      n = N_EACH
+      ch, x = bunny_publisher(q)
+      ours, base = pair(n,
+                        -> { timed(q) { n.times { |i| @mq.publish(PAYLOADS[i % 64], to: q) } } },
+                        lambda do
+                          timed(q) do
+                            n.times do |i|
+                              bunny_publish(x, q, i)
+                              ch.wait_for_confirms
+                            end
+                          end
+                        end)
+      ch.close
+      @bunny_each = base
+      row("1 publish, each confirm awaited", ours, base, "Bunny", 1.2)
+    end
+
+    # 2. Eight Ruby threads on one connection, each waiting for its own
+    # confirm, against Bunny on one thread (case 1's figure).
+    def publish_threads
+      q = queue("threads")
+      per = N_THREADS / THREADS
+      n = per * THREADS
+      ours = Bench.median(Array.new(RUNS) do
+        n / timed(q) do
+          Array.new(THREADS) { |t| Thread.new { per.times { |i| @mq.publish(PAYLOADS[(t + i) % 64], to: q) } } }.each(&:join)
+        end
+      end)
+      row("2 publish, #{THREADS} threads, each confirm", ours, @bunny_each, "Bunny 1 thread", 3.0)
+    end
+
+    # 3. N publishes, their confirms awaited together.
+    def publish_batch
+      q = queue("batch")
+      n = N_BATCH
+      ch, x = bunny_publisher(q)
+      ours, base = pair(n,
+                        -> { timed(q) { @mq.batch { |b| n.times { |i| b.publish(PAYLOADS[i % 64], to: q) } } } },
+                        lambda do
+                          timed(q) do
+                            n.times { |i| bunny_publish(x, q, i) }
+                            ch.wait_for_confirms
+                          end
+                        end)
+      ch.close
+      row("3 publish batch, confirms together", ours, base, "Bunny", 2.0)
+    end
+
+    def preload(q, n)
+      purge(q)
+      (0...n).each_slice(2_000) { |slice| @mq.batch { |b| slice.each { |i| b.publish(PAYLOADS[i % 64], to: q) } } }
+    end
+
+    # Seconds until n preloaded messages have been handled and the
+    # subscription cancelled (which sends the last acks).
+    def acemq_consume(q, n, retries: nil, &verdict)
+      preload(q, n)
+      GC.start
+      latch = Latch.new(n)
+      t = Bench.now
+      sub = @mq.consume(q, prefetch: PREFETCH, retries: retries) do |m|
+        ack = verdict.call(m)
+        latch.hit if ack.accept?
+        ack
+      end
+      latch.wait(RUN_LIMIT)
+      sub.cancel
+      Bench.now - t
+    end
+
+    def bunny_consume(q, n)
+      preload(q, n)
+      GC.start
+      latch = Latch.new(n)
+      t = Bench.now
+      ch = @bunny.create_channel
+      ch.prefetch(PREFETCH)
+      consumer = ch.queue(q, passive: true).subscribe(manual_ack: true) do |di, _props, body|
+        JSON.parse(body)["order_id"]
+        ch.ack(di.delivery_tag)
+        latch.hit
+      end
+      latch.wait(RUN_LIMIT)
+      consumer.cancel
+      ch.close
+      Bench.now - t
+    end
+
+    # 4. Consume, parse, accept.
+    def consume
+      q = queue("consume")
+      n = N_CONSUME
+      ours, base = pair(n,
+                        lambda do
+                          acemq_consume(q, n) do |m|
+                            m.payload["order_id"]
+                            Ack.accept
+                          end
+                        end,
+                        -> { bunny_consume(q, n) })
+      row("4 consume + parse + ack (prefetch #{PREFETCH})", ours, base, "Bunny", 3.0)
+    end
+
+    # 5. Retry every message once through the ladder (a 50 ms first rung),
+    # then accept it; against accepting at once. N messages are loaded first
+    # and the clock stops when all N are accepted, so the figure is the
+    # settle path's throughput, not the rung's TTL.
+    def retry_once
+      q = queue("retry")
+      retries = { max_attempts: 5, initial_delay: 0.05, max_delay: 1 }
+      @queues.concat(rungs(q, AceMQ::AMQP::RetryPolicy.from(retries)))
+      n = N_RETRY
+      ours, base = pair(n,
+                        lambda do
+                          acemq_consume(q, n, retries: retries) { |m| m.attempt == 1 ? Ack.retry("once") : Ack.accept }
+                        end,
+                        lambda do
+                          acemq_consume(q, n, retries: retries) do |m|
+                            m.payload["order_id"]
+                            Ack.accept
+                          end
+                        end)
+      info_row("5 retry once then accept (ladder 50 ms)", ours, base, "acemq accept")
+    end
+
+    # The rung queues the engine declares for this policy (names as in core/src/retry.rs).
+    def rungs(q, policy)
+      (1...policy.max_attempts).map do |attempt|
+        ms = [(policy.initial_delay * 1000 * (2**(attempt - 1))).round, (policy.max_delay * 1000).round].min
+        ms % 1000 == 0 ? "#{q}.retry.#{ms / 1000}s" : "#{q}.retry.#{ms}ms"
+      end.uniq
+    end
+
+    def run
+      started = Bench.now
+      puts "AceMQ Ruby bench: #{URL.sub(%r{//[^@]*@}, '//')}, 1 KiB JSON, persistent, median of #{RUNS} runs, " \
+           "Ruby #{RUBY_VERSION}, Bunny #{Bunny::VERSION}"
+      publish_each
+      publish_threads
+      publish_batch
+      consume
+      retry_once
+      table
+      puts format("(%.0f s)", Bench.now - started)
+    ensure
+      cleanup
+    end
+
+    def table
+      puts
+      puts "| case | acemq msg/s | baseline | baseline msg/s | ratio | target | result |"
+      puts "|---|---:|---|---:|---:|---:|---|"
+      @rows.each do |name, ours, base, bname, ratio, target, result|
+        puts format("| %s | %.0f | %s | %.0f | %.2fx | %s | %s |", name, ours, bname, base, ratio,
+                    target ? format(">= %.1fx", target) : "-", result)
+      end
+    end
+
+    def cleanup
+      @queues.uniq.each do |q|
+        @admin.queue_delete(q)
+      rescue Bunny::Exception
+        @admin = @bunny.create_channel
+      end
+      @mq&.close
+      @bunny&.close
+    end
+  end
+end
+
+Bench::Runner.new.run

@@ -1,0 +1,313 @@
+//! acemq's Rust API against raw lapin on the same broker, in the same run.
+//!
+//! ```text
+//! cargo run --release --example bench     # `rake bench` runs it before bench/run.rb
+//! ```
+//!
+//! AMQP_URL overrides the broker (default amqp://guest:guest@127.0.0.1:5672);
+//! BENCH_RUNS (default 5) runs per side and case, the median reported;
+//! BENCH_SCALE (default 1.0) multiplies every message count. Every case sends
+//! the same 1 KiB JSON object, persistent; queues are named per run, purged
+//! before every timed run and deleted at the end.
+
+use acemq::{Ack, ConsumeOptions, Connection, JsonMessage, Outcome, PublishOptions, Topology};
+use futures_lite::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, QueueDeleteOptions, QueuePurgeOptions,
+};
+use lapin::types::{FieldTable, ShortString};
+use lapin::{BasicProperties, Channel, ConnectionProperties};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+const PREFETCH: u16 = 100;
+/// Raw lapin acknowledges every this many deliveries with `multiple`, as the
+/// figure in FACTS.md was measured.
+const ACK_EVERY: u64 = 50;
+/// A run that has not finished by then is a hang, not a slow result.
+const RUN_LIMIT: Duration = Duration::from_secs(60);
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn count(n: f64) -> u64 {
+    ((n * env_or("BENCH_SCALE", 1.0f64)).round() as u64).max(16)
+}
+
+/// The same 1 KiB order as bench/run.rb: the filler is sized from the rest.
+fn payloads() -> Vec<Value> {
+    let make = |i: usize, note: &str| {
+        json!({
+            "order_id": format!("A-{i:08}"),
+            "customer": {"id": 4217, "name": "Ada Lovelace", "email": "ada@example.com"},
+            "items": [{"sku": "BK-001", "qty": 2, "price": 1250}, {"sku": "PN-042", "qty": 1, "price": 399}],
+            "currency": "EUR",
+            "note": note,
+        })
+    };
+    let base = serde_json::to_vec(&make(0, "")).unwrap().len();
+    let filler = "x".repeat(1024 - base);
+    let out: Vec<Value> = (0..64).map(|i| make(i, &filler)).collect();
+    assert_eq!(serde_json::to_vec(&out[0]).unwrap().len(), 1024);
+    out
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+fn lapin_props() -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type(ShortString::from("application/json"))
+        .with_delivery_mode(2)
+        .with_message_id(ShortString::from(acemq::envelope::new_id()))
+        .with_timestamp(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs())
+}
+
+struct Bench {
+    mq: Connection,
+    raw: lapin::Connection,
+    admin: Channel,
+    publisher: Channel,
+    payloads: Vec<Value>,
+    prefix: String,
+    queues: Vec<String>,
+    runs: usize,
+    rows: Vec<(String, f64, f64)>,
+}
+
+impl Bench {
+    async fn queue(&mut self, name: &str) -> Result<String, BoxError> {
+        let q = format!("{}-{name}", self.prefix);
+        self.mq.apply(&Topology::new().queue(q.as_str())).await?;
+        self.queues.push(q.clone());
+        self.queues.push(acemq::retry::dlq_name(&q));
+        Ok(q)
+    }
+
+    async fn purge(&self, q: &str) -> Result<(), BoxError> {
+        self.admin.queue_purge(ShortString::from(q), QueuePurgeOptions::default()).await?;
+        Ok(())
+    }
+
+    fn row(&mut self, name: &str, ours: f64, base: f64) {
+        println!("  {name:<40} acemq {ours:>8.0}/s  lapin {base:>8.0}/s  {:>5.2}x", ours / base);
+        self.rows.push((name.to_owned(), ours, base));
+    }
+
+    async fn raw_publish(&self, q: &str, i: usize) -> Result<lapin::PublisherConfirm, BoxError> {
+        let body = serde_json::to_vec(&self.payloads[i % 64])?;
+        Ok(self
+            .publisher
+            .basic_publish(ShortString::from(""), ShortString::from(q), BasicPublishOptions::default(), &body, lapin_props())
+            .await?)
+    }
+
+    async fn publish_each(&mut self) -> Result<(), BoxError> {
+        let q = self.queue("each").await?;
+        let n = count(2_000.0);
+        let mut ours = Vec::new();
+        let mut base = Vec::new();
+        for _ in 0..self.runs {
+            self.purge(&q).await?;
+            let t = Instant::now();
+            for i in 0..n as usize {
+                self.mq.publish(&self.payloads[i % 64], &q, PublishOptions::default()).await?;
+            }
+            ours.push(n as f64 / t.elapsed().as_secs_f64());
+
+            self.purge(&q).await?;
+            let t = Instant::now();
+            for i in 0..n as usize {
+                self.raw_publish(&q, i).await?.await?;
+            }
+            base.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+        self.row("1 publish, each confirm awaited", median(ours), median(base));
+        Ok(())
+    }
+
+    /// Send all, then await every confirm.
+    async fn acemq_batch(&self, q: &str, n: u64) -> Result<(), BoxError> {
+        let mut bodies = Vec::with_capacity(n as usize);
+        for i in 0..n as usize {
+            bodies.push((serde_json::to_vec(&self.payloads[i % 64])?, self.mq.envelope_for(&PublishOptions::default())));
+        }
+        let messages: Vec<JsonMessage<'_>> =
+            bodies.iter().map(|(body, envelope)| JsonMessage { body, exchange: "", routing_key: q, envelope }).collect();
+        for c in self.mq.send_json_batch(&messages).await {
+            c?.wait().await?;
+        }
+        Ok(())
+    }
+
+    async fn publish_batch(&mut self) -> Result<(), BoxError> {
+        let q = self.queue("batch").await?;
+        let n = count(10_000.0);
+        let mut ours = Vec::new();
+        let mut base = Vec::new();
+        for _ in 0..self.runs {
+            self.purge(&q).await?;
+            let t = Instant::now();
+            self.acemq_batch(&q, n).await?;
+            ours.push(n as f64 / t.elapsed().as_secs_f64());
+
+            self.purge(&q).await?;
+            let t = Instant::now();
+            let mut confirms = Vec::with_capacity(n as usize);
+            for i in 0..n as usize {
+                confirms.push(self.raw_publish(&q, i).await?);
+            }
+            for c in confirms {
+                c.await?;
+            }
+            base.push(n as f64 / t.elapsed().as_secs_f64());
+        }
+        self.row("2 publish batch, confirms together", median(ours), median(base));
+        Ok(())
+    }
+
+    async fn preload(&self, q: &str, n: u64) -> Result<(), BoxError> {
+        self.purge(q).await?;
+        self.acemq_batch(q, n).await
+    }
+
+    /// Time until n messages are handled and the consumer cancelled (which
+    /// sends the last acks).
+    async fn acemq_consume(&self, q: &str, n: u64) -> Result<f64, BoxError> {
+        let seen = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(Notify::new());
+        let (s, d) = (seen.clone(), done.clone());
+        let options = ConsumeOptions { prefetch: PREFETCH, ..ConsumeOptions::default() };
+        let t = Instant::now();
+        let handle = self
+            .mq
+            .consume(q, options, move |m| {
+                let (s, d) = (s.clone(), d.clone());
+                async move {
+                    std::hint::black_box(&m.payload["order_id"]);
+                    if s.fetch_add(1, Ordering::Relaxed) + 1 == n {
+                        d.notify_one();
+                    }
+                    Outcome::Ack(Ack::accept())
+                }
+            })
+            .await?;
+        tokio::time::timeout(RUN_LIMIT, done.notified()).await.map_err(|_| "acemq consume timed out")?;
+        handle.cancel().await;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
+    async fn raw_consume(&self, q: &str, n: u64) -> Result<f64, BoxError> {
+        let t = Instant::now();
+        let ch = self.raw.create_channel().await?;
+        ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+        let mut consumer =
+            ch.basic_consume(ShortString::from(q), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default()).await?;
+        let mut seen = 0u64;
+        let work = async {
+            while let Some(d) = consumer.next().await {
+                let d = d?;
+                let v: Value = serde_json::from_slice(&d.data)?;
+                std::hint::black_box(&v["order_id"]);
+                seen += 1;
+                if seen % ACK_EVERY == 0 || seen == n {
+                    ch.basic_ack(d.delivery_tag, BasicAckOptions { multiple: true }).await?;
+                }
+                if seen == n {
+                    break;
+                }
+            }
+            Ok::<(), BoxError>(())
+        };
+        tokio::time::timeout(RUN_LIMIT, work).await.map_err(|_| "lapin consume timed out")??;
+        ch.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await?;
+        ch.close(200, ShortString::from("OK")).await?;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
+    async fn consume(&mut self) -> Result<(), BoxError> {
+        let q = self.queue("consume").await?;
+        let n = count(10_000.0);
+        let mut ours = Vec::new();
+        let mut base = Vec::new();
+        for _ in 0..self.runs {
+            self.preload(&q, n).await?;
+            ours.push(self.acemq_consume(&q, n).await?);
+            self.preload(&q, n).await?;
+            base.push(self.raw_consume(&q, n).await?);
+        }
+        let name = format!("3 consume + parse + ack (prefetch {PREFETCH})");
+        self.row(&name, median(ours), median(base));
+        Ok(())
+    }
+
+    async fn cleanup(&self) {
+        for q in &self.queues {
+            let _ = self.admin.queue_delete(ShortString::from(q.as_str()), QueueDeleteOptions::default()).await;
+        }
+        self.mq.close().await;
+        let _ = self.raw.close(200, ShortString::from("OK")).await;
+    }
+
+    fn table(&self) {
+        println!();
+        println!("| case | acemq msg/s | raw lapin msg/s | ratio | target | result |");
+        println!("|---|---:|---:|---:|---:|---|");
+        for (name, ours, base) in &self.rows {
+            let ratio = ours / base;
+            let result = if ratio >= 0.9 { "pass" } else { "MISS" };
+            println!("| {name} | {ours:.0} | {base:.0} | {ratio:.2}x | >= 0.90x | {result} |");
+        }
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<(), BoxError> {
+    let url = std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672".into());
+    let runs = env_or("BENCH_RUNS", 5usize).max(1);
+    let started = Instant::now();
+    let mq = Connection::open(&url).await?;
+    let raw = lapin::Connection::connect(&url, ConnectionProperties::default()).await?;
+    let admin = raw.create_channel().await?;
+    let publisher = raw.create_channel().await?;
+    publisher.confirm_select(ConfirmSelectOptions::default()).await?;
+    let mut bench = Bench {
+        mq,
+        raw,
+        admin,
+        publisher,
+        payloads: payloads(),
+        prefix: format!("acemq-bench-rs-{}-{}", std::process::id(), &acemq::envelope::new_id()[30..]),
+        queues: Vec::new(),
+        runs,
+        rows: Vec::new(),
+    };
+    let endpoint = url.rsplit('@').next().unwrap_or("");
+    println!("AceMQ Rust bench: {endpoint}, 1 KiB JSON, persistent, median of {runs} runs, lapin 4.12 (tokio, 2 workers)");
+    let result = async {
+        bench.publish_each().await?;
+        bench.publish_batch().await?;
+        bench.consume().await?;
+        Ok::<(), BoxError>(())
+    }
+    .await;
+    bench.cleanup().await;
+    result?;
+    bench.table();
+    println!("({:.0} s)", started.elapsed().as_secs_f64());
+    Ok(())
+}

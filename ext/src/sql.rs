@@ -16,7 +16,7 @@
 //! raised again, untouched, when the native call returns: see [`finish`].
 
 use acemq::sql::{Dialect, Row, SqlConnection, SqlValue};
-use acemq::idempotency::ConnectionSource;
+use acemq::sql::ConnectionSource;
 use acemq::ErrorKind;
 use magnus::value::{Opaque, ReprValue};
 use magnus::{prelude::*, Error, IntoValue, RArray, RModule, RString, Ruby, Value};

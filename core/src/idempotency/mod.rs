@@ -34,7 +34,7 @@ mod clock;
 mod guard;
 mod handler;
 mod memory;
-mod source;
+
 mod sql;
 mod store;
 
@@ -42,7 +42,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use guard::{Before, Guard, GuardStats, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE};
 pub use handler::{default_key, idempotent, Idempotent, KeyFn};
 pub use memory::{InMemoryIdempotencyStore, DEFAULT_CLAIM_TIMEOUT, DEFAULT_WINDOW};
-pub use source::{ConnectionSource, PerCall};
+// Where the seam lives; re-exported because the stores take it.
+pub use crate::sql::{ConnectionSource, PerCall};
 pub use sql::{SqlIdempotencyOptions, SqlIdempotencyStore, DEFAULT_RETENTION, DEFAULT_TABLE};
 pub use store::IdempotencyStore;
 

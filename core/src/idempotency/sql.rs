@@ -1,7 +1,7 @@
 //! The SQL store: the claim is an INSERT, SQLite and PostgreSQL alike.
 
 use super::clock::{millis, Clock, SystemClock};
-use super::source::ConnectionSource;
+use crate::sql::ConnectionSource;
 use super::store::IdempotencyStore;
 use crate::error::{Error, Result};
 use crate::sql::{Dialect, SqlConnection, SqlValue};

@@ -2,7 +2,7 @@
 
 use super::{Completion, OutboxPublisher, SqlOutboxStore};
 use crate::error::{Error, Result};
-use crate::idempotency::ConnectionSource;
+use crate::sql::ConnectionSource;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;

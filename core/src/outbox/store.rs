@@ -8,7 +8,7 @@ use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::headers::Headers;
-use crate::idempotency::ConnectionSource;
+use crate::sql::ConnectionSource;
 use crate::sql::{Dialect, SqlConnection, SqlValue};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -29,7 +29,7 @@ const IDS_PER_STATEMENT: usize = 500;
 ///   [`ConnectionSource`] given at construction: a connection it keeps (a
 ///   [`SqliteConnection`](crate::sql::SqliteConnection), a
 ///   `Box<dyn SqlConnection>`) or one lent per call (a pool checkout, see
-///   [`PerCall`](crate::idempotency::PerCall)). That connection must not be
+///   [`PerCall`](crate::sql::PerCall)). That connection must not be
 ///   inside a transaction of the caller's: `claim` and `complete` run their own.
 ///
 /// Relaying is three steps so that the SQL can run on one thread and the

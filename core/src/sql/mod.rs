@@ -45,3 +45,5 @@ pub trait SqlConnection {
 }
 mod sqlite;
 pub use sqlite::SqliteConnection;
+mod source;
+pub use source::{ConnectionSource, PerCall};

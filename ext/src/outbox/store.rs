@@ -8,7 +8,7 @@ use super::record::RbOutboxRecord;
 use crate::connection::RbConnection;
 use crate::gvl;
 use crate::sql::{self, RbSource};
-use acemq::idempotency::ConnectionSource;
+use acemq::sql::ConnectionSource;
 use acemq::outbox::{Completion, OutboxPublisher, OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
 use acemq::sql::{Dialect, SqliteConnection};
 use magnus::value::Opaque;

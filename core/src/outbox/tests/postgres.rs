@@ -5,7 +5,7 @@
 
 use super::support::record;
 use crate::error::Result;
-use crate::idempotency::ConnectionSource;
+use crate::sql::ConnectionSource;
 use crate::outbox::{Completion, OutboxStoreOptions, SqlOutboxStore};
 use crate::sql::{Dialect, Row, SqlConnection, SqlValue};
 use std::cell::RefCell;

@@ -1,7 +1,7 @@
 //! SqlOutboxStore against real SQLite files.
 
 use super::support::{add_committed, record, scalar, Borrowed, TempDb};
-use crate::idempotency::{ConnectionSource, PerCall};
+use crate::sql::{ConnectionSource, PerCall};
 use crate::outbox::{default_worker_id, Completion, OutboxStoreOptions, SqlOutboxStore};
 use crate::sql::{SqlConnection, SqlValue, SqliteConnection};
 use std::collections::HashSet;

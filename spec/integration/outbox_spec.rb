@@ -115,7 +115,7 @@ module OutboxSpec
       end
 
       expect(relay.sweep).to eq(3)
-      expect(drain(queue, expect: 3).map { |_, body| JSON.parse(body)["n"] }).to match_array([1, 2, 3])
+      expect(drain(queue, expect: 3).map { |_, body| JSON.parse(body)["n"] }).to eq([1, 2, 3])
       expect(errors).to eq([[AceMQ::AMQP::NotFound, missing, "order.placed"]])
       stuck = store.stuck
       expect(stuck.size).to eq(1)

@@ -1,7 +1,7 @@
 //! The one thing the relay needs from a broker connection.
 
 use super::OutboxRecord;
-use crate::error::{ErrorKind, Result};
+use crate::error::{Error, Result};
 use std::future::Future;
 use std::pin::Pin;
 
@@ -34,42 +34,51 @@ pub trait OutboxPublisher: Send + Sync {
 /// on the wire from a direct one.
 ///
 /// A publish to a missing exchange closes the channel it was sent on, and
-/// every record sent on that channel and not yet confirmed fails with the
-/// same 404, whatever its destination. So after a batch with a 404 in it,
-/// the failed records are sent again one exchange at a time, each group on a
-/// fresh channel: the missing exchange fails on its own, the others go out,
-/// and one bad destination costs only its own records.
+/// anything pipelined behind it on that channel fails with it — worse, a
+/// publish that reaches the broker after the client acknowledged the close
+/// is a connection error (504, "expected 'channel.open'") that takes every
+/// channel down with it. So the first record to each exchange of a batch is
+/// sent alone and its confirm awaited; the records to an exchange that
+/// turned out to be missing are not sent at all (they fail with its 404),
+/// and the rest are then sent together. One bad destination costs only its
+/// own records, plus one round trip per distinct exchange per batch (none for
+/// the default exchange, which always exists).
 impl OutboxPublisher for crate::Connection {
     fn publish_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> PublishFuture<'a> {
         Box::pin(async move {
-            let mut results = send_all(self, records, &(0..records.len()).collect::<Vec<_>>()).await;
-            if results.iter().any(|r| matches!(r, Err(e) if e.is_not_found())) {
-                let mut exchanges: Vec<&str> = Vec::new();
-                for (record, result) in records.iter().zip(&results) {
-                    if matches!(result, Err(e) if *e.kind() != ErrorKind::Unroutable)
-                        && !exchanges.contains(&record.exchange.as_str())
-                    {
-                        exchanges.push(&record.exchange);
+            let mut results: Vec<Option<Result<()>>> = (0..records.len()).map(|_| None).collect();
+            let mut probed: Vec<&str> = vec![""];
+            let mut missing: Vec<(&str, Error)> = Vec::new();
+            for (i, record) in records.iter().enumerate() {
+                if probed.contains(&record.exchange.as_str()) {
+                    continue;
+                }
+                probed.push(&record.exchange);
+                let result = send_all(self, records, &[i]).await.pop().unwrap_or(Ok(()));
+                if let Err(e) = &result {
+                    if e.is_not_found() {
+                        missing.push((&record.exchange, e.clone()));
                     }
                 }
-                // The broker names the missing exchange in its 404 ("no
-                // exchange 'x' in vhost '/'"). Its group goes last: a group
-                // sent after it could otherwise catch the channel it closes
-                // before the client has noticed the close.
-                let named = |exchange: &str| {
-                    let quoted = format!("'{exchange}'");
-                    results.iter().any(|r| matches!(r, Err(e) if e.is_not_found() && e.message().contains(&quoted)))
-                };
-                exchanges.sort_by_key(|exchange| named(exchange));
-                for exchange in exchanges {
-                    let group: Vec<usize> = (0..records.len())
-                        .filter(|&i| records[i].exchange == exchange && matches!(&results[i], Err(e) if *e.kind() != ErrorKind::Unroutable))
-                        .collect();
-                    for (i, r) in group.iter().zip(send_all(self, records, &group).await) {
-                        results[*i] = r;
-                    }
+                results[i] = Some(result);
+            }
+            let mut rest = Vec::new();
+            for (i, record) in records.iter().enumerate() {
+                if results[i].is_some() {
+                    continue;
+                }
+                match missing.iter().find(|(exchange, _)| *exchange == record.exchange) {
+                    Some((_, e)) => results[i] = Some(Err(e.clone())),
+                    None => rest.push(i),
                 }
             }
+            for (i, r) in rest.iter().zip(send_all(self, records, &rest).await) {
+                results[*i] = Some(r);
+            }
+            let results: Vec<Result<()>> = results
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|| Err(Error::store("this outbox record was not sent; it will be retried"))))
+                .collect();
             if results.iter().any(|r| r.is_ok()) {
                 fault_point("exit-after-publish");
             }

@@ -76,15 +76,15 @@ module OutboxSpecHelpers
   end
 
   # Bunny, for reading what was published the way any other client would.
-  def bunny
-    @bunny ||= begin
+  def outbox_bunny
+    @outbox_bunny ||= begin
       require "bunny"
       Bunny.new(AceMQSpecHelpers::AMQP_URL, logger: Logger.new(nil)).tap(&:start)
     end
   end
 
-  def bunny_channel
-    @bunny_channel ||= bunny.create_channel
+  def outbox_bunny_channel
+    @outbox_bunny_channel ||= outbox_bunny.create_channel
   end
 
   # Queues and exchanges this example declared; deleted after it.
@@ -93,20 +93,20 @@ module OutboxSpecHelpers
   end
 
   def cleanup_broker
-    return unless @bunny
+    return unless @outbox_bunny
 
-    ch = bunny.create_channel
+    ch = outbox_bunny.create_channel
     names = broker_names[:queues].map { |q| [:queue_delete, q] } + broker_names[:exchanges].map { |x| [:exchange_delete, x] }
     names.each do |op, name|
-      ch = bunny.create_channel unless ch.open?
+      ch = outbox_bunny.create_channel unless ch.open?
       ch.public_send(op, name)
     rescue StandardError
       nil # already gone (a 404 closes the channel; the next name gets a new one)
     end
   ensure
-    @bunny&.close
-    @bunny = nil
-    @bunny_channel = nil
+    @outbox_bunny&.close
+    @outbox_bunny = nil
+    @outbox_bunny_channel = nil
   end
 
   # An exchange bound to a queue: where the relay publishes in these specs.
@@ -125,7 +125,7 @@ module OutboxSpecHelpers
     last = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     loop do
       now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-      delivery, props, body = bunny_channel.basic_get(queue, manual_ack: false)
+      delivery, props, body = outbox_bunny_channel.basic_get(queue, manual_ack: false)
       if delivery
         got << [props, body]
         last = now

@@ -158,6 +158,7 @@ module IdempotencyProcessesSpec
       end
       expect(read_line(io)).to eq("in handler")
       Process.kill(:KILL, pid)
+      killed_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
       wait_child(pid)
 
       survivor = store(@conn, worker: "survivor", claim_timeout: 2)

@@ -290,7 +290,7 @@ impl Consumer {
         }
         match result {
             Ok(()) => {
-                fault_point("exit-after-copy");
+                crate::fault::point("exit-after-copy");
                 self.link.ack(raw.tag);
                 Ok(())
             }
@@ -318,19 +318,6 @@ impl Consumer {
     pub async fn close(&self) {
         self.stop().await;
         self.link.close().await;
-    }
-}
-
-/// Fault injection for the specs that prove "copy first, then ack": with
-/// `ACEMQ_FAULT_INJECT=exit-after-copy` in its environment a process exits
-/// (status 86, no cleanup) right after a copy is confirmed and before the
-/// original is acknowledged, which is the window a crash can hit. Read once;
-/// without the variable this is one branch on a cached bool.
-fn fault_point(name: &str) {
-    static FAULT: once_cell::sync::Lazy<Option<String>> =
-        once_cell::sync::Lazy::new(|| std::env::var("ACEMQ_FAULT_INJECT").ok());
-    if FAULT.as_deref() == Some(name) {
-        std::process::exit(86);
     }
 }
 

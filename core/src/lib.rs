@@ -35,6 +35,7 @@ pub mod connection;
 pub mod consumer;
 pub mod envelope;
 pub mod error;
+mod fault;
 pub mod headers;
 pub mod idempotency;
 pub mod message;

@@ -299,3 +299,40 @@ async fn a_reject_whose_dlq_was_deleted_declares_it_again_rather_than_losing_the
     c.settle(d, Outcome::Ack(Ack::reject("bad"))).await.unwrap();
     assert_eq!(mq.memory_broker().unwrap().depth(&format!("{q}.dlq")).unwrap().ready, 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_with_a_missing_exchange_fails_only_those_messages_and_keeps_the_connection() {
+    for mq in transports().await {
+        let q = unique("batch404");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let missing = unique("missing");
+        for round in 0..20 {
+            let env = mq.envelope_for(&PublishOptions::default());
+            let body = br#"{"n":1}"#;
+            let messages: Vec<acemq::connection::JsonMessage<'_>> = (0..10)
+                .map(|i| acemq::connection::JsonMessage {
+                    body,
+                    exchange: if i % 3 == 0 { &missing } else { "" },
+                    routing_key: &q,
+                    envelope: &env,
+                })
+                .collect();
+            let mut outcomes = Vec::new();
+            for sent in mq.send_json_batch(&messages).await {
+                outcomes.push(match sent {
+                    Ok(c) => c.wait().await,
+                    Err(e) => Err(e),
+                });
+            }
+            for (i, r) in outcomes.iter().enumerate() {
+                if i % 3 == 0 {
+                    assert!(r.as_ref().unwrap_err().is_not_found(), "round {round} message {i}: {r:?}");
+                } else {
+                    assert!(r.is_ok(), "round {round} message {i}: {r:?}");
+                }
+            }
+        }
+        // Still one working connection.
+        mq.publish(&json!({"after": true}), &q, PublishOptions::default()).await.unwrap();
+    }
+}

@@ -25,6 +25,13 @@ use tokio::sync::Notify;
 
 pub(crate) struct AmqpBackend {
     conn: lapin::Connection,
+    /// Exchanges known to exist: declared through this connection, or
+    /// checked with a passive declare before the first publish to them. A
+    /// publish to a missing exchange makes RabbitMQ close the channel, and
+    /// publishes already pipelined behind it on that channel can then close
+    /// the whole connection (504, "expected 'channel.open'"); checking first,
+    /// on a throwaway channel, keeps the publishing channel out of it.
+    known_exchanges: std::sync::Mutex<std::collections::HashSet<String>>,
     publish: tokio::sync::Mutex<Option<Channel>>,
     confirm_timeout: Duration,
     endpoint: String,
@@ -75,7 +82,13 @@ impl AmqpBackend {
             Ok(Err(e)) => return Err(connect_error(&e, &endpoint)),
             Ok(Ok(c)) => c,
         };
-        Ok(AmqpBackend { conn, publish: tokio::sync::Mutex::new(None), confirm_timeout, endpoint })
+        Ok(AmqpBackend {
+            conn,
+            known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
+            publish: tokio::sync::Mutex::new(None),
+            confirm_timeout,
+            endpoint,
+        })
     }
 
     async fn open_channel(&self, confirms: bool) -> Result<Channel> {
@@ -98,12 +111,51 @@ impl AmqpBackend {
         if !self.conn.status().connected() {
             return Err(Error::closed(format!("the connection to {} is closed: open a new one", self.endpoint)));
         }
+        if guard.is_some() {
+            // The broker closed the last one: something it was sent was
+            // refused. Check exchanges again rather than trust the cache.
+            self.known().clear();
+        }
         let ch = self.open_channel(true).await?;
         *guard = Some(ch.clone());
         Ok(ch)
     }
 
+    fn known(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.known_exchanges.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remember exchanges that a topology declared.
+    pub(crate) fn declared(&self, exchanges: impl IntoIterator<Item = String>) {
+        self.known().extend(exchanges);
+    }
+
+    /// Make sure `exchange` exists before anything is published to it: the
+    /// default exchange always does; a known one is not asked about again.
+    async fn check_exchange(&self, exchange: &str) -> Result<()> {
+        if exchange.is_empty() || exchange.starts_with("amq.") || self.known().contains(exchange) {
+            return Ok(());
+        }
+        let ch = self.open_channel(false).await?;
+        let checked = ch
+            .exchange_declare(
+                ShortString::from(exchange),
+                ExchangeKind::Direct,
+                ExchangeDeclareOptions { passive: true, ..Default::default() },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")));
+        if ch.status().connected() {
+            let _ = ch.close(200, ShortString::from("OK")).await;
+        }
+        checked?;
+        self.known().insert(exchange.to_owned());
+        Ok(())
+    }
+
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<AmqpConfirm> {
+        self.check_exchange(exchange).await?;
         let ch = self.publish_channel().await?;
         let confirm = ch
             .basic_publish(
@@ -127,6 +179,27 @@ impl AmqpBackend {
         /// Publishes queued before waiting for them to be written: bounds the
         /// memory lapin holds in frames and the cost of re-polling.
         const WINDOW: usize = 256;
+        // A message to a missing exchange fails here, unsent; the rest go.
+        let mut missing: std::collections::HashMap<&str, Error> = std::collections::HashMap::new();
+        for (exchange, ..) in items {
+            if !missing.contains_key(exchange) {
+                if let Err(e) = self.check_exchange(exchange).await {
+                    missing.insert(exchange, e);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let sendable: Vec<(&str, &str, &[u8], Props)> =
+                items.iter().filter(|(ex, ..)| !missing.contains_key(ex)).cloned().collect();
+            let mut sent = Box::pin(self.send_many(&sendable)).await.into_iter();
+            return items
+                .iter()
+                .map(|(ex, ..)| match missing.get(ex) {
+                    Some(e) => Err(e.clone()),
+                    None => sent.next().expect("one result per message sent"),
+                })
+                .collect();
+        }
         let ch = match self.publish_channel().await {
             Ok(ch) => ch,
             Err(e) => return items.iter().map(|_| Err(e.clone())).collect(),

@@ -137,6 +137,7 @@ impl Backend {
                 Ok(())
             }
             Backend::Amqp(a) => {
+                let declared = topology.exchanges.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
                 a.with_declare_channel(|ch| async move {
                     for e in &topology.exchanges {
                         amqp::declare_exchange(&ch, e).await?;
@@ -149,7 +150,9 @@ impl Backend {
                     }
                     Ok(())
                 })
-                .await
+                .await?;
+                a.declared(declared);
+                Ok(())
             }
         }
     }

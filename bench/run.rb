@@ -13,6 +13,8 @@
 # per run, purged before every timed run and deleted at the end.
 
 $LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+# `rake bench` points this at a private copy of the extension it just built.
+$LOAD_PATH.unshift(File.expand_path(ENV["ACEMQ_BENCH_EXT"])) if ENV["ACEMQ_BENCH_EXT"]
 require "acemq"
 require "bunny"
 require "json"
@@ -291,6 +293,9 @@ module Bench
       started = Bench.now
       puts "AceMQ Ruby bench: #{URL.sub(%r{//[^@]*@}, '//')}, 1 KiB JSON, persistent, median of #{RUNS} runs, " \
            "Ruby #{RUBY_VERSION}, Bunny #{Bunny::VERSION}"
+      so = $LOADED_FEATURES.find { |f| f.end_with?("acemq/acemq.so") }
+      puts format("extension: %s (%.1f MB%s)", so, File.size(so) / 1e6,
+                  File.size(so) > 20e6 ? ", looks like a debug build: figures will be low" : "")
       publish_each
       publish_threads
       publish_batch

@@ -21,6 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How long a delivery whose copy could not be made waits before it goes
+/// back to its queue.
+const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
+
 /// How to consume.
 #[derive(Debug, Clone)]
 pub struct ConsumeOptions {
@@ -90,6 +94,17 @@ pub struct Consumer {
     link: Link,
     counters: Counters,
     stopped: AtomicBool,
+    background: Background,
+}
+
+/// Settlements running on the runtime (see [`Consumer::settle_later`]):
+/// how many, and the errors they met, for the caller to collect.
+#[derive(Default)]
+struct Background {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+    has_errors: AtomicBool,
+    errors: std::sync::Mutex<Vec<Error>>,
 }
 
 impl Consumer {
@@ -105,7 +120,15 @@ impl Consumer {
             return Err(Error::invalid("concurrency must be at least 1"));
         }
         let link = conn.backend().subscribe(queue, options.prefetch).await?;
-        let consumer = Consumer { conn, queue: queue.to_owned(), options, link, counters: Counters::default(), stopped: AtomicBool::new(false) };
+        let consumer = Consumer {
+            conn,
+            queue: queue.to_owned(),
+            options,
+            link,
+            counters: Counters::default(),
+            stopped: AtomicBool::new(false),
+            background: Background::default(),
+        };
         if let Err(e) = consumer.declare_ladder().await {
             consumer.close().await;
             return Err(e);
@@ -229,6 +252,52 @@ impl Consumer {
         }
     }
 
+    /// Settle without waiting: an accept is queued at once, a retry or reject
+    /// (a copy to publish and have confirmed before the original is
+    /// acknowledged) runs on the runtime while the caller goes on to the next
+    /// delivery. That is what keeps a handler thread that retries from running
+    /// at one broker round trip per message: the copies of many deliveries
+    /// are in flight together, bounded by the prefetch. What goes wrong is
+    /// collected for [`Consumer::take_errors`]; the rule is unchanged (a copy
+    /// that cannot be made puts the original back on the queue).
+    /// [`Consumer::close`] waits for them.
+    pub fn settle_later(self: &Arc<Self>, delivery: Delivery, outcome: Outcome) {
+        if matches!(outcome, Outcome::Ack(crate::ack::Ack::Accept)) {
+            self.accept(delivery);
+            return;
+        }
+        self.background.running.fetch_add(1, Ordering::AcqRel);
+        let this = self.clone();
+        crate::runtime::handle().spawn(async move {
+            if let Err(e) = this.settle(delivery, outcome).await {
+                this.background.errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                this.background.has_errors.store(true, Ordering::Release);
+            }
+            if this.background.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+                this.background.idle.notify_waiters();
+            }
+        });
+    }
+
+    /// Errors met by [`Consumer::settle_later`] since the last call. Each
+    /// one's message went back to its queue.
+    pub fn take_errors(&self) -> Vec<Error> {
+        if !self.background.has_errors.swap(false, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.background.errors.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    async fn background_idle(&self) {
+        loop {
+            let idle = self.background.idle.notified();
+            if self.background.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
     /// Accept without waiting for anything: the acknowledgement is queued and
     /// coalesced with its neighbours. The same as settling with
     /// `Outcome::Ack(Ack::Accept)`, callable from outside the runtime.
@@ -295,6 +364,12 @@ impl Consumer {
                 Ok(())
             }
             Err(e) => {
+                // Not at once: a copy that fails now (a DLQ refusing
+                // messages, a broker under memory alarm) fails again at
+                // once, and an immediate requeue is a hot loop of
+                // redeliveries. The delivery stays ours meanwhile, counted
+                // against the prefetch, so the loop slows to this pace.
+                tokio::time::sleep(REQUEUE_PAUSE).await;
                 self.link.requeue(raw.tag).await;
                 Err(Error::new(
                     e.kind().clone(),
@@ -317,6 +392,9 @@ impl Consumer {
     /// Anything unsettled goes back to the queue.
     pub async fn close(&self) {
         self.stop().await;
+        // Settlements still in flight finish first: their acknowledgements
+        // must go out on this subscription's channel.
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.background_idle()).await;
         self.link.close().await;
     }
 }
@@ -343,7 +421,7 @@ impl ConsumerHandle {
                 tokio::spawn(async move {
                     while let Some(d) = c.next().await {
                         let outcome = h(d.message.clone()).await;
-                        let _ = c.settle(d, outcome).await;
+                        c.settle_later(d, outcome);
                     }
                 })
             })

@@ -3,7 +3,6 @@
 //! delivery (waiting without the GVL), calls the block with the GVL, and
 //! settles the delivery here; core decides what the settlement does.
 
-use crate::errors::IntoRuby;
 use crate::gvl;
 use acemq::{Ack, Consumer, Delivery, Next, Outcome};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
@@ -71,7 +70,11 @@ impl RbConsumer {
     }
 
     /// Settle the delivery `tag`. `kind` is accept, retry, reject, raised or
-    /// not_an_ack; the rules for each live in core.
+    /// not_an_ack; the rules for each live in core. A retry or reject runs in
+    /// the background (core's `settle_later`), so the handler thread goes on
+    /// to the next delivery while the copy is confirmed. Returns the errors
+    /// earlier background settlements met, as exceptions (nil when none):
+    /// each of their messages went back to the queue.
     fn settle(
         ruby: &Ruby,
         rb_self: &Self,
@@ -80,7 +83,7 @@ impl RbConsumer {
         reason: Option<String>,
         error_class: Option<String>,
         fatal: bool,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<RArray>, Error> {
         let Some(delivery) = rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag) else {
             return Err(Error::new(
                 ruby.exception_arg_error(),
@@ -91,7 +94,7 @@ impl RbConsumer {
         let outcome = match (kind.as_str(), error_class) {
             ("accept", _) => {
                 rb_self.inner.accept(delivery);
-                return Ok(());
+                return Ok(rb_self.errors(ruby));
             }
             ("retry", None) => Outcome::Ack(Ack::retry(reason)),
             ("reject", None) => Outcome::Ack(Ack::reject(reason)),
@@ -100,8 +103,24 @@ impl RbConsumer {
             ("raised", class) => Outcome::Raised { class: class.unwrap_or_else(|| "StandardError".into()), message: reason, fatal },
             (_, _) => Outcome::NotAnAck { what: reason },
         };
-        let consumer = rb_self.inner.clone();
-        gvl::block_on(ruby, async move { consumer.settle(delivery, outcome).await })?.rb(ruby)
+        rb_self.inner.settle_later(delivery, outcome);
+        Ok(rb_self.errors(ruby))
+    }
+
+    fn errors(&self, ruby: &Ruby) -> Option<RArray> {
+        let errors = self.inner.take_errors();
+        if errors.is_empty() {
+            return None;
+        }
+        let arr = ruby.ary_new_capa(errors.len());
+        for e in errors {
+            let _ = arr.push(crate::errors::exception(ruby, e));
+        }
+        Some(arr)
+    }
+
+    fn take_errors(ruby: &Ruby, rb_self: &Self) -> Option<RArray> {
+        rb_self.errors(ruby)
     }
 
     /// Put back every delivery handed out and not settled (a handler thread
@@ -147,6 +166,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("_stop", method!(RbConsumer::stop, 0))?;
     class.define_method("_close", method!(RbConsumer::close, 0))?;
     class.define_method("_stats", method!(RbConsumer::stats, 0))?;
+    class.define_method("_errors", method!(RbConsumer::take_errors, 0))?;
     class.define_method("_failure", method!(RbConsumer::failure, 0))?;
     class.define_method("_inflight", method!(RbConsumer::inflight_count, 0))?;
     class.define_method("queue", method!(RbConsumer::queue, 0))?;

@@ -70,13 +70,20 @@ pub fn to_ruby(ruby: &Ruby, e: acemq::Error) -> Error {
         _ => &ERROR,
     };
     let class = ruby.get_inner(class);
-    if let Some(code) = e.reply_code() {
-        if let Ok(exc) = class.new_instance((e.to_string(),)) {
-            let _: Result<magnus::Value, _> = exc.funcall("instance_variable_set", ("@reply_code", code));
-            return Error::from(exc);
+    match class.new_instance((e.to_string(),)) {
+        Ok(exc) => {
+            if let Some(code) = e.reply_code() {
+                let _: Result<magnus::Value, _> = exc.funcall("instance_variable_set", ("@reply_code", code));
+            }
+            Error::from(exc)
         }
+        Err(_) => Error::new(class, e.to_string()),
     }
-    Error::new(class, e.to_string())
+}
+
+/// The Ruby exception object for a core error, to hand over rather than raise.
+pub fn exception(ruby: &Ruby, e: acemq::Error) -> magnus::Value {
+    to_ruby(ruby, e).value().unwrap_or_else(|| ruby.qnil().as_value())
 }
 
 /// `Result<T, acemq::Error>` into a Ruby-raising result.

@@ -79,6 +79,22 @@ RSpec.describe "the retry ladder and the DLQ on RabbitMQ" do
     ch.queue_delete(other)
   end
 
+  it "reports a copy the broker refuses through on_error and puts the message back, unlost" do
+    errors = Queue.new
+    sub = mq.consume(queue, on_error: ->(e) { errors << e }) { AceMQ::AMQP::Ack.reject("bad") }
+    # Somebody replaced the DLQ with one that refuses everything.
+    ch = bunny.create_channel
+    ch.queue_delete("#{queue}.dlq")
+    ch.queue("#{queue}.dlq", durable: true, arguments: { "x-max-length" => 0, "x-overflow" => "reject-publish" })
+    mq.publish({ "x" => 1 }, to: queue)
+    error = eventually(timeout: 5) { errors.pop(true) rescue nil }
+    sub.cancel
+    expect(error).to be_a(AceMQ::AMQP::PublishNacked)
+    expect(error.message).to include("#{queue}.dlq", "put back on #{queue}")
+    eventually { depth(queue) == 1 }
+    expect(depth("#{queue}.dlq")).to eq(0)
+  end
+
   it "replays dead letters with the attempt reset and the reason kept as history" do
     sub = mq.consume(queue, retries: { max_attempts: 1 }) do |m|
       m.payload["n"].even? ? AceMQ::AMQP::Ack.reject("card declined") : AceMQ::AMQP::Ack.reject("gateway down")

@@ -35,6 +35,7 @@ module AceMQ
         @native._stop
         @threads.each { |t| t.join unless t == Thread.current }
         @native._close
+        report(@native._errors)
         self
       end
       alias close cancel
@@ -60,7 +61,7 @@ module AceMQ
         loop do
           delivery = @native._next(POLL)
           break if delivery == false
-          next if delivery.nil?
+          next report(@native._errors) if delivery.nil?
 
           handle(delivery)
         end
@@ -83,11 +84,17 @@ module AceMQ
         end
       end
 
+      # A retry or reject is settled in the background (its copy is
+      # confirmed before the original is acknowledged); what went wrong with
+      # earlier ones comes back here. Each of those messages was put back on
+      # the queue: say so, and go on.
       def settle(tag, kind, reason, error_class, fatal)
-        @native._settle(tag, kind, reason, error_class, fatal)
-      rescue AceMQ::Error => e
-        # The engine put the message back on the queue; say so, and go on.
-        @on_error&.call(e)
+        report(@native._settle(tag, kind, reason, error_class, fatal))
+      end
+
+      def report(errors)
+        errors&.each { |e| @on_error&.call(e) }
+        nil
       end
 
       def describe(value)

@@ -28,10 +28,18 @@ pub enum Before {
         /// The key that was claimed.
         key: String,
     },
-    /// Claimed or handled already: settle with `Ack::Accept` without running
-    /// the handler. A duplicate is the broker doing its job, not an error, so
-    /// it is accepted rather than filling the DLQ with handled messages.
+    /// Handled already (confirmed, or not first with a store that cannot
+    /// tell): settle with `Ack::Accept` without running the handler. A
+    /// duplicate is the broker doing its job, not an error, so it is accepted
+    /// rather than filling the DLQ with handled messages.
     Duplicate,
+    /// Claimed by a handler that has not finished (or died): settle with
+    /// `Ack::retry(reason)` without running, so the message comes back —
+    /// a duplicate once the claim is confirmed, or to run once it is stale.
+    InProgress {
+        /// The retry's reason.
+        reason: String,
+    },
     /// Settle with this outcome without running the handler: a missing key
     /// (a fatal reject) or a failing store (a retry).
     Settle(Outcome),
@@ -44,6 +52,7 @@ impl Before {
         match self {
             Before::Run { .. } => None,
             Before::Duplicate => Some(Outcome::Ack(Ack::Accept)),
+            Before::InProgress { reason } => Some(Outcome::Ack(Ack::retry(reason.clone()))),
             Before::Settle(o) => Some(o.clone()),
         }
     }
@@ -172,9 +181,11 @@ impl Guard {
             }
             Ok(false) => {
                 bump(&self.in_progress);
-                Before::Settle(Outcome::Ack(Ack::retry(format!(
-                    "idempotency key {key:?} is claimed by a handler that has not finished; retrying so that it runs if that handler died (its claim expires after the claim timeout)"
-                ))))
+                Before::InProgress {
+                    reason: format!(
+                        "idempotency key {key:?} is claimed by a handler that has not finished; retrying so that it runs if that handler died (its claim expires after the claim timeout)"
+                    ),
+                }
             }
             Err(e) => {
                 bump(&self.store_errors);

@@ -283,7 +283,7 @@ fn step_by_step_as_the_extension_drives_it() {
     // Claimed and not confirmed: somebody is (or was) working on it. Retried,
     // not accepted, so a handler that died does not take the message with it.
     match guard.before(dyn_store, Some("m-1")) {
-        Before::Settle(Outcome::Ack(Ack::Retry { reason })) => assert!(reason.contains("has not finished"), "{reason}"),
+        Before::InProgress { reason } => assert!(reason.contains("has not finished"), "{reason}"),
         other => panic!("expected a retry while the claim is live, got {other:?}"),
     }
     guard.after(dyn_store, "m-1", &Outcome::Ack(Ack::Accept)).unwrap();
@@ -307,7 +307,7 @@ fn a_redelivery_while_a_dead_handlers_claim_is_live_is_retried_then_runs_after_t
     // A consumer claims the key and dies without confirm or forget.
     assert!(matches!(guard.before(&store, Some("k")), Before::Run { .. }));
     // The broker redelivers at once to another consumer: not dropped.
-    assert!(matches!(guard.before(&store, Some("k")), Before::Settle(Outcome::Ack(Ack::Retry { .. }))));
+    assert!(matches!(guard.before(&store, Some("k")), Before::InProgress { .. }));
     // The retry ladder brings it back after the claim expired: it runs.
     clock.advance(std::time::Duration::from_secs(301));
     assert!(matches!(guard.before(&store, Some("k")), Before::Run { .. }));

@@ -55,6 +55,7 @@ impl RbGuard {
         Ok(match before {
             Before::Run { key } => ("run".into(), Some(key), None),
             Before::Duplicate => ("duplicate".into(), None, None),
+            Before::InProgress { reason } => ("in_progress".into(), Some(reason), None),
             Before::Settle(Outcome::Ack(Ack::Retry { reason })) => ("retry".into(), Some(reason), None),
             Before::Settle(Outcome::Ack(Ack::Reject { reason })) => ("reject".into(), Some(reason), None),
             Before::Settle(Outcome::Raised { class, message, fatal: true }) => ("reject".into(), Some(message), Some(class)),

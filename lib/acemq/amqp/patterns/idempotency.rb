@@ -14,8 +14,11 @@ module AceMQ
       # - the store's first_time? raises: Ack.retry, handler not run — the
       #   store is what is broken, and carrying on could be the duplicate it
       #   exists to prevent;
-      # - not the first time: Ack.accept, handler not run — a duplicate is the
-      #   broker doing its job, not an error;
+      # - not the first time and confirmed: Ack.accept, handler not run — a
+      #   duplicate is the broker doing its job, not an error;
+      # - not the first time and only claimed (a handler still running, or one
+      #   that died): Ack.retry, handler not run, so the message comes back
+      #   rather than being dropped with its work undone;
       # - the first time: the handler runs; if it accepted, the key is
       #   confirmed (when the store answers confirm), otherwise forgotten
       #   (when it answers forget) so the retry really runs. A handler that
@@ -48,6 +51,9 @@ module AceMQ
           when "duplicate"
             Patterns.instrument(:duplicate, key: key, message: message)
             Ack.accept
+          when "in_progress"
+            Patterns.instrument(:in_progress, key: key, message: message)
+            Ack.retry(detail)
           when "retry"
             Patterns.instrument(:store_error, key: key, message: message, error: detail)
             Ack.retry(detail, error: error_class)
@@ -57,7 +63,8 @@ module AceMQ
           end
         end
 
-        # The guard's counters: duplicates (first_time? answered false), runs,
+        # The guard's counters: duplicates (first_time? answered false for a
+        # confirmed key), in_progress (for a key only claimed), runs,
         # missing_keys, store_errors, confirmed, forgotten, confirm_errors,
         # forget_errors, abandoned.
         def stats = @guard.stats

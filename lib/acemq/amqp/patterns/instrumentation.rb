@@ -8,14 +8,15 @@ module AceMQ
       #
       #   AceMQ::AMQP::Patterns.on(:duplicate) { |event, detail| Stats.increment("payments.duplicates") }
       #
-      # Events: :duplicate (first_time? answered false — the counter worth
-      # graphing), :missing_key, :store_error (first_time? raised; the message
+      # Events: :duplicate (first_time? answered false for a confirmed key —
+      # the counter worth graphing), :in_progress (answered false for a key
+      # only claimed: retried, not dropped), :missing_key, :store_error (first_time? raised; the message
       # is retried), :confirm_failed and :forget_failed (detail[:error] says
       # why). detail has :key, :message and, for failures, :error.
       #
       # Subscribers run on the consumer's thread, inline: keep them short. One
       # that raises is reported with warn and does not affect the message.
-      EVENTS = %i[duplicate missing_key store_error confirm_failed forget_failed].freeze
+      EVENTS = %i[duplicate in_progress missing_key store_error confirm_failed forget_failed].freeze
 
       @subscribers = Hash.new { |h, k| h[k] = [] }
       @subscribers_lock = Mutex.new

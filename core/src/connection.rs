@@ -65,6 +65,17 @@ pub struct JsonMessage<'a> {
     pub envelope: &'a Envelope,
 }
 
+/// Refuse a message with nowhere to go: the default exchange routes by the
+/// routing key, so one of the two must be named. The rule for every publish,
+/// the outbox's records included (checked when they are made, not at every
+/// sweep).
+pub fn check_destination(exchange: &str, routing_key: &str) -> Result<()> {
+    if exchange.is_empty() && routing_key.is_empty() {
+        return Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"));
+    }
+    Ok(())
+}
+
 struct Inner {
     backend: Backend,
     origin: String,
@@ -180,9 +191,7 @@ impl Connection {
     /// at the speed of the network rather than of a round trip each.
     pub async fn send_json(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope) -> Result<Confirm> {
         self.check_open()?;
-        if exchange.is_empty() && routing_key.is_empty() {
-            return Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"));
-        }
+        check_destination(exchange, routing_key)?;
         self.inner.backend.send(exchange, routing_key, body, &props_for(envelope)).await
     }
 
@@ -198,8 +207,8 @@ impl Connection {
         let mut results: Vec<Option<Result<Confirm>>> = Vec::with_capacity(messages.len());
         let mut items = Vec::with_capacity(messages.len());
         for m in messages {
-            if m.exchange.is_empty() && m.routing_key.is_empty() {
-                results.push(Some(Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"))));
+            if let Err(e) = check_destination(m.exchange, m.routing_key) {
+                results.push(Some(Err(e)));
             } else {
                 results.push(None);
                 items.push((m.exchange, m.routing_key, m.body, props_for(m.envelope)));

@@ -24,14 +24,19 @@ pub(crate) fn seconds(ruby: &Ruby, what: &str, secs: f64) -> Result<Duration, Er
 }
 
 /// One message to publish, as the Ruby side hands it over.
-struct Outgoing {
-    body: Vec<u8>,
-    exchange: String,
-    routing_key: String,
-    envelope: Envelope,
+pub(crate) struct Outgoing {
+    pub(crate) body: Vec<u8>,
+    pub(crate) exchange: String,
+    pub(crate) routing_key: String,
+    pub(crate) envelope: Envelope,
 }
 
-fn outgoing(
+/// What `Connection#publish` hands its native half (the body already JSON,
+/// the id, the type, the timestamp, the headers as JSON), with the envelope
+/// made the way every publish makes it: `envelope_for`, which adds this
+/// connection's origin. The outbox's records are built here too.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn outgoing(
     ruby: &Ruby,
     conn: &acemq::Connection,
     body: RString,

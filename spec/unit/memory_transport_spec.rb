@@ -15,12 +15,15 @@ RSpec.describe "memory:// transport" do
       AceMQ::AMQP::Ack.retry("later")
     end
     mq.publish({}, to: q)
+    rung = "#{q}.retry.300s"
     expect(eventually { seen.pop(true) rescue nil }).to eq(1)
-    expect(mq.queue_depth("#{q}.retry.300s")).to eq(ready: 1, unacked: 0)
+    # The copy to the rung is made in the background: wait for it to land.
+    eventually { mq.queue_depth(rung) == { ready: 1, unacked: 0 } }
     mq.advance_clock(299)
-    expect(mq.queue_depth("#{q}.retry.300s")[:ready]).to eq(1)
+    expect(mq.queue_depth(rung)[:ready]).to eq(1)
     mq.advance_clock(1)
     expect(eventually { seen.pop(true) rescue nil }).to eq(2)
+    eventually { mq.queue_depth(rung)[:ready] == 1 }
     mq.advance_clock(300)
     expect(eventually { seen.pop(true) rescue nil }).to eq(3)
     eventually { mq.queue_depth("#{q}.dlq")[:ready] == 1 }

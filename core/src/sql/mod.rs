@@ -17,6 +17,17 @@ pub enum Dialect {
     Postgres,
 }
 
+impl Dialect {
+    /// `"sqlite"` or `"postgres"`, as a migration or a Ruby caller names it.
+    pub fn parse(name: &str) -> Result<Self> {
+        match name {
+            "sqlite" => Ok(Dialect::Sqlite),
+            "postgres" => Ok(Dialect::Postgres),
+            other => Err(crate::error::Error::invalid(format!("dialect must be \"sqlite\" or \"postgres\", got {other:?}"))),
+        }
+    }
+}
+
 /// A bound parameter or a column value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SqlValue {

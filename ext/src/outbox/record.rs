@@ -6,7 +6,7 @@
 use crate::connection::RbConnection;
 use crate::errors::IntoRuby;
 use acemq::outbox::OutboxRecord;
-use acemq::{Envelope, Error as CoreError, ErrorKind, PublishOptions};
+use acemq::{Error as CoreError, ErrorKind};
 use magnus::{function, method, prelude::*, Error, RModule, RString, Ruby};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::OutboxRecord", free_immediately, size)]
@@ -31,32 +31,14 @@ impl RbOutboxRecord {
         timestamp: u64,
         headers_json: Option<String>,
     ) -> Result<Self, Error> {
-        if exchange.is_empty() && routing_key.is_empty() {
-            // The refusal publish makes, at add rather than at every sweep.
-            return Err(CoreError::new(
-                ErrorKind::InvalidArgument,
-                "Patterns.record needs to: (a queue name, or a routing key with exchange:)",
-            ))
-            .rb(ruby);
-        }
-        let headers = match headers_json {
-            Some(text) => match crate::json::parse(ruby, &text, "headers")? {
-                serde_json::Value::Object(map) => map,
-                _ => Default::default(),
-            },
-            None => Default::default(),
-        };
+        acemq::connection::check_destination(&exchange, &routing_key).rb(ruby)?;
+        let out = crate::connection::outgoing(ruby, &mq.inner, body, exchange, routing_key, id, kind, timestamp, headers_json)?;
         // The body is a TEXT column: JSON.generate gives UTF-8, anything else
         // is refused here rather than mangled in the table.
-        let body = String::from_utf8(unsafe { body.as_slice() }.to_vec()).map_err(|_| {
+        let body = String::from_utf8(out.body).map_err(|_| {
             crate::errors::to_ruby(ruby, CoreError::new(ErrorKind::Encoding, "the outbox body is not UTF-8 JSON text"))
         })?;
-        let mut envelope = Envelope::new().with_id(id);
-        envelope.kind = kind;
-        envelope.timestamp = timestamp;
-        envelope.headers = headers;
-        let envelope = mq.inner.envelope_for(&PublishOptions { envelope: Some(envelope), ..Default::default() });
-        Ok(Self { inner: OutboxRecord::new(exchange, routing_key, body, envelope) })
+        Ok(Self { inner: OutboxRecord::new(out.exchange, out.routing_key, body, out.envelope) })
     }
 
     fn exchange(&self) -> String {

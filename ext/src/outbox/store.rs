@@ -7,6 +7,7 @@
 use super::record::RbOutboxRecord;
 use crate::connection::RbConnection;
 use crate::gvl;
+use crate::errors::IntoRuby;
 use crate::sql::{self, RbSource};
 use acemq::sql::ConnectionSource;
 use acemq::outbox::{Completion, OutboxPublisher, OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
@@ -196,16 +197,7 @@ impl RbOutboxStore {
     }
 
     fn schema_sql(ruby: &Ruby, rb_self: &Self, dialect: String) -> Result<Vec<String>, Error> {
-        let d = match dialect.as_str() {
-            "sqlite" => Dialect::Sqlite,
-            "postgres" => Dialect::Postgres,
-            other => {
-                return Err(Error::new(
-                    ruby.exception_arg_error(),
-                    format!("dialect must be \"sqlite\" or \"postgres\", got {other:?}"),
-                ))
-            }
-        };
+        let d = Dialect::parse(&dialect).rb(ruby)?;
         Ok(match &rb_self.inner {
             Inner::File(s) => s.schema_sql(d),
             Inner::Ruby(s) => s.schema_sql(d),

@@ -40,6 +40,14 @@ module AceMQ
       def self.with_idempotency(store, key: nil)
         Idempotency.new(store, key: key)
       end
+
+      # A store option given in seconds, as a Float, or a ConfigurationError
+      # naming the option.
+      def self.seconds(name, value)
+        Float(value)
+      rescue TypeError, ArgumentError
+        raise ConfigurationError, "#{name}: is a number of seconds, got #{value.inspect}"
+      end
     end
   end
 end

@@ -33,8 +33,8 @@ module AceMQ
                                       "callable returning one) or path: (a SQLite file), exactly one of them"
           end
 
-          retention = seconds(:retention, retention)
-          claim_timeout = seconds(:claim_timeout, claim_timeout)
+          retention = Patterns.seconds(:retention, retention)
+          claim_timeout = Patterns.seconds(:claim_timeout, claim_timeout)
           table = table&.to_s
           worker = worker&.to_s
           if path
@@ -44,12 +44,6 @@ module AceMQ
           end
         end
 
-        def self.seconds(name, value)
-          Float(value)
-        rescue TypeError, ArgumentError
-          raise ConfigurationError, "#{name}: is a number of seconds, got #{value.inspect}"
-        end
-        private_class_method :seconds
 
         # The statements create_schema runs, for a migration: dialect is
         # :sqlite or :postgres.

@@ -40,17 +40,11 @@ module AceMQ
                                       "returning one) or path: (a SQLite file), exactly one of them"
           end
 
-          args = [table&.to_s, worker&.to_s, seconds(:lease, lease), seconds(:backoff, backoff),
-                  seconds(:max_backoff, max_backoff)]
+          args = [table&.to_s, worker&.to_s, Patterns.seconds(:lease, lease), Patterns.seconds(:backoff, backoff),
+                  Patterns.seconds(:max_backoff, max_backoff)]
           path ? _new_file(path.to_s, *args) : _new_ruby(SQL.connect(connection), *args)
         end
 
-        def self.seconds(name, value)
-          Float(value)
-        rescue TypeError, ArgumentError
-          raise ConfigurationError, "#{name}: is a number of seconds, got #{value.inspect}"
-        end
-        private_class_method :seconds
 
         # Write record with connection: — the one holding your open
         # transaction — and return the row id. There is no default: a store

@@ -111,11 +111,12 @@ impl Connection {
 
     /// Open `url` with `options`.
     pub async fn open_with(url: &str, options: ConnectionOptions) -> Result<Connection> {
-        let backend = Backend::open(url, options.connect_timeout, options.confirm_timeout).await?;
+        let origin = options.origin.unwrap_or_else(default_origin);
+        let backend = Backend::open(url, &origin, options.connect_timeout, options.confirm_timeout).await?;
         Ok(Connection {
             inner: Arc::new(Inner {
                 backend,
-                origin: options.origin.unwrap_or_else(default_origin),
+                origin,
                 url: url.to_owned(),
                 closed: AtomicBool::new(false),
             }),

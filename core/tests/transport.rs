@@ -336,3 +336,60 @@ async fn a_batch_with_a_missing_exchange_fails_only_those_messages_and_keeps_the
         mq.publish(&json!({"after": true}), &q, PublishOptions::default()).await.unwrap();
     }
 }
+
+/// Close this connection from the broker's side, as a restart or a network
+/// cut would: `rabbitmqctl close_connection` on the connection named by its
+/// origin.
+fn broker_closes(origin: &str) {
+    let out = std::process::Command::new("rabbitmqctl").args(["list_connections", "pid", "client_properties"]).output().expect("rabbitmqctl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut closed = 0;
+    for line in text.lines().filter(|l| l.contains(&format!("{{\"connection_name\",\"{origin}\"}}"))) {
+        let pid = line.split('\t').next().unwrap();
+        let status = std::process::Command::new("rabbitmqctl").args(["close_connection", pid, "spec: broker went away"]).status().unwrap();
+        assert!(status.success());
+        closed += 1;
+    }
+    assert!(closed > 0, "no connection named {origin} in:\n{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publishing_and_consuming_survive_the_broker_closing_the_connection() {
+    let Ok(url) = std::env::var("AMQP_URL") else { return };
+    let origin = unique("survivor");
+    let opts = acemq::ConnectionOptions { origin: Some(origin.clone()), ..Default::default() };
+    let mq = Connection::open_with(&url, opts).await.unwrap();
+    let q = unique("survive");
+    mq.apply(&Topology::new().queue(&q)).await.unwrap();
+    let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+    mq.publish(&json!({"n": 1}), &q, PublishOptions::default()).await.unwrap();
+    let held = next(&c).await;
+
+    broker_closes(&origin);
+    // The delivery in hand came from the lost channel: settling it now is a
+    // no-op, never an error, and the broker delivers it again.
+    c.settle(held, Outcome::Ack(Ack::accept())).await.unwrap();
+    // The next publish dials again; the consumer subscribes again by itself.
+    let mut published = false;
+    for _ in 0..50 {
+        if mq.publish(&json!({"n": 2}), &q, PublishOptions::default()).await.is_ok() {
+            published = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(published, "publishing did not recover");
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let d = next(&c).await;
+        seen.push((d.message.payload["n"].as_i64().unwrap(), d.message.delivery.redelivered));
+        c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+    }
+    seen.sort();
+    assert_eq!(seen, vec![(1, true), (2, false)]);
+    c.close().await;
+    // Nothing left behind unacknowledged: a fresh consumer finds the queue empty.
+    let again = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(500), again.next()).await.is_err());
+    again.close().await;
+}

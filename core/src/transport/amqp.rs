@@ -24,7 +24,18 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 pub(crate) struct AmqpBackend {
-    conn: lapin::Connection,
+    url: String,
+    /// Shown as the connection's name in `rabbitmqctl list_connections` and
+    /// the management UI, so an operator can tell whose connection it is.
+    origin: String,
+    /// The current connection; replaced when the broker went away and a
+    /// later call dialled again.
+    conn: Mutex<Arc<lapin::Connection>>,
+    /// One redial at a time: the first caller to find the connection down
+    /// dials, the others wait for it and use what it got.
+    redial: tokio::sync::Mutex<()>,
+    closed: std::sync::atomic::AtomicBool,
+    connect_timeout: Duration,
     /// Exchanges known to exist: declared through this connection, or
     /// checked with a passive declare before the first publish to them. A
     /// publish to a missing exchange makes RabbitMQ close the channel, and
@@ -66,24 +77,16 @@ pub(crate) fn map_error(e: &lapin::Error, context: &str) -> Error {
 }
 
 impl AmqpBackend {
-    pub(crate) async fn connect(url: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Self> {
+    pub(crate) async fn connect(url: &str, origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Self> {
         let endpoint = endpoint_of(url);
-        let props = ConnectionProperties::default();
-        let conn = match tokio::time::timeout(connect_timeout, lapin::Connection::connect(url, props)).await {
-            Err(_) => {
-                return Err(Error::new(
-                    ErrorKind::ConnectionFailed,
-                    format!(
-                        "could not connect to {endpoint} within {:?}: is RabbitMQ running and reachable? (connect_timeout: sets the limit)",
-                        connect_timeout
-                    ),
-                ))
-            }
-            Ok(Err(e)) => return Err(connect_error(&e, &endpoint)),
-            Ok(Ok(c)) => c,
-        };
+        let conn = dial(url, origin, &endpoint, connect_timeout).await?;
         Ok(AmqpBackend {
-            conn,
+            url: url.to_owned(),
+            origin: origin.to_owned(),
+            conn: Mutex::new(Arc::new(conn)),
+            redial: tokio::sync::Mutex::new(()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            connect_timeout,
             known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
             publish: tokio::sync::Mutex::new(None),
             confirm_timeout,
@@ -91,8 +94,38 @@ impl AmqpBackend {
         })
     }
 
+    fn current(&self) -> Arc<lapin::Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The connection, dialled again if the broker went away (a restart, a
+    /// network cut, a forced close). lapin does not recover on its own; this
+    /// is the recovery, done lazily by whoever needs the connection next, so
+    /// a publish during an outage fails after `connect_timeout` rather than
+    /// hanging, and the first one after it works.
+    async fn connection(&self) -> Result<Arc<lapin::Connection>> {
+        let c = self.current();
+        if c.status().connected() {
+            return Ok(c);
+        }
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::closed(format!("the connection to {} is closed: open a new one", self.endpoint)));
+        }
+        let _one_at_a_time = self.redial.lock().await;
+        let c = self.current();
+        if c.status().connected() {
+            return Ok(c);
+        }
+        let fresh = Arc::new(dial(&self.url, &self.origin, &self.endpoint, self.connect_timeout).await?);
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        // What was known of the old broker may not hold for this one.
+        self.known().clear();
+        Ok(fresh)
+    }
+
     async fn open_channel(&self, confirms: bool) -> Result<Channel> {
-        let ch = self.conn.create_channel().await.map_err(|e| map_error(&e, "opening a channel"))?;
+        let conn = self.connection().await?;
+        let ch = conn.create_channel().await.map_err(|e| map_error(&e, "opening a channel"))?;
         if confirms {
             ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(|e| map_error(&e, "enabling publisher confirms"))?;
         }
@@ -107,9 +140,6 @@ impl AmqpBackend {
             if ch.status().connected() {
                 return Ok(ch.clone());
             }
-        }
-        if !self.conn.status().connected() {
-            return Err(Error::closed(format!("the connection to {} is closed: open a new one", self.endpoint)));
         }
         if guard.is_some() {
             // The broker closed the last one: something it was sent was
@@ -265,48 +295,40 @@ impl AmqpBackend {
     }
 
     pub(crate) async fn close(&self) {
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.conn.close(200, ShortString::from("OK"))).await;
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        let conn = self.current();
+        if conn.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, ShortString::from("OK"))).await;
+        }
     }
 
-    pub(crate) async fn consume(&self, queue: &str, prefetch: u16) -> Result<AmqpConsumer> {
-        let ch = self.open_channel(false).await?;
-        ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
-        let consumer = ch
-            .basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())
-            .await
-            .map_err(|e| map_error(&e, &format!("consuming from queue '{queue}'")))?;
-        let tag = consumer.tag();
-        let out = Arc::new(DeliveryQueue::default());
-        let feed = out.clone();
-        let mut stream = consumer;
-        let failure: Arc<Mutex<Option<Error>>> = Arc::new(Mutex::new(None));
-        let failure_w = failure.clone();
-        crate::runtime::handle().spawn(async move {
-            while let Some(item) = stream.next().await {
-                match item {
-                    Ok(d) => feed.push(RawDelivery {
-                        tag: d.delivery_tag,
-                        exchange: d.exchange.to_string(),
-                        routing_key: d.routing_key.to_string(),
-                        redelivered: d.redelivered,
-                        body: d.data,
-                        props: from_basic_properties(&d.properties),
-                    }),
-                    Err(e) => {
-                        *failure_w.lock().unwrap_or_else(|p| p.into_inner()) = Some(map_error(&e, "consuming"));
-                        break;
-                    }
-                }
-            }
-            feed.close();
-        });
-        let acks = Arc::new(AckState {
-            inner: Mutex::new(AckInner::default()),
-            notify: Notify::new(),
-            batch: (usize::from(prefetch.max(1)) / 2).max(1),
-        });
-        let flusher = spawn_flusher(ch.clone(), acks.clone());
-        Ok(AmqpConsumer { channel: ch, tag, out, acks, flusher: Mutex::new(Some(flusher)), failure })
+    /// Subscribe to `queue`. The subscription outlives its channel and its
+    /// connection: when the broker takes either away, it subscribes again
+    /// (backing off while the broker is unreachable) and goes on feeding the
+    /// same delivery queue. Deliveries from the lost channel cannot be
+    /// acknowledged any more; the broker has put them back and delivers them
+    /// again, which is the redelivery the idempotent consumer is for.
+    pub(crate) async fn consume(self: &Arc<Self>, queue: &str, prefetch: u16) -> Result<AmqpConsumer> {
+        let (generation, stream) = subscribe(self, queue, prefetch, 1).await?;
+        let consumer = AmqpConsumer {
+            generation: Arc::new(Mutex::new(generation.clone())),
+            out: Arc::new(DeliveryQueue::default()),
+            stopped: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            supervisor: Mutex::new(None),
+            failure: Arc::new(Mutex::new(None)),
+        };
+        let task = supervise(
+            self.clone(),
+            queue.to_owned(),
+            prefetch,
+            consumer.generation.clone(),
+            stream,
+            consumer.out.clone(),
+            consumer.stopped.clone(),
+            consumer.failure.clone(),
+        );
+        *consumer.supervisor.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::runtime::handle().spawn(task));
+        Ok(consumer)
     }
 
     /// A channel for reading a queue with basic.get (manual acks).
@@ -332,6 +354,105 @@ pub(crate) async fn get(ch: &Channel, queue: &str) -> Result<Option<RawDelivery>
             props: from_basic_properties(&d.properties),
         }
     }))
+}
+
+async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration) -> Result<lapin::Connection> {
+    let properties = ConnectionProperties::default().with_connection_name(origin.into());
+    match tokio::time::timeout(connect_timeout, lapin::Connection::connect(url, properties)).await {
+        Err(_) => Err(Error::new(
+            ErrorKind::ConnectionFailed,
+            format!(
+                "could not connect to {endpoint} within {connect_timeout:?}: is RabbitMQ running and reachable? (connect_timeout: sets the limit)"
+            ),
+        )),
+        Ok(Err(e)) => Err(connect_error(&e, endpoint)),
+        Ok(Ok(c)) => Ok(c),
+    }
+}
+
+/// Delivery tags are per channel and start again at 1 on a new one, so the
+/// tag handed out carries the subscription's generation in its high bits: a
+/// settlement for a delivery from a channel that is gone is recognised and
+/// dropped (the broker redelivers that message).
+const GENERATION_SHIFT: u32 = 40;
+const TAG_MASK: u64 = (1 << GENERATION_SHIFT) - 1;
+
+async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16, id: u64) -> Result<(Arc<Generation>, lapin::Consumer)> {
+    let ch = backend.open_channel(false).await?;
+    ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
+    let stream = ch
+        .basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())
+        .await
+        .map_err(|e| map_error(&e, &format!("consuming from queue '{queue}'")))?;
+    let acks = Arc::new(AckState {
+        inner: Mutex::new(AckInner::default()),
+        notify: Notify::new(),
+        batch: (usize::from(prefetch.max(1)) / 2).max(1),
+    });
+    let flusher = spawn_flusher(ch.clone(), acks.clone());
+    let generation =
+        Arc::new(Generation { id, tag: stream.tag(), channel: ch, acks, flusher: Mutex::new(Some(flusher)) });
+    Ok((generation, stream))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn supervise(
+    backend: Arc<AmqpBackend>,
+    queue: String,
+    prefetch: u16,
+    current: Arc<Mutex<Arc<Generation>>>,
+    mut stream: lapin::Consumer,
+    out: Arc<DeliveryQueue>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    failure: Arc<Mutex<Option<Error>>>,
+) {
+    use std::sync::atomic::Ordering::Acquire;
+    let record = |e: Error| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    'subscription: loop {
+        let id = current.lock().unwrap_or_else(|p| p.into_inner()).id;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(d) => out.push(RawDelivery {
+                    tag: (id << GENERATION_SHIFT) | (d.delivery_tag & TAG_MASK),
+                    exchange: d.exchange.to_string(),
+                    routing_key: d.routing_key.to_string(),
+                    redelivered: d.redelivered,
+                    body: d.data,
+                    props: from_basic_properties(&d.properties),
+                }),
+                Err(e) => {
+                    record(map_error(&e, &format!("consuming from queue '{queue}'")));
+                    break;
+                }
+            }
+        }
+        if stopped.load(Acquire) || backend.closed.load(Acquire) {
+            break;
+        }
+        // The channel or the connection went away under us. Whatever the
+        // old channel delivered and we had not acknowledged is the broker's
+        // again; retire it and subscribe anew, backing off while it is down.
+        current.lock().unwrap_or_else(|p| p.into_inner()).retire();
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if stopped.load(Acquire) || backend.closed.load(Acquire) {
+                break 'subscription;
+            }
+            match subscribe(&backend, &queue, prefetch, id + 1).await {
+                Ok((generation, fresh)) => {
+                    *current.lock().unwrap_or_else(|p| p.into_inner()) = generation;
+                    stream = fresh;
+                    continue 'subscription;
+                }
+                Err(e) => {
+                    record(e);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+    out.close();
 }
 
 fn connect_error(e: &lapin::Error, endpoint: &str) -> Error {
@@ -434,14 +555,33 @@ fn precondition_hint(e: Error) -> Error {
     }
 }
 
-/// A subscription on its own channel.
+/// A subscription: the channel it is on now (a generation) and the task
+/// that feeds its deliveries and subscribes again when the channel is lost.
 pub(crate) struct AmqpConsumer {
-    channel: Channel,
-    tag: ShortString,
+    generation: Arc<Mutex<Arc<Generation>>>,
     pub(crate) out: Arc<DeliveryQueue>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(crate) failure: Arc<Mutex<Option<Error>>>,
+}
+
+/// One channel's worth of a subscription.
+struct Generation {
+    id: u64,
+    tag: ShortString,
+    channel: Channel,
     acks: Arc<AckState>,
     flusher: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    pub(crate) failure: Arc<Mutex<Option<Error>>>,
+}
+
+impl Generation {
+    /// The channel is gone: stop its flusher (nothing it holds can be
+    /// acknowledged any more).
+    fn retire(&self) {
+        self.acks.lock().closing = true;
+        self.acks.lock().pending.clear();
+        self.acks.notify.notify_one();
+    }
 }
 
 /// The longest an acceptance waits before it is acknowledged on the wire,
@@ -536,39 +676,46 @@ fn spawn_flusher(ch: Channel, acks: Arc<AckState>) -> tokio::task::JoinHandle<()
 }
 
 impl AmqpConsumer {
-    /// The delivery is done with: acknowledge it (coalesced).
+    /// The generation a tag was handed out under, if it is still current.
+    fn live(&self, tag: u64) -> Option<(Arc<Generation>, u64)> {
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (tag >> GENERATION_SHIFT == g.id).then_some((g, tag & TAG_MASK))
+    }
+
+    /// The delivery is done with: acknowledge it (coalesced). A delivery from
+    /// a channel that has since been lost is not acknowledged anywhere: the
+    /// broker has put it back already.
     pub(crate) fn ack(&self, tag: u64) {
+        let Some((g, tag)) = self.live(tag) else { return };
         let pending = {
-            let mut g = self.acks.lock();
-            g.settled.insert(tag);
-            g.pending.insert(tag);
-            g.pending.len()
+            let mut a = g.acks.lock();
+            a.settled.insert(tag);
+            a.pending.insert(tag);
+            a.pending.len()
         };
         // Wake the flusher for the first of a batch (it starts the
         // MAX_ACK_DELAY clock) and when the batch is full; not in between.
-        if pending == 1 || pending >= self.acks.batch {
-            self.acks.notify.notify_one();
+        if pending == 1 || pending >= g.acks.batch {
+            g.acks.notify.notify_one();
         }
     }
 
     /// Put the delivery back on the queue (nothing was copied anywhere).
     pub(crate) async fn requeue(&self, tag: u64) {
-        {
-            let mut g = self.acks.lock();
-            g.settled.insert(tag);
-        }
-        let _ = self.channel.basic_nack(tag, BasicNackOptions { multiple: false, requeue: true }).await;
-        self.acks.notify.notify_one();
+        let Some((g, tag)) = self.live(tag) else { return };
+        g.acks.lock().settled.insert(tag);
+        let _ = g.channel.basic_nack(tag, BasicNackOptions { multiple: false, requeue: true }).await;
+        g.acks.notify.notify_one();
     }
 
     /// Stop new deliveries. What is buffered and not yet handed out goes back
     /// to the queue when the channel closes.
     pub(crate) async fn stop(&self) {
-        let _ = tokio::time::timeout(
-            Duration::from_secs(5),
-            self.channel.basic_cancel(self.tag.clone(), BasicCancelOptions::default()),
-        )
-        .await;
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if g.channel.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.basic_cancel(g.tag.clone(), BasicCancelOptions::default())).await;
+        }
         self.out.close();
         self.out.drain();
     }
@@ -576,14 +723,22 @@ impl AmqpConsumer {
     /// Send the last acks, then close the channel: anything unsettled is
     /// requeued by the broker.
     pub(crate) async fn close(&self) {
-        self.acks.lock().closing = true;
-        self.acks.notify.notify_one();
-        let flusher = self.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        g.acks.lock().closing = true;
+        g.acks.notify.notify_one();
+        let flusher = g.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(f) = flusher {
             let _ = tokio::time::timeout(Duration::from_secs(5), f).await;
         }
-        if self.channel.status().connected() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), self.channel.close(200, ShortString::from("OK"))).await;
+        if g.channel.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.close(200, ShortString::from("OK"))).await;
+        }
+        let supervisor = self.supervisor.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = supervisor {
+            // Its stream ends with the channel; if the broker is away it is
+            // backing off, and sees the stop within one pause.
+            let _ = tokio::time::timeout(Duration::from_secs(6), task).await;
         }
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) enum Backend {
-    Amqp(amqp::AmqpBackend),
+    Amqp(Arc<amqp::AmqpBackend>),
     Memory(Arc<MemoryBroker>),
 }
 
@@ -93,7 +93,7 @@ impl Link {
 }
 
 impl Backend {
-    pub(crate) async fn open(url: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Backend> {
+    pub(crate) async fn open(url: &str, origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Backend> {
         if let Some(rest) = url.strip_prefix("memory://") {
             let name = rest.trim_end_matches('/');
             return Ok(Backend::Memory(MemoryBroker::named(if name.is_empty() { "default" } else { name })));
@@ -117,7 +117,7 @@ impl Backend {
                 format!("cannot parse {url:?} as an AMQP URL: use amqp://user:pass@host:5672/vhost"),
             ));
         }
-        Ok(Backend::Amqp(amqp::AmqpBackend::connect(url, connect_timeout, confirm_timeout).await?))
+        Ok(Backend::Amqp(Arc::new(amqp::AmqpBackend::connect(url, origin, connect_timeout, confirm_timeout).await?)))
     }
 
     pub(crate) async fn apply(&self, topology: &Topology) -> Result<()> {

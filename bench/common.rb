@@ -1,0 +1,174 @@
+# frozen_string_literal: true
+
+# What bench/idempotency.rb and bench/outbox.rb share: the extension to load,
+# the broker and database addresses, the 1 KiB payload, medians, a latch.
+# (bench/run.rb predates this file and keeps its own copies.)
+
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+# `rake bench` points this at a private copy of the extension it just built.
+$LOAD_PATH.unshift(File.expand_path(ENV["ACEMQ_BENCH_EXT"])) if ENV["ACEMQ_BENCH_EXT"]
+require "acemq"
+require "acemq/amqp/patterns"
+require "bunny"
+require "fileutils"
+require "json"
+require "logger"
+require "pg"
+require "securerandom"
+require "sqlite3"
+
+module BenchCommon
+  URL = ENV.fetch("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
+  PG_URL = ENV.fetch("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432/test")
+  # Fewer runs than bench/run.rb by default: every run here also writes to a
+  # database, and the three files together should stay within a few minutes.
+  RUNS = Integer(ENV.fetch("BENCH_RUNS", "3"))
+  SCALE = Float(ENV.fetch("BENCH_SCALE", "1"))
+  PREFETCH = 100
+  # A run that has not finished by then is a hang, not a slow result.
+  RUN_LIMIT = 120
+
+  Ack = AceMQ::AMQP::Ack
+  Patterns = AceMQ::AMQP::Patterns
+
+  def self.count(n) = [(n * SCALE).round, 16].max
+
+  def self.payload(i)
+    base = {
+      "order_id" => format("A-%08d", i),
+      "customer" => { "id" => 4217, "name" => "Ada Lovelace", "email" => "ada@example.com" },
+      "items" => [{ "sku" => "BK-001", "qty" => 2, "price" => 1250 }, { "sku" => "PN-042", "qty" => 1, "price" => 399 }],
+      "currency" => "EUR",
+      "note" => ""
+    }
+    @filler ||= "x" * (1024 - JSON.generate(base).bytesize)
+    base.merge("note" => @filler)
+  end
+
+  PAYLOADS = Array.new(64) { |i| payload(i) }.freeze
+  raise "payload is not 1 KiB" unless JSON.generate(PAYLOADS[0]).bytesize == 1024
+
+  def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  def self.median(xs)
+    s = xs.sort
+    s.size.odd? ? s[s.size / 2] : (s[s.size / 2 - 1] + s[s.size / 2]) / 2.0
+  end
+
+  # Seconds the block took, after a GC so that one side does not pay for
+  # the other's garbage.
+  def self.time
+    GC.start
+    t = now
+    yield
+    now - t
+  end
+
+  # Runs every side once per round, RUNS rounds, so that whatever else the
+  # machine does falls on all of them; returns the median rate per side.
+  # sides: { name => -> { seconds } }, n: items per run.
+  def self.alternate(n, sides)
+    rates = Hash.new { |h, k| h[k] = [] }
+    RUNS.times { sides.each { |name, run| rates[name] << n / run.call } }
+    rates.transform_values { |xs| median(xs) }
+  end
+
+  # A SQLite file in WAL mode with a busy timeout, through the Ruby driver.
+  def self.sqlite(path, synchronous)
+    db = SQLite3::Database.new(path)
+    db.busy_timeout = 10_000
+    db.execute("PRAGMA journal_mode = WAL")
+    db.execute("PRAGMA synchronous = #{synchronous}")
+    db
+  end
+
+  def self.banner(title)
+    puts "#{title}: #{URL.sub(%r{//[^@]*@}, '//')}, #{PG_URL.sub(%r{//[^@]*@}, '//')}, median of #{RUNS} runs, " \
+         "Ruby #{RUBY_VERSION}, Bunny #{Bunny::VERSION}, sqlite3 gem #{SQLite3::VERSION} " \
+         "(libsqlite3 #{SQLite3::SQLITE_VERSION}), pg gem #{PG::VERSION}"
+    so = $LOADED_FEATURES.find { |f| f.end_with?("acemq/acemq.so") }
+    puts format("extension: %s (%.1f MB%s)", so, File.size(so) / 1e6,
+                File.size(so) > 20e6 ? ", looks like a debug build: figures will be low" : "")
+  end
+
+  # Waits for a count to reach a target, with a limit (Ruby 3.1's Queue#pop has none).
+  class Latch
+    def initialize(target)
+      @target = target
+      @count = 0
+      @lock = Mutex.new
+      @cond = ConditionVariable.new
+    end
+
+    attr_reader :count
+
+    def hit
+      @lock.synchronize do
+        @count += 1
+        @cond.broadcast if @count >= @target
+      end
+    end
+
+    def wait(limit)
+      deadline = BenchCommon.now + limit
+      @lock.synchronize do
+        while @count < @target
+          left = deadline - BenchCommon.now
+          raise "timed out with #{@count}/#{@target} after #{limit}s" if left <= 0
+
+          @cond.wait(@lock, left)
+        end
+      end
+    end
+  end
+
+  # The baseline's own SQL, straight through the Ruby driver: `?` for
+  # SQLite, `$n` for PostgreSQL.
+  class Raw
+    def self.for(conn) = conn.is_a?(PG::Connection) ? PgRaw.new(conn) : SqliteRaw.new(conn)
+  end
+
+  class SqliteRaw
+    def initialize(db) = @db = db
+    def postgres? = false
+
+    # Rows changed.
+    def execute(sql, params = [])
+      @db.execute(sql, params)
+      @db.changes
+    end
+
+    def query(sql, params = []) = @db.execute(sql, params)
+    def transaction(&block) = @db.transaction(&block)
+  end
+
+  class PgRaw
+    def initialize(conn) = @conn = conn
+    def postgres? = true
+
+    def execute(sql, params = [])
+      r = @conn.exec_params(number(sql), params)
+      n = r.cmd_tuples
+      r.clear
+      n
+    end
+
+    def query(sql, params = [])
+      r = @conn.exec_params(number(sql), params)
+      rows = r.values
+      r.clear
+      rows
+    end
+
+    def transaction(&block) = @conn.transaction(&block)
+
+    private
+
+    def number(sql)
+      (@numbered ||= {})[sql] ||= begin
+        i = 0
+        sql.gsub("?") { "$#{i += 1}" }
+      end
+    end
+  end
+end

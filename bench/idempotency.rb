@@ -1,0 +1,341 @@
+# frozen_string_literal: true
+
+# Issue 4: consume + idempotency claim + confirm + ack, acemq against Bunny
+# 2.19 doing the same INSERT (claim) and UPDATE (confirm) through the same
+# Ruby driver, with the same prefetch, on the same broker and database, in
+# the same run.
+#
+#   rake bench                     # builds the release extension, runs every bench
+#   ruby bench/idempotency.rb      # this file alone (the extension must be built)
+#
+# AMQP_URL, BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432/test),
+# BENCH_RUNS (default 3), BENCH_SCALE (default 1.0).
+#
+# Backends: SQLite files (under tmp/, on the same disk as the checkout) in
+# WAL mode with a 10 s busy timeout through the sqlite3 gem, once with
+# SQLite's default synchronous=FULL (every commit fsyncs the WAL) and once
+# with synchronous=NORMAL (what acemq's own path: store sets, and Rails 7.1);
+# acemq's native path: store as an extra row; PostgreSQL through ruby-pg.
+# Tables and files are named per run and dropped or removed at the end.
+#
+# Then where the time goes, each measured alone: the store's claim+confirm
+# in a tight loop without a broker (acemq's store, and the baseline's two
+# statements), the same two statements 100 keys per transaction (what a
+# batch path would cost), and consume + parse + ack without a store.
+
+require_relative "common"
+
+module IdempotencyBench
+  C = BenchCommon
+  Ack = C::Ack
+  Patterns = C::Patterns
+
+  N = C.count(2_000)
+  BATCH = 100
+  DAY_MS = 24 * 3600 * 1000
+
+  class Runner
+    def initialize
+      @mq = AceMQ::AMQP::Connection.open(C::URL, origin: "acemq-bench")
+      @bunny = Bunny.new(C::URL, logger: Logger.new(nil))
+      @bunny.start
+      @admin = @bunny.create_channel
+      tag = "#{Process.pid}_#{SecureRandom.hex(3)}"
+      @prefix = "acemq-bench-idem-#{tag}"
+      @table_prefix = "bench_idem_#{tag}"
+      @dir = File.expand_path("../tmp/bench-idempotency-#{tag}", __dir__)
+      FileUtils.mkdir_p(@dir)
+      @queues = []
+      @pg_tables = []
+      @closers = []
+      @rows = []
+      @split = []
+      @worker = "bench@#{Process.pid}"
+    end
+
+    def pg
+      conn = PG.connect(C::PG_URL)
+      conn.exec("SET client_min_messages = warning")
+      @closers << conn
+      conn
+    end
+
+    def sqlite(name, sync)
+      db = C.sqlite(File.join(@dir, "#{name}.db"), sync)
+      @closers << db
+      db
+    end
+
+    def queue(name)
+      q = "#{@prefix}-#{name}"
+      AceMQ::AMQP::Topology.new.queue(q).apply(@mq)
+      @queues << q << "#{q}.dlq"
+      q
+    end
+
+    def preload(q, n)
+      @admin.queue_purge(q)
+      (0...n).each_slice(2_000) { |s| @mq.batch { |b| s.each { |i| b.publish(C::PAYLOADS[i % 64], to: q) } } }
+    end
+
+    # Both sides start each run from an empty table, so neither inserts into
+    # a bigger B-tree than the other.
+    def clear(raw, t) = raw.execute("DELETE FROM #{t}")
+
+    # --- the two consumers -------------------------------------------------
+
+    # acemq: Patterns.idempotent round a handler that parses and accepts.
+    def acemq_run(q, store, clear_with, t, n, prefetch: C::PREFETCH)
+      clear(clear_with, t)
+      preload(q, n)
+      latch = C::Latch.new(n)
+      once = Patterns.idempotent(store) do |m|
+        m.payload["order_id"]
+        latch.hit
+        Ack.accept
+      end
+      secs = C.time do
+        sub = @mq.consume(q, prefetch: prefetch, &once)
+        latch.wait(C::RUN_LIMIT)
+        sub.cancel
+      end
+      s = once.stats
+      raise "acemq idempotent: #{s.inspect}" unless s[:runs] == n && s[:confirmed] == n && s[:duplicates].zero?
+
+      secs
+    end
+
+    # Bunny: the same claim (INSERT ... ON CONFLICT DO NOTHING, the store's
+    # own statement) before the handler and the same confirm (UPDATE) after
+    # it, through the same driver, then the ack.
+    def bunny_run(q, raw, t, n)
+      clear(raw, t)
+      preload(q, n)
+      claim = "INSERT INTO #{t} (message_id, state, claimed_by, recorded_at, expires_at) " \
+              "VALUES (?, 'CLAIMED', ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
+      confirm = "UPDATE #{t} SET state = 'CONFIRMED' WHERE message_id = ?"
+      latch = C::Latch.new(n)
+      ran = 0
+      secs = C.time do
+        ch = @bunny.create_channel
+        ch.prefetch(C::PREFETCH)
+        consumer = ch.queue(q, passive: true).subscribe(manual_ack: true) do |di, props, body|
+          key = props.headers["x-acemq-id"]
+          ms = (Time.now.to_f * 1000).to_i
+          if raw.execute(claim, [key, @worker, ms, ms + DAY_MS]) == 1
+            JSON.parse(body)["order_id"]
+            ran += 1
+            raw.execute(confirm, [key])
+          end
+          ch.ack(di.delivery_tag)
+          latch.hit
+        end
+        latch.wait(C::RUN_LIMIT)
+        consumer.cancel
+        ch.close
+      end
+      raise "bunny ran #{ran} of #{n}" unless ran == n
+
+      secs
+    end
+
+    # --- the parts alone ----------------------------------------------------
+
+    def store_alone(store, clear_with, t, n)
+      clear(clear_with, t)
+      keys = Array.new(n) { SecureRandom.uuid }
+      C.time do
+        keys.each do |k|
+          raise "not first" unless store.first_time?(k)
+
+          store.confirm(k)
+        end
+      end
+    end
+
+    def raw_alone(raw, t, n, per_transaction: 1)
+      clear(raw, t)
+      claim = "INSERT INTO #{t} (message_id, state, claimed_by, recorded_at, expires_at) " \
+              "VALUES (?, 'CLAIMED', ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
+      confirm = "UPDATE #{t} SET state = 'CONFIRMED' WHERE message_id = ?"
+      keys = Array.new(n) { SecureRandom.uuid }
+      C.time do
+        if per_transaction == 1
+          keys.each do |k|
+            ms = (Time.now.to_f * 1000).to_i
+            raise "not first" unless raw.execute(claim, [k, @worker, ms, ms + DAY_MS]) == 1
+
+            raw.execute(confirm, [k])
+          end
+        else
+          # What a batch path would do: claim a prefetch's worth in one
+          # transaction, run the handlers, confirm them in another.
+          keys.each_slice(per_transaction) do |slice|
+            raw.transaction do
+              slice.each do |k|
+                ms = (Time.now.to_f * 1000).to_i
+                raise "not first" unless raw.execute(claim, [k, @worker, ms, ms + DAY_MS]) == 1
+              end
+            end
+            raw.transaction { slice.each { |k| raw.execute(confirm, [k]) } }
+          end
+        end
+      end
+    end
+
+    def acemq_consume_alone(q, n)
+      preload(q, n)
+      latch = C::Latch.new(n)
+      C.time do
+        sub = @mq.consume(q, prefetch: C::PREFETCH) do |m|
+          m.payload["order_id"]
+          latch.hit
+          Ack.accept
+        end
+        latch.wait(C::RUN_LIMIT)
+        sub.cancel
+      end
+    end
+
+    def bunny_consume_alone(q, n)
+      preload(q, n)
+      latch = C::Latch.new(n)
+      C.time do
+        ch = @bunny.create_channel
+        ch.prefetch(C::PREFETCH)
+        consumer = ch.queue(q, passive: true).subscribe(manual_ack: true) do |di, _props, body|
+          JSON.parse(body)["order_id"]
+          ch.ack(di.delivery_tag)
+          latch.hit
+        end
+        latch.wait(C::RUN_LIMIT)
+        consumer.cancel
+        ch.close
+      end
+    end
+
+    # --- cases ----------------------------------------------------------------
+
+    # One backend: acemq (and optionally acemq's native path: store) against
+    # Bunny, alternated; then the store calls alone.
+    def backend(label, key, ours_conn:, base_conn:, native_path: nil, target: nil)
+      q = queue(key)
+      t = "#{@table_prefix}_#{key}"
+      @pg_tables << t if ours_conn.is_a?(PG::Connection)
+      ours = Patterns::SQLIdempotencyStore.new(connection: ours_conn, table: t, worker: @worker)
+      ours.create_schema
+      ours_raw = C::Raw.for(ours_conn)
+      base_raw = C::Raw.for(base_conn)
+      # The baseline gets its own connection (and, on SQLite, its own file),
+      # with the same table made by the same DDL.
+      Patterns::SQLIdempotencyStore.new(connection: base_conn, table: t, worker: @worker).create_schema
+      sides = {
+        acemq: -> { acemq_run(q, ours, ours_raw, t, N) },
+        bunny: -> { bunny_run(q, base_raw, t, N) }
+      }
+      if native_path
+        nt = "#{t}_native"
+        native = Patterns::SQLIdempotencyStore.new(path: native_path, table: nt, worker: @worker)
+        native.create_schema
+        native_raw = C::Raw.for(C.sqlite(native_path, "NORMAL").tap { |db| @closers << db })
+        sides[:native] = -> { acemq_run(q, native, native_raw, nt, N) }
+      end
+      full = C.alternate(N, sides)
+      row("#{label}", full[:acemq], full[:bunny], target)
+      row("#{label}, acemq `path:` store", full[:native], full[:bunny], target) if native_path
+
+      alone = C.alternate(N, {
+                            acemq: -> { store_alone(ours, ours_raw, t, N) },
+                            raw: -> { raw_alone(base_raw, t, N) },
+                            batch: -> { raw_alone(base_raw, t, N, per_transaction: BATCH) }
+                          }.merge(native_path ? { native: -> { store_alone(native, native_raw, nt, N) } } : {}))
+      @split << [label, "acemq", full[:acemq], alone[:acemq]]
+      @split << ["#{label}", "acemq `path:`", full[:native], alone[:native]] if native_path
+      @split << [label, "Bunny + driver", full[:bunny], alone[:raw]]
+      @batch_rows ||= []
+      @batch_rows << [label, alone[:raw], alone[:batch]]
+      puts format("  %-58s store alone: acemq %6.0f/s%s, driver %6.0f/s, driver %d per txn %6.0f/s", label,
+                  alone[:acemq], native_path ? format(", path: %6.0f/s", alone[:native]) : "", alone[:raw], BATCH,
+                  alone[:batch])
+    end
+
+    def row(name, ours, base, target)
+      ratio = ours / base
+      result = target ? (ratio >= target ? "pass" : "MISS") : "(info)"
+      @rows << [name, ours, base, ratio, target, result]
+      puts format("  %-58s acemq %7.0f/s  Bunny %7.0f/s  %5.2fx", name, ours, base, ratio)
+    end
+
+    def consume_alone
+      q = queue("plain")
+      r = C.alternate(N, acemq: -> { acemq_consume_alone(q, N) }, bunny: -> { bunny_consume_alone(q, N) })
+      @consume = r
+      puts format("  %-58s acemq %7.0f/s  Bunny %7.0f/s  %5.2fx", "consume + parse + ack alone (no store)",
+                  r[:acemq], r[:bunny], r[:acemq] / r[:bunny])
+    end
+
+    def run
+      started = C.now
+      C.banner("AceMQ idempotency bench (#{N} messages per run, prefetch #{C::PREFETCH})")
+      consume_alone
+      backend("SQLite, sqlite3 gem, WAL, synchronous=FULL (default)", "full",
+              ours_conn: sqlite("full-acemq", "FULL"), base_conn: sqlite("full-bunny", "FULL"), target: 3.0)
+      backend("SQLite, sqlite3 gem, WAL, synchronous=NORMAL", "normal",
+              ours_conn: sqlite("normal-acemq", "NORMAL"), base_conn: sqlite("normal-bunny", "NORMAL"),
+              native_path: File.join(@dir, "native.db"), target: 3.0)
+      backend("PostgreSQL, ruby-pg", "pg", ours_conn: pg, base_conn: pg)
+      tables
+      puts format("(%.0f s)", C.now - started)
+    ensure
+      cleanup
+    end
+
+    def us(rate) = rate ? 1e6 / rate : Float::NAN
+
+    def tables
+      puts
+      puts "| backend | acemq msg/s | Bunny + same SQL msg/s | ratio | target | result |"
+      puts "|---|---:|---:|---:|---:|---|"
+      @rows.each do |name, ours, base, ratio, target, result|
+        puts format("| %s | %.0f | %.0f | %.2fx | %s | %s |", name, ours, base, ratio,
+                    target ? format(">= %.1fx", target) : "-", result)
+      end
+      puts
+      puts "Where the time goes, microseconds per message (each part measured alone, medians):"
+      puts
+      puts "| backend | consumer | whole path | claim + confirm alone | consume + parse + ack alone | sum of the parts |"
+      puts "|---|---|---:|---:|---:|---:|"
+      @split.each do |label, side, full, store|
+        consume = side.start_with?("acemq") ? @consume[:acemq] : @consume[:bunny]
+        puts format("| %s | %s | %.0f | %.0f | %.0f | %.0f |", label, side, us(full), us(store), us(consume),
+                    us(store) + us(consume))
+      end
+      puts
+      puts "The baseline's two statements, one transaction each against #{BATCH} keys per transaction " \
+           "(claim #{BATCH}, then confirm #{BATCH}):"
+      puts
+      puts "| backend | 1 per transaction, msg/s | #{BATCH} per transaction, msg/s | gain |"
+      puts "|---|---:|---:|---:|"
+      @batch_rows.each { |label, one, many| puts format("| %s | %.0f | %.0f | %.1fx |", label, one, many, many / one) }
+    end
+
+    def cleanup
+      @queues.uniq.each do |q|
+        @admin.queue_delete(q)
+      rescue Bunny::Exception
+        @admin = @bunny.create_channel
+      end
+      unless @pg_tables.empty?
+        admin = PG.connect(C::PG_URL)
+        @pg_tables.uniq.each { |t| admin.exec("DROP TABLE IF EXISTS #{t}") }
+        admin.close
+      end
+      @closers.each { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
+      FileUtils.rm_rf(@dir)
+      @mq&.close
+      @bunny&.close
+    end
+  end
+end
+
+IdempotencyBench::Runner.new.run

@@ -1,0 +1,229 @@
+# frozen_string_literal: true
+
+# Issue 5: outbox relay throughput, rows/s from added to confirmed and
+# deleted, acemq's OutboxRelay against a relay written with Bunny 2.19 the
+# common way (SELECT a batch, publish each row and wait for its confirm,
+# then DELETE the batch), on the same broker and table, in the same run.
+#
+#   rake bench                 # builds the release extension, runs every bench
+#   ruby bench/outbox.rb       # this file alone (the extension must be built)
+#
+# AMQP_URL, BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432/test),
+# BENCH_RUNS (default 3), BENCH_SCALE (default 1.0).
+#
+# Every run adds N rows with store.add in one transaction (not timed), then
+# times relay.sweep calls (or the Bunny loop) until all N are confirmed and
+# deleted; the backlog is checked to be 0 and the queue to hold N messages
+# afterwards. SQLite is a file under tmp/ in WAL mode with a 10 s busy
+# timeout (the sqlite3 gem, default synchronous=FULL); PostgreSQL through
+# ruby-pg. The relay's store runs on a connection of its own, as the docs say.
+#
+# Then the broker alone: the same N messages published by acemq in batches
+# of the same size with the confirms awaited together (each confirm awaited
+# for batch size 1), which is the floor under the relay's figure.
+
+require_relative "common"
+
+module OutboxBench
+  C = BenchCommon
+  Patterns = C::Patterns
+
+  # Rows per run for each batch size: batch 1 is a round trip to the
+  # database and the broker per row on both sides.
+  SIZES = { 1 => C.count(300), 100 => C.count(3_000), 1000 => C.count(3_000) }.freeze
+  TARGET_RATE = 10_000 # rows/s, PostgreSQL, batches of 1000
+  TARGET_RATIO = 5.0   # against the Bunny relay, batches of 1000
+
+  class Runner
+    def initialize
+      @mq = AceMQ::AMQP::Connection.open(C::URL, origin: "acemq-bench")
+      @bunny = Bunny.new(C::URL, logger: Logger.new(nil))
+      @bunny.start
+      @admin = @bunny.create_channel
+      tag = "#{Process.pid}_#{SecureRandom.hex(3)}"
+      @prefix = "acemq-bench-outbox-#{tag}"
+      @table_prefix = "bench_outbox_#{tag}"
+      @dir = File.expand_path("../tmp/bench-outbox-#{tag}", __dir__)
+      FileUtils.mkdir_p(@dir)
+      @queues = []
+      @pg_tables = []
+      @closers = []
+      @rows = []
+      @broker = {}
+    end
+
+    def queue(name)
+      q = "#{@prefix}-#{name}"
+      AceMQ::AMQP::Topology.new.queue(q).apply(@mq)
+      @queues << q << "#{q}.dlq"
+      q
+    end
+
+    def count_in(q) = @admin.queue_declare(q, passive: true).message_count
+
+    # N rows added in one transaction through the adding connection, as an
+    # application would inside its own transaction. Not timed.
+    def preload(store, raw, adding, q, n)
+      raise "backlog not empty before the run" unless store.backlog[:count].zero?
+
+      @admin.queue_purge(q)
+      raw.transaction do
+        n.times { |i| store.add(Patterns.record(@mq, C::PAYLOADS[i % 64], to: q), connection: adding) }
+      end
+    end
+
+    def check(store, q, n, who)
+      left = store.backlog[:count]
+      got = count_in(q)
+      raise "#{who}: backlog #{left} after the run, queue has #{got} of #{n}" unless left.zero? && got == n
+    end
+
+    def acemq_run(store, raw, adding, q, n, batch)
+      preload(store, raw, adding, q, n)
+      relay = Patterns::OutboxRelay.new(@mq, store, batch_size: batch,
+                                                    on_error: ->(e, **where) { raise "relay failed: #{e} #{where}" })
+      deadline = C.now + C::RUN_LIMIT
+      secs = C.time do
+        done = 0
+        while done < n
+          done += relay.sweep
+          raise "acemq relay: #{done}/#{n} after #{C::RUN_LIMIT}s" if C.now > deadline
+        end
+      end
+      check(store, q, n, "acemq relay")
+      secs
+    end
+
+    # The common hand-written relay: SELECT a batch in id order, publish each
+    # row with the properties the record carries (the same wire message
+    # acemq's relay sends) and wait for its confirm, then DELETE the batch.
+    def bunny_run(store, adding_raw, adding, relay_raw, q, n, batch, t)
+      preload(store, adding_raw, adding, q, n)
+      ch = @bunny.create_channel
+      ch.confirm_select
+      x = ch.default_exchange
+      select = "SELECT id, routing_key, body, message_id, message_type, origin, \"timestamp\" FROM #{t} " \
+               "ORDER BY id LIMIT ?"
+      deadline = C.now + C::RUN_LIMIT
+      secs = C.time do
+        done = 0
+        while done < n
+          rows = relay_raw.query(select, [batch])
+          rows.each do |_id, routing_key, body, message_id, type, origin, timestamp|
+            x.publish(body, routing_key: routing_key, persistent: true, content_type: "application/json",
+                            message_id: message_id, type: type, app_id: origin, timestamp: Integer(timestamp),
+                            headers: { "x-acemq-id" => message_id, "x-acemq-attempt" => 1, "x-acemq-origin" => origin })
+            raise "not confirmed" unless ch.wait_for_confirms
+          end
+          relay_raw.execute("DELETE FROM #{t} WHERE id IN (#{rows.map { |r| Integer(r[0]) }.join(', ')})") unless rows.empty?
+          done += rows.size
+          raise "Bunny relay: #{done}/#{n} after #{C::RUN_LIMIT}s" if C.now > deadline
+        end
+      end
+      ch.close
+      check(store, q, n, "Bunny relay")
+      secs
+    end
+
+    # The broker alone: the same messages from acemq, batch at a time, the
+    # confirms of a batch awaited together.
+    def broker_alone(q, n, batch)
+      @admin.queue_purge(q)
+      C.time do
+        if batch == 1
+          n.times { |i| @mq.publish(C::PAYLOADS[i % 64], to: q) }
+        else
+          (0...n).each_slice(batch) { |s| @mq.batch { |b| s.each { |i| b.publish(C::PAYLOADS[i % 64], to: q) } } }
+        end
+      end
+    end
+
+    def backend(label, key, relay_conn:, adding_conn:, postgres:)
+      t = "#{@table_prefix}_#{key}"
+      @pg_tables << t if postgres
+      store = Patterns::SQLOutboxStore.new(connection: relay_conn, table: t)
+      store.create_schema
+      raw = C::Raw.for(relay_conn)
+      adding_raw = C::Raw.for(adding_conn)
+      SIZES.each do |batch, n|
+        q = queue("#{key}-#{batch}")
+        r = C.alternate(n, acemq: -> { acemq_run(store, adding_raw, adding_conn, q, n, batch) },
+                           bunny: -> { bunny_run(store, adding_raw, adding_conn, raw, q, n, batch, t) },
+                           broker: -> { broker_alone(q, n, batch) })
+        ratio = r[:acemq] / r[:bunny]
+        @rows << [label, batch, n, r[:acemq], r[:bunny], ratio, r[:broker], postgres]
+        puts format("  %-44s batch %4d  acemq %7.0f rows/s  Bunny %6.0f rows/s  %5.2fx   broker alone %6.0f msg/s",
+                    label, batch, r[:acemq], r[:bunny], ratio, r[:broker])
+      end
+    end
+
+    # Two connections to one file: the application's (add) and the relay's.
+    def sqlite
+      db = C.sqlite(File.join(@dir, "outbox.db"), "FULL")
+      @closers << db
+      db
+    end
+
+    def pg
+      conn = PG.connect(C::PG_URL)
+      conn.exec("SET client_min_messages = warning")
+      @closers << conn
+      conn
+    end
+
+    def run
+      started = C.now
+      C.banner("AceMQ outbox bench (rows per run: #{SIZES.map { |b, n| "#{n} at batch #{b}" }.join(', ')})")
+      backend("SQLite, sqlite3 gem, WAL, synchronous=FULL", "sqlite", relay_conn: sqlite,
+                                                                     adding_conn: sqlite, postgres: false)
+      backend("PostgreSQL, ruby-pg", "pg", relay_conn: pg, adding_conn: pg, postgres: true)
+      table
+      puts format("(%.0f s)", C.now - started)
+    ensure
+      cleanup
+    end
+
+    def table
+      puts
+      puts "| backend | batch | rows/run | acemq rows/s | Bunny relay rows/s | ratio | broker alone msg/s | acemq µs/row | " \
+           "of which broker | of which SQL + relay | targets | result |"
+      puts "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"
+      @rows.each do |label, batch, n, ours, base, ratio, broker, postgres|
+        targets = []
+        ok = true
+        if batch == 1000
+          targets << format(">= %.0fx", TARGET_RATIO)
+          ok &&= ratio >= TARGET_RATIO
+          if postgres
+            targets << ">= #{TARGET_RATE} rows/s"
+            ok &&= ours >= TARGET_RATE
+          end
+        end
+        result = targets.empty? ? "(info)" : (ok ? "pass" : "MISS")
+        whole = 1e6 / ours
+        floor = 1e6 / broker
+        puts format("| %s | %d | %d | %.0f | %.0f | %.2fx | %.0f | %.0f | %.0f | %.0f | %s | %s |", label, batch, n, ours,
+                    base, ratio, broker, whole, floor, whole - floor, targets.empty? ? "-" : targets.join(", "), result)
+      end
+    end
+
+    def cleanup
+      @queues.uniq.each do |q|
+        @admin.queue_delete(q)
+      rescue Bunny::Exception
+        @admin = @bunny.create_channel
+      end
+      unless @pg_tables.empty?
+        admin = PG.connect(C::PG_URL)
+        @pg_tables.uniq.each { |t| admin.exec("DROP TABLE IF EXISTS #{t}") }
+        admin.close
+      end
+      @closers.each { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
+      FileUtils.rm_rf(@dir)
+      @mq&.close
+      @bunny&.close
+    end
+  end
+end
+
+OutboxBench::Runner.new.run

@@ -85,7 +85,7 @@ module IdempotencyBench
     # --- the two consumers -------------------------------------------------
 
     # acemq: Patterns.idempotent round a handler that parses and accepts.
-    def acemq_run(q, store, clear_with, t, n, prefetch: C::PREFETCH)
+    def acemq_run(q, store, clear_with, t, n, prefetch: C::PREFETCH, batch: 1)
       clear(clear_with, t)
       preload(q, n)
       latch = C::Latch.new(n)
@@ -95,7 +95,7 @@ module IdempotencyBench
         Ack.accept
       end
       secs = C.time do
-        sub = @mq.consume(q, prefetch: prefetch, &once)
+        sub = @mq.consume(q, prefetch: prefetch, batch: batch, &once)
         latch.wait(C::RUN_LIMIT)
         sub.cancel
       end
@@ -231,6 +231,9 @@ module IdempotencyBench
       Patterns::SQLIdempotencyStore.new(connection: base_conn, table: t, worker: @worker).create_schema
       sides = {
         acemq: -> { acemq_run(q, ours, ours_raw, t, N) },
+        # consume(batch:): one claim and one confirm transaction per batch of
+        # buffered deliveries, each message decided as it would be alone.
+        batched: -> { acemq_run(q, ours, ours_raw, t, N, batch: C::PREFETCH) },
         bunny: -> { bunny_run(q, base_raw, t, N) }
       }
       if native_path
@@ -238,11 +241,12 @@ module IdempotencyBench
         native = Patterns::SQLIdempotencyStore.new(path: native_path, table: nt, worker: @worker)
         native.create_schema
         native_raw = C::Raw.for(C.sqlite(native_path, "NORMAL").tap { |db| @closers << db })
-        sides[:native] = -> { acemq_run(q, native, native_raw, nt, N) }
+        sides[:native] = -> { acemq_run(q, native, native_raw, nt, N, batch: C::PREFETCH) }
       end
       full = C.alternate(N, sides)
-      row("#{label}", full[:acemq], full[:bunny], target)
-      row("#{label}, acemq `path:` store", full[:native], full[:bunny], target) if native_path
+      row("#{label}", full[:acemq], full[:bunny], nil)
+      row("#{label}, consume(batch: #{C::PREFETCH})", full[:batched], full[:bunny], target)
+      row("#{label}, acemq `path:` store, consume(batch: #{C::PREFETCH})", full[:native], full[:bunny], target) if native_path
 
       alone = C.alternate(N, {
                             acemq: -> { store_alone(ours, ours_raw, t, N) },

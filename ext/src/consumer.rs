@@ -69,6 +69,25 @@ impl RbConsumer {
         }
     }
 
+    /// Up to `max` deliveries: waits (like `_next`) for the first, then takes
+    /// what is already buffered without waiting. An array of deliveries, nil
+    /// when nothing arrived within `timeout`, false once closed.
+    fn next_many(ruby: &Ruby, rb_self: &Self, max: usize, timeout: f64) -> Result<Value, Error> {
+        let first = Self::next(ruby, rb_self, timeout)?;
+        if RArray::from_value(first).is_none() {
+            return Ok(first); // nil or false
+        }
+        let batch = ruby.ary_new_capa(max.max(1));
+        batch.push(first)?;
+        while batch.len() < max {
+            match rb_self.inner.try_next() {
+                Next::Delivery(d) => batch.push(rb_self.hand_out(ruby, *d)?)?,
+                Next::Empty | Next::Closed => break,
+            }
+        }
+        Ok(batch.into_value_with(ruby))
+    }
+
     /// Settle the delivery `tag`. `kind` is accept, retry, reject, raised or
     /// not_an_ack; the rules for each live in core. A retry or reject runs in
     /// the background (core's `settle_later`), so the handler thread goes on
@@ -162,6 +181,7 @@ const _: Duration = Duration::ZERO;
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeConsumer", ruby.class_object())?;
     class.define_method("_next", method!(RbConsumer::next, 1))?;
+    class.define_method("_next_many", method!(RbConsumer::next_many, 2))?;
     class.define_method("_settle", method!(RbConsumer::settle, 5))?;
     class.define_method("_stop", method!(RbConsumer::stop, 0))?;
     class.define_method("_close", method!(RbConsumer::close, 0))?;

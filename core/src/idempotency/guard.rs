@@ -196,6 +196,75 @@ impl Guard {
         }
     }
 
+    /// [`before`](Self::before) for a batch of deliveries at once: the keys
+    /// are claimed together ([`IdempotencyStore::first_time_many`], one
+    /// transaction on a SQL store) and each gets exactly the decision
+    /// `before` would have given it. The handlers then run one by one, and
+    /// [`after_many`](Self::after_many) settles their keys together; only
+    /// after that are the deliveries acknowledged, so a duplicate arriving
+    /// later finds its key confirmed. A process that dies part way through a
+    /// batch leaves the unrun keys claimed: their redeliveries are retried
+    /// (in progress) until the claim is stale, then run — later, never twice.
+    pub fn before_many(&self, store: &dyn IdempotencyStore, keys: &[Option<&str>]) -> Vec<Before> {
+        let mut out: Vec<Option<Before>> = vec![None; keys.len()];
+        let mut present: Vec<(usize, &str)> = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            match key {
+                Some(k) if !k.is_empty() => present.push((i, k)),
+                _ => out[i] = Some(self.before(store, None)),
+            }
+        }
+        let claim: Vec<&str> = present.iter().map(|(_, k)| *k).collect();
+        match store.first_time_many(&claim) {
+            Ok(firsts) => {
+                for ((i, key), first) in present.iter().zip(firsts) {
+                    out[*i] = Some(if first {
+                        bump(&self.runs);
+                        Before::Run { key: key.to_string() }
+                    } else {
+                        self.not_first(store, key)
+                    });
+                }
+            }
+            Err(e) => {
+                for (i, _) in &present {
+                    bump(&self.store_errors);
+                    out[*i] = Some(Before::Settle(Outcome::Ack(Ack::retry(format!(
+                        "idempotency store failed, so the handler was not run: {e}"
+                    )))));
+                }
+            }
+        }
+        out.into_iter().map(|b| b.expect("every key decided")).collect()
+    }
+
+    /// [`after`](Self::after) for a batch: the accepted keys are confirmed
+    /// together ([`IdempotencyStore::confirm_many`]), the others forgotten
+    /// one by one. Returns the first error; the outcomes stand either way.
+    pub fn after_many(&self, store: &dyn IdempotencyStore, settled: &[(&str, &Outcome)]) -> Result<()> {
+        let accepted: Vec<&str> =
+            settled.iter().filter(|(_, o)| matches!(o, Outcome::Ack(Ack::Accept))).map(|(k, _)| *k).collect();
+        let mut first_error = None;
+        if !accepted.is_empty() && store.supports_confirm() {
+            match store.confirm_many(&accepted) {
+                Ok(()) => self.confirmed.fetch_add(accepted.len() as u64, Ordering::Relaxed),
+                Err(e) => {
+                    self.confirm_errors.fetch_add(accepted.len() as u64, Ordering::Relaxed);
+                    first_error = Some(e);
+                    0
+                }
+            };
+        }
+        for (key, outcome) in settled {
+            if !matches!(outcome, Outcome::Ack(Ack::Accept)) {
+                if let Err(e) = self.release(store, key) {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
     /// Settle the key after the handler ran with `outcome`: confirm it when
     /// the handler accepted, otherwise forget it so the retry really runs.
     ///

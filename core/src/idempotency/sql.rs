@@ -301,6 +301,16 @@ impl<C: ConnectionSource> IdempotencyStore for SqlIdempotencyStore<C> {
             Ok(rows.first().and_then(|r| r.first()) == Some(&SqlValue::Text(CONFIRMED.to_string())))
         })
     }
+
+    /// One transaction for the whole batch: [`claim_batch`](Self::claim_batch).
+    fn first_time_many(&self, keys: &[&str]) -> Result<Vec<bool>> {
+        self.claim_batch(keys)
+    }
+
+    /// One transaction for the whole batch: [`confirm_batch`](Self::confirm_batch).
+    fn confirm_many(&self, keys: &[&str]) -> Result<()> {
+        self.confirm_batch(keys)
+    }
 }
 
 static HOSTNAME: Lazy<String> = Lazy::new(|| {

@@ -55,6 +55,21 @@ pub trait IdempotencyStore {
     fn supports_confirmed(&self) -> bool {
         true
     }
+
+    /// [`first_time`](Self::first_time) for several keys, in order. A store
+    /// that can claim them in one transaction (the SQL store) overrides this:
+    /// one commit for a whole prefetch batch instead of one per message. The
+    /// answer for each key is exactly what `first_time` would have said,
+    /// in this order (the same key twice: the second is not first).
+    fn first_time_many(&self, keys: &[&str]) -> Result<Vec<bool>> {
+        keys.iter().map(|k| self.first_time(k)).collect()
+    }
+
+    /// [`confirm`](Self::confirm) for several keys; one commit where the
+    /// store can.
+    fn confirm_many(&self, keys: &[&str]) -> Result<()> {
+        keys.iter().try_for_each(|k| self.confirm(k))
+    }
 }
 
 // Forwarding impls, so one store can be shared by several guarded handlers
@@ -69,6 +84,8 @@ macro_rules! forward {
             fn supports_confirm(&self) -> bool { (**self).supports_confirm() }
             fn supports_forget(&self) -> bool { (**self).supports_forget() }
             fn supports_confirmed(&self) -> bool { (**self).supports_confirmed() }
+            fn first_time_many(&self, keys: &[&str]) -> Result<Vec<bool>> { (**self).first_time_many(keys) }
+            fn confirm_many(&self, keys: &[&str]) -> Result<()> { (**self).confirm_many(keys) }
         }
     )*};
 }

@@ -344,3 +344,50 @@ fn wrapper_over_a_sqlite_store_is_send_for_tokio_spawn() {
     assert_send(&fut);
     assert_eq!(block_on(fut), Outcome::Ack(Ack::Accept));
 }
+
+#[test]
+fn a_batch_is_decided_exactly_as_one_message_at_a_time() {
+    let db = TempDb::new("many");
+    let store = sql_store(&db, "w1");
+    let guard = Guard::new();
+    // k1 handled before; k2 claimed by a live handler elsewhere; k3 new,
+    // twice in the batch; one message without a key.
+    let Before::Run { key } = guard.before(&store, Some("k1")) else { panic!() };
+    guard.after(&store, &key, &Outcome::Ack(Ack::Accept)).unwrap();
+    let other = sql_store(&db, "w2");
+    assert!(other.first_time("k2").unwrap());
+    let decided = guard.before_many(&store, &[Some("k1"), Some("k2"), Some("k3"), None, Some("k3")]);
+    assert_eq!(decided[0], Before::Duplicate);
+    assert!(matches!(decided[1], Before::InProgress { .. }));
+    assert_eq!(decided[2], Before::Run { key: "k3".into() });
+    assert!(matches!(&decided[3], Before::Settle(Outcome::Raised { fatal: true, .. })));
+    assert!(matches!(decided[4], Before::InProgress { .. }), "the same key twice in one batch runs once");
+    guard.after_many(&store, &[("k3", &Outcome::Ack(Ack::Accept))]).unwrap();
+    assert!(store.confirmed("k3").unwrap());
+    assert_eq!(guard.before(&store, Some("k3")), Before::Duplicate);
+}
+
+#[test]
+fn after_many_confirms_the_accepted_and_forgets_the_rest() {
+    let db = TempDb::new("after-many");
+    let store = sql_store(&db, "w1");
+    let guard = Guard::new();
+    let decided = guard.before_many(&store, &[Some("a"), Some("b"), Some("c")]);
+    assert!(decided.iter().all(|b| matches!(b, Before::Run { .. })));
+    let retry = Outcome::Ack(Ack::retry("later"));
+    let raised = Outcome::Raised { class: "RuntimeError".into(), message: "x".into(), fatal: false };
+    guard.after_many(&store, &[("a", &Outcome::Ack(Ack::Accept)), ("b", &retry), ("c", &raised)]).unwrap();
+    assert!(store.confirmed("a").unwrap());
+    assert!(store.first_time("b").unwrap(), "forgotten: its retry runs");
+    assert!(store.first_time("c").unwrap(), "forgotten: its retry runs");
+    assert_eq!(guard.stats().confirmed, 1);
+    assert_eq!(guard.stats().forgotten, 2);
+}
+
+#[test]
+fn a_failing_store_retries_the_whole_batch_unrun() {
+    let guard = Guard::new();
+    let decided = guard.before_many(&BrokenStore, &[Some("a"), Some("b")]);
+    assert!(decided.iter().all(|b| matches!(b, Before::Settle(Outcome::Ack(Ack::Retry { .. })))));
+    assert_eq!(guard.stats().store_errors, 2);
+}

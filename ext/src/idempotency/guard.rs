@@ -11,7 +11,7 @@ use super::sql_store::RbSqlStore;
 use crate::sql;
 use acemq::idempotency::{Before, Guard, IdempotencyStore};
 use acemq::{Ack, Outcome};
-use magnus::{function, method, prelude::*, typed_data::Obj, Error, RHash, RModule, Ruby, Value};
+use magnus::{function, method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::NativeGuard", free_immediately, size)]
 pub struct RbGuard {
@@ -42,6 +42,21 @@ fn outcome(kind: &str) -> Outcome {
     }
 }
 
+/// A decision as the Ruby middleware reads it: `[verdict, detail, class]`.
+fn verdict(before: Before) -> (String, Option<String>, Option<String>) {
+    match before {
+        Before::Run { key } => ("run".into(), Some(key), None),
+        Before::Duplicate => ("duplicate".into(), None, None),
+        Before::InProgress { reason } => ("in_progress".into(), Some(reason), None),
+        Before::Settle(Outcome::Ack(Ack::Retry { reason })) => ("retry".into(), Some(reason), None),
+        Before::Settle(Outcome::Ack(Ack::Reject { reason })) => ("reject".into(), Some(reason), None),
+        Before::Settle(Outcome::Raised { class, message, fatal: true }) => ("reject".into(), Some(message), Some(class)),
+        Before::Settle(Outcome::Raised { class, message, fatal: false }) => ("retry".into(), Some(message), Some(class)),
+        Before::Settle(Outcome::Ack(Ack::Accept)) => ("duplicate".into(), None, None),
+        Before::Settle(Outcome::NotAnAck { what }) => ("reject".into(), Some(what), None),
+    }
+}
+
 impl RbGuard {
     fn new() -> Self {
         RbGuard { inner: Guard::new() }
@@ -52,17 +67,7 @@ impl RbGuard {
     fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value) -> Result<(String, Option<String>, Option<String>), Error> {
         let key = super::key(ruby, key)?;
         let before = with_store(ruby, store, |s| rb_self.inner.before(s, key.as_deref()))?;
-        Ok(match before {
-            Before::Run { key } => ("run".into(), Some(key), None),
-            Before::Duplicate => ("duplicate".into(), None, None),
-            Before::InProgress { reason } => ("in_progress".into(), Some(reason), None),
-            Before::Settle(Outcome::Ack(Ack::Retry { reason })) => ("retry".into(), Some(reason), None),
-            Before::Settle(Outcome::Ack(Ack::Reject { reason })) => ("reject".into(), Some(reason), None),
-            Before::Settle(Outcome::Raised { class, message, fatal: true }) => ("reject".into(), Some(message), Some(class)),
-            Before::Settle(Outcome::Raised { class, message, fatal: false }) => ("retry".into(), Some(message), Some(class)),
-            Before::Settle(Outcome::Ack(Ack::Accept)) => ("duplicate".into(), None, None),
-            Before::Settle(Outcome::NotAnAck { what }) => ("reject".into(), Some(what), None),
-        })
+        Ok(verdict(before))
     }
 
     /// Settle the key after the handler: `kind` is what it did (accept,
@@ -76,6 +81,24 @@ impl RbGuard {
     /// The handler never finished (its thread was killed): forget the key.
     fn abandon(ruby: &Ruby, rb_self: &Self, store: Value, key: String) -> Result<Option<String>, Error> {
         let r = with_store(ruby, store, |s| rb_self.inner.abandon(s, &key))?;
+        Ok(r.err().map(|e| e.to_string()))
+    }
+
+    /// `_before` for a batch: the keys claimed together (one transaction on
+    /// a SQL store), one decision each, in order.
+    fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray) -> Result<Vec<(String, Option<String>, Option<String>)>, Error> {
+        let keys: Vec<Option<String>> = keys.into_iter().map(|k| super::key(ruby, k)).collect::<Result<_, _>>()?;
+        let refs: Vec<Option<&str>> = keys.iter().map(|k| k.as_deref()).collect();
+        let decided = with_store(ruby, store, |s| rb_self.inner.before_many(s, &refs))?;
+        Ok(decided.into_iter().map(verdict).collect())
+    }
+
+    /// `_after` for a batch of `[key, kind]`: the accepted confirmed
+    /// together, the rest forgotten. Nil, or the first failure's message.
+    fn after_many(ruby: &Ruby, rb_self: &Self, store: Value, settled: Vec<(String, String)>) -> Result<Option<String>, Error> {
+        let outcomes: Vec<Outcome> = settled.iter().map(|(_, kind)| outcome(kind)).collect();
+        let pairs: Vec<(&str, &Outcome)> = settled.iter().zip(&outcomes).map(|((k, _), o)| (k.as_str(), o)).collect();
+        let r = with_store(ruby, store, |s| rb_self.inner.after_many(s, &pairs))?;
         Ok(r.err().map(|e| e.to_string()))
     }
 
@@ -106,6 +129,8 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_method("_before", method!(RbGuard::before, 2))?;
     class.define_method("_after", method!(RbGuard::after, 3))?;
     class.define_method("_abandon", method!(RbGuard::abandon, 2))?;
+    class.define_method("_before_many", method!(RbGuard::before_many, 2))?;
+    class.define_method("_after_many", method!(RbGuard::after_many, 2))?;
     class.define_method("stats", method!(RbGuard::stats, 0))?;
     Ok(())
 }

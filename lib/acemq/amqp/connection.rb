@@ -49,7 +49,10 @@ module AceMQ
       # retries: { max_attempts:, initial_delay:, max_delay: } (seconds) sets
       # the retry ladder; the default is 5 attempts, 1 s doubling to 300 s.
       # prefetch: defaults to 32 and is never unlimited.
-      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, &handler)
+      # batch: lets a handler that answers call_many (Patterns.idempotent)
+      # take up to that many buffered deliveries at once — one claim and one
+      # confirm transaction for all of them instead of one each.
+      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
 
         concurrency = Integer(concurrency)
@@ -60,11 +63,14 @@ module AceMQ
         # refuses 0 (unlimited prefetch is not offered).
         raise ConfigurationError, "prefetch must be between 1 and 65535 (got #{prefetch})" unless (0..65_535).cover?(prefetch)
 
+        batch = Integer(batch)
+        raise ConfigurationError, "batch must be at least 1 (got #{batch})" if batch < 1
+
         policy = RetryPolicy.from(retries)
         native = _consumer(queue.to_s, prefetch, concurrency, policy.max_attempts, policy.initial_delay,
                            policy.max_delay)
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
-        Subscription.new(native, handler, concurrency: concurrency, on_error: on_error)
+        Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: [batch, prefetch].min)
       end
 
       # Move dead letters from {queue}.dlq back to queue, with the attempt

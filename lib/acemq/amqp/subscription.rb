@@ -12,9 +12,13 @@ module AceMQ
 
       attr_reader :queue
 
-      def initialize(native, handler, concurrency:, on_error:)
+      def initialize(native, handler, concurrency:, on_error:, batch: 1)
         @native = native
         @handler = handler
+        # A handler answering call_many (Patterns.idempotent does) is given
+        # up to `batch` deliveries at once: what is already buffered, never
+        # waiting to fill it. Each still gets its own Ack.
+        @batch = handler.respond_to?(:call_many) ? batch : 1
         @on_error = on_error
         @queue = native.queue
         @cancelled = false
@@ -59,28 +63,38 @@ module AceMQ
 
       def work
         loop do
-          delivery = @native._next(POLL)
-          break if delivery == false
-          next report(@native._errors) if delivery.nil?
+          deliveries = @batch > 1 ? @native._next_many(@batch, POLL) : @native._next(POLL)
+          break if deliveries == false
+          next report(@native._errors) if deliveries.nil?
 
-          handle(delivery)
+          @batch > 1 ? handle_many(deliveries) : handle(deliveries)
         end
       end
 
       def handle(delivery)
-        tag = delivery[0]
-        begin
-          result = @handler.call(Message.from_native(delivery))
+        result = begin
+          @handler.call(Message.from_native(delivery))
         rescue StandardError => e
           # Only a StandardError is a handler failure. Anything else (Interrupt,
           # SystemExit, a Thread#kill) passes through untouched; the delivery
           # stays unsettled and goes back to the queue when the consumer closes.
-          return settle(tag, "raised", e.message, e.class.name, e.is_a?(FatalError))
+          e
         end
-        if result.is_a?(Ack)
-          settle(tag, result.kind.to_s, result.reason, result.error_class, false)
-        else
-          settle(tag, "not_an_ack", describe(result), nil, false)
+        settle_result(delivery[0], result)
+      end
+
+      # call_many returns one result per message: an Ack, or the
+      # StandardError its handler raised.
+      def handle_many(deliveries)
+        results = @handler.call_many(deliveries.map { |d| Message.from_native(d) })
+        deliveries.each_with_index { |d, i| settle_result(d[0], results[i]) }
+      end
+
+      def settle_result(tag, result)
+        case result
+        when Ack then settle(tag, result.kind.to_s, result.reason, result.error_class, false)
+        when StandardError then settle(tag, "raised", result.message, result.class.name, result.is_a?(FatalError))
+        else settle(tag, "not_an_ack", describe(result), nil, false)
         end
       end
 

@@ -46,21 +46,44 @@ module AceMQ
         def call(message, app)
           key = @key.call(message)
           verdict, detail, error_class = @guard._before(@store, key)
-          case verdict
-          when "run" then run(message, app, detail)
-          when "duplicate"
-            Patterns.instrument(:duplicate, key: key, message: message)
-            Ack.accept
-          when "in_progress"
-            Patterns.instrument(:in_progress, key: key, message: message)
-            Ack.retry(detail)
-          when "retry"
-            Patterns.instrument(:store_error, key: key, message: message, error: detail)
-            Ack.retry(detail, error: error_class)
-          else
-            Patterns.instrument(:missing_key, key: nil, message: message, error: detail) if error_class
-            Ack.reject(detail, error: error_class)
+          verdict == "run" ? run(message, app, detail) : without_running(message, key, verdict, detail, error_class)
+        end
+
+        # The same for a batch: the keys are claimed together and the
+        # accepted ones confirmed together (one transaction each on a SQL
+        # store), each message decided exactly as call would decide it, and
+        # the handlers run one by one in between. Returns one result per
+        # message: its Ack, or the StandardError its handler raised (after
+        # its key was forgotten). The subscription acknowledges only after
+        # this returns, so the keys are facts before any delivery is settled.
+        def call_many(messages, app)
+          keys = messages.map { |m| @key.call(m) }
+          verdicts = @guard._before_many(@store, keys)
+          results = Array.new(messages.size)
+          settled = []
+          pending = verdicts.each_with_index.select { |(verdict, _, _), _| verdict == "run" }.map { |(_, key, _), i| [i, key] }
+          begin
+            messages.each_with_index do |message, i|
+              verdict, detail, error_class = verdicts[i]
+              next results[i] = without_running(message, keys[i], verdict, detail, error_class) unless verdict == "run"
+
+              results[i] = begin
+                app.call(message)
+              rescue StandardError => e
+                e
+              end
+              pending.shift
+              settled << [detail, kind_of(results[i])]
+            end
+          ensure
+            # A handler that never finished (Thread#kill, Interrupt, throw),
+            # and every message after it that never ran: their keys must not
+            # stand.
+            settled.concat(pending.map { |_, key| [key, "abandoned"] })
+            failed = @guard._after_many(@store, settled)
+            report_after(messages.first, settled.first&.first, settled.any? { |_, k| k == "accept" }, failed) if failed
           end
+          results
         end
 
         # The guard's counters: duplicates (first_time? answered false for a
@@ -97,14 +120,41 @@ module AceMQ
 
         def settle(message, key, kind)
           failed = @guard._after(@store, key, kind)
-          return unless failed
+          report_after(message, key, kind == "accept", failed) if failed
+        end
 
-          # The handler's outcome stands: the work was done (or not), and
-          # settling differently would only add a second problem.
-          event = kind == "accept" ? :confirm_failed : :forget_failed
+        # The handler's outcome stands: the work was done (or not), and
+        # settling differently would only add a second problem.
+        def report_after(message, key, confirming, failed)
+          event = confirming ? :confirm_failed : :forget_failed
           return if Patterns.instrument(event, key: key, message: message, error: failed)
 
-          warn("acemq: idempotency #{event == :confirm_failed ? 'confirm' : 'forget'} failed for #{key.inspect}: #{failed}")
+          warn("acemq: idempotency #{confirming ? 'confirm' : 'forget'} failed for #{key.inspect}: #{failed}")
+        end
+
+        def kind_of(result)
+          case result
+          when Ack then result.kind.to_s
+          when StandardError then "raised"
+          else "not_an_ack"
+          end
+        end
+
+        def without_running(message, key, verdict, detail, error_class)
+          case verdict
+          when "duplicate"
+            Patterns.instrument(:duplicate, key: key, message: message)
+            Ack.accept
+          when "in_progress"
+            Patterns.instrument(:in_progress, key: key, message: message)
+            Ack.retry(detail)
+          when "retry"
+            Patterns.instrument(:store_error, key: key, message: message, error: detail)
+            Ack.retry(detail, error: error_class)
+          else
+            Patterns.instrument(:missing_key, key: nil, message: message, error: detail) if error_class
+            Ack.reject(detail, error: error_class)
+          end
         end
       end
 
@@ -114,11 +164,16 @@ module AceMQ
         def self.build(middleware, handler)
           proc = new { |message| middleware.call(message, handler) }
           proc.instance_variable_set(:@middleware, middleware)
+          proc.instance_variable_set(:@handler, handler)
           proc
         end
 
         # The guard's counters (see Idempotency#stats).
         def stats = @middleware.stats
+
+        # Several messages at once (see Idempotency#call_many): what a
+        # subscription with batch: calls.
+        def call_many(messages) = @middleware.call_many(messages, @handler)
 
         # The middleware underneath.
         def guard = @middleware

@@ -38,7 +38,18 @@ pub struct ConsumeOptions {
 
 impl Default for ConsumeOptions {
     fn default() -> Self {
-        ConsumeOptions { prefetch: 32, concurrency: 1, retry: RetryPolicy::default() }
+        Self::with_concurrency(1)
+    }
+}
+
+impl ConsumeOptions {
+    /// The defaults for `concurrency` handlers: a prefetch of 32, or twice
+    /// the concurrency when that is more (each handler has one delivery in
+    /// hand and one waiting, so none idles while the broker sends the next),
+    /// and the default retry ladder.
+    pub fn with_concurrency(concurrency: usize) -> Self {
+        let prefetch = u16::try_from(concurrency.saturating_mul(2)).unwrap_or(u16::MAX).max(32);
+        ConsumeOptions { prefetch, concurrency, retry: RetryPolicy::default() }
     }
 }
 

@@ -67,11 +67,19 @@ pub(crate) fn outgoing(
 }
 
 impl RbConnection {
-    fn open(ruby: &Ruby, url: String, origin: Option<String>, connect_timeout: f64, confirm_timeout: f64) -> Result<Self, Error> {
+    /// Options left nil take core's defaults.
+    fn open(ruby: &Ruby, url: String, origin: Option<String>, connect_timeout: Option<f64>, confirm_timeout: Option<f64>) -> Result<Self, Error> {
+        let defaults = ConnectionOptions::default();
         let options = ConnectionOptions {
             origin,
-            connect_timeout: seconds(ruby, "connect_timeout", connect_timeout)?,
-            confirm_timeout: seconds(ruby, "confirm_timeout", confirm_timeout)?,
+            connect_timeout: match connect_timeout {
+                Some(s) => seconds(ruby, "connect_timeout", s)?,
+                None => defaults.connect_timeout,
+            },
+            confirm_timeout: match confirm_timeout {
+                Some(s) => seconds(ruby, "confirm_timeout", s)?,
+                None => defaults.confirm_timeout,
+            },
         };
         let conn = gvl::block_on(ruby, acemq::Connection::open_with(&url, options))?.rb(ruby)?;
         Ok(RbConnection { inner: conn })
@@ -163,18 +171,23 @@ impl RbConnection {
         ruby: &Ruby,
         rb_self: &Self,
         queue: String,
-        prefetch: u16,
+        prefetch: Option<u16>,
         concurrency: usize,
-        max_attempts: u32,
-        initial_delay: f64,
-        max_delay: f64,
+        max_attempts: Option<u32>,
+        initial_delay: Option<f64>,
+        max_delay: Option<f64>,
     ) -> Result<RbConsumer, Error> {
-        let retry = RetryPolicy::new(
-            max_attempts,
-            seconds(ruby, "initial_delay", initial_delay)?,
-            seconds(ruby, "max_delay", max_delay)?,
+        // What Ruby leaves nil is core's default.
+        let mut options = ConsumeOptions::with_concurrency(concurrency);
+        if let Some(p) = prefetch {
+            options.prefetch = p;
+        }
+        let RetryPolicy { max_attempts: default_attempts, initial_delay: default_initial, max_delay: default_max } = options.retry;
+        options.retry = RetryPolicy::new(
+            max_attempts.unwrap_or(default_attempts),
+            initial_delay.map(|s| seconds(ruby, "initial_delay", s)).transpose()?.unwrap_or(default_initial),
+            max_delay.map(|s| seconds(ruby, "max_delay", s)).transpose()?.unwrap_or(default_max),
         );
-        let options = ConsumeOptions { prefetch, concurrency, retry };
         let conn = &rb_self.inner;
         let consumer = gvl::block_on(ruby, conn.consumer(&queue, options))?.rb(ruby)?;
         Ok(RbConsumer::new(consumer))

@@ -6,14 +6,14 @@ module AceMQ
     # (memory://). Thread-safe: one per process is the usual shape, shared by
     # every publisher and consumer in it.
     class Connection
-      DEFAULT_PREFETCH = 32
-
       # Open a connection. A broker that is down raises ConnectionFailed after
       # connect_timeout seconds rather than hanging the boot.
-      def self.open(url = ENV.fetch("AMQP_URL", "memory://"), origin: nil, connect_timeout: 5, confirm_timeout: 30)
+      # connect_timeout: (default 5 s) and confirm_timeout: (default 30 s)
+      # are the engine's defaults when left out.
+      def self.open(url = ENV.fetch("AMQP_URL", "memory://"), origin: nil, connect_timeout: nil, confirm_timeout: nil)
         raise ConfigurationError, "Connection.open needs a URL string, got #{url.inspect}" unless url.is_a?(String)
 
-        _open(url, origin&.to_s, Float(connect_timeout), Float(confirm_timeout))
+        _open(url, origin&.to_s, connect_timeout && Float(connect_timeout), confirm_timeout && Float(confirm_timeout))
       end
 
       # Publish payload as JSON and return once the broker has confirmed it.
@@ -48,7 +48,8 @@ module AceMQ
       #
       # retries: { max_attempts:, initial_delay:, max_delay: } (seconds) sets
       # the retry ladder; the default is 5 attempts, 1 s doubling to 300 s.
-      # prefetch: defaults to 32 and is never unlimited.
+      # prefetch: defaults to 32 (or twice the concurrency, if more) and is
+      # never unlimited.
       # batch: lets a handler that answers call_many (Patterns.idempotent)
       # take up to that many buffered deliveries at once — one claim and one
       # confirm transaction for all of them instead of one each.
@@ -58,10 +59,12 @@ module AceMQ
         concurrency = Integer(concurrency)
         raise ConfigurationError, "concurrency must be at least 1 (got #{concurrency})" if concurrency < 1
 
-        prefetch = Integer(prefetch || [DEFAULT_PREFETCH, concurrency * 2].max)
+        prefetch &&= Integer(prefetch)
         # Checked here only because the wire field is 16 bits; the engine
-        # refuses 0 (unlimited prefetch is not offered).
-        raise ConfigurationError, "prefetch must be between 1 and 65535 (got #{prefetch})" unless (0..65_535).cover?(prefetch)
+        # refuses 0 (unlimited prefetch is not offered) and picks the default.
+        if prefetch && !(0..65_535).cover?(prefetch)
+          raise ConfigurationError, "prefetch must be between 1 and 65535 (got #{prefetch})"
+        end
 
         batch = Integer(batch)
         raise ConfigurationError, "batch must be at least 1 (got #{batch})" if batch < 1
@@ -70,7 +73,7 @@ module AceMQ
         native = _consumer(queue.to_s, prefetch, concurrency, policy.max_attempts, policy.initial_delay,
                            policy.max_delay)
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
-        Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: [batch, prefetch].min)
+        Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
       end
 
       # Move dead letters from {queue}.dlq back to queue, with the attempt
@@ -136,14 +139,17 @@ module AceMQ
           raise ConfigurationError, "unknown retries: option(s) #{unknown.join(', ')}: use max_attempts, initial_delay, max_delay"
         end
 
-        new(max_attempts: number(options, :max_attempts, 5) { |v| Integer(v) },
-            initial_delay: number(options, :initial_delay, 1) { |v| Float(v) },
-            max_delay: number(options, :max_delay, 300) { |v| Float(v) }).freeze
+        # Left out, a setting is nil here and the engine's default there.
+        # A negative count cannot cross into the engine's unsigned field; as 0
+        # it gets the engine's own refusal ("at least 1").
+        new(max_attempts: number(options, :max_attempts) { |v| Integer(v).clamp(0, 2**32 - 1) },
+            initial_delay: number(options, :initial_delay) { |v| Float(v) },
+            max_delay: number(options, :max_delay) { |v| Float(v) }).freeze
       end
 
-      def self.number(options, name, default)
-        value = options.fetch(name, default)
-        yield value
+      def self.number(options, name)
+        value = options[name]
+        value.nil? ? nil : yield(value)
       rescue ArgumentError, TypeError
         raise ConfigurationError, "retries: #{name} must be a number, got #{value.inspect}"
       end

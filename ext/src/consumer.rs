@@ -8,7 +8,7 @@ use acemq::{Ack, Consumer, Delivery, Next, Outcome};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 #[magnus::wrap(class = "AceMQ::AMQP::NativeConsumer", free_immediately, size)]
 pub struct RbConsumer {
@@ -142,8 +142,9 @@ impl RbConsumer {
         rb_self.errors(ruby)
     }
 
-    /// Put back every delivery handed out and not settled (a handler thread
-    /// died): they go back to the queue when the consumer closes.
+    /// How many deliveries are handed out and not settled. One whose handler
+    /// thread died stays here, unsettled, and goes back to the queue when the
+    /// consumer closes.
     fn inflight_count(&self) -> usize {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
@@ -174,9 +175,6 @@ impl RbConsumer {
         self.inner.queue().to_owned()
     }
 }
-
-#[allow(dead_code)]
-const _: Duration = Duration::ZERO;
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeConsumer", ruby.class_object())?;

@@ -20,6 +20,7 @@ require "bunny"
 require "json"
 require "logger"
 require "securerandom"
+require_relative "common"
 
 module Bench
   URL = ENV.fetch("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
@@ -29,7 +30,13 @@ module Bench
   # A run that has not finished by then is a hang, not a slow result.
   RUN_LIMIT = 60
 
-  def self.count(n) = [(n * SCALE).round, 16].max
+  # The payload, the clock, the median and the latch are the other
+  # benchmarks' too (bench/common.rb): the same 1 KiB order everywhere.
+  def self.count(n) = BenchCommon.count(n)
+  def self.now = BenchCommon.now
+  def self.median(xs) = BenchCommon.median(xs)
+  PAYLOADS = BenchCommon::PAYLOADS
+  Latch = BenchCommon::Latch
 
   N_EACH = count(2_000)
   N_THREADS = count(4_000)
@@ -37,63 +44,7 @@ module Bench
   N_CONSUME = count(10_000)
   N_RETRY = count(3_000)
   THREADS = 8
-
   Ack = AceMQ::AMQP::Ack
-
-  # One order of exactly 1 KiB once generated (the filler is sized from the
-  # rest); the order id varies, its width does not.
-  def self.payload(i)
-    base = {
-      "order_id" => format("A-%08d", i),
-      "customer" => { "id" => 4217, "name" => "Ada Lovelace", "email" => "ada@example.com" },
-      "items" => [{ "sku" => "BK-001", "qty" => 2, "price" => 1250 }, { "sku" => "PN-042", "qty" => 1, "price" => 399 }],
-      "currency" => "EUR",
-      "note" => ""
-    }
-    @filler ||= "x" * (1024 - JSON.generate(base).bytesize)
-    base.merge("note" => @filler)
-  end
-
-  PAYLOADS = Array.new(64) { |i| payload(i) }.freeze
-  raise "payload is #{JSON.generate(PAYLOADS[0]).bytesize} bytes, not 1024" unless JSON.generate(PAYLOADS[0]).bytesize == 1024
-
-  def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-  def self.median(xs)
-    s = xs.sort
-    s.size.odd? ? s[s.size / 2] : (s[s.size / 2 - 1] + s[s.size / 2]) / 2.0
-  end
-
-  # Waits for a count to reach a target, with a limit (Ruby 3.1's Queue#pop has none).
-  class Latch
-    def initialize(target)
-      @target = target
-      @count = 0
-      @lock = Mutex.new
-      @cond = ConditionVariable.new
-    end
-
-    attr_reader :count
-
-    def hit
-      @lock.synchronize do
-        @count += 1
-        @cond.broadcast if @count >= @target
-      end
-    end
-
-    def wait(limit)
-      deadline = Bench.now + limit
-      @lock.synchronize do
-        while @count < @target
-          left = deadline - Bench.now
-          raise "timed out with #{@count}/#{@target} after #{limit}s" if left <= 0
-
-          @cond.wait(@lock, left)
-        end
-      end
-    end
-  end
 
   class Runner
     def initialize

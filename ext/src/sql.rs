@@ -82,6 +82,38 @@ pub(crate) fn begin() {
     PENDING.with(|p| *p.borrow_mut() = None);
 }
 
+/// A store call over a SQLite file the library opened: without the GVL.
+pub(crate) fn on_file<R>(ruby: &Ruby, f: impl FnOnce() -> acemq::Result<R>) -> Result<R, Error> {
+    let r = crate::gvl::without_gvl(ruby, f, || {})?;
+    finish(ruby, r)
+}
+
+/// A store call over the application's Ruby connection: with the GVL held
+/// (a Ruby driver can be used nowhere else), a Ruby interrupt raised
+/// untouched at the end.
+pub(crate) fn on_ruby<R>(ruby: &Ruby, f: impl FnOnce() -> acemq::Result<R>) -> Result<R, Error> {
+    begin();
+    let r = f();
+    finish(ruby, r)
+}
+
+/// The Ruby adapter a store calls, kept alive by the GC for as long as the
+/// store: a store's `mark` marks it.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct Kept(Option<Opaque<Value>>);
+
+impl Kept {
+    pub(crate) fn new(v: Value) -> Self {
+        Kept(Some(v.into()))
+    }
+
+    pub(crate) fn mark(&self, marker: &magnus::gc::Marker) {
+        if let Some(a) = self.0 {
+            marker.mark(a);
+        }
+    }
+}
+
 fn ruby_handle() -> acemq::Result<Ruby> {
     Ruby::get().map_err(|_| {
         acemq::Error::new(ErrorKind::Store, "a Ruby SQL connection was used off a Ruby thread (this is a bug in acemq)")

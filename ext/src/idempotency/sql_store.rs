@@ -10,7 +10,6 @@ use crate::errors::IntoRuby;
 use crate::sql::{self, RbSource};
 use acemq::idempotency::{IdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore};
 use acemq::sql::{Dialect, SqliteConnection};
-use magnus::value::Opaque;
 use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RModule, Ruby, Value};
 
 pub(crate) enum Inner {
@@ -25,16 +24,12 @@ pub(crate) enum Inner {
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLIdempotencyStore", free_immediately, size, mark)]
 pub struct RbSqlStore {
     pub(crate) inner: Inner,
-    // The adapter the Ruby source calls, marked so the GC keeps it (and
-    // does not move it) while this store lives.
-    adapter: Option<Opaque<Value>>,
+    adapter: sql::Kept,
 }
 
 impl DataTypeFunctions for RbSqlStore {
     fn mark(&self, marker: &magnus::gc::Marker) {
-        if let Some(a) = self.adapter {
-            marker.mark(a);
-        }
+        self.adapter.mark(marker);
     }
 }
 
@@ -69,7 +64,7 @@ impl RbSqlStore {
         let o = options(ruby, table, retention, claim_timeout, worker)?;
         let conn = gvl::without_gvl(ruby, || SqliteConnection::open(&path), || {})?;
         let store = conn.and_then(|c| SqlIdempotencyStore::new(c, o));
-        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: None })
+        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::Kept::default() })
     }
 
     fn new_ruby(
@@ -84,19 +79,15 @@ impl RbSqlStore {
         sql::begin();
         let source = RbSource::new(ruby, adapter)?;
         let store = SqlIdempotencyStore::new(source, o);
-        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: Some(adapter.into()) })
+        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::Kept::new(adapter) })
     }
 
     /// Run `f` on the store: without the GVL for a file, with it (and with
     /// Ruby interrupts raised untouched) for a Ruby connection.
     pub(crate) fn run<R>(&self, ruby: &Ruby, f: impl FnOnce(&dyn IdempotencyStore) -> R) -> Result<R, Error> {
         match &self.inner {
-            Inner::File(store) => gvl::without_gvl(ruby, || f(store), || {}),
-            Inner::Ruby(store) => {
-                sql::begin();
-                let r = f(store);
-                sql::finish(ruby, Ok(r))
-            }
+            Inner::File(store) => sql::on_file(ruby, || Ok(f(store))),
+            Inner::Ruby(store) => sql::on_ruby(ruby, || Ok(f(store))),
         }
     }
 
@@ -107,15 +98,8 @@ impl RbSqlStore {
         rb: impl FnOnce(&SqlIdempotencyStore<RbSource>) -> acemq::Result<R>,
     ) -> Result<R, Error> {
         match &self.inner {
-            Inner::File(store) => {
-                let r = gvl::without_gvl(ruby, || file(store), || {})?;
-                sql::finish(ruby, r)
-            }
-            Inner::Ruby(store) => {
-                sql::begin();
-                let r = rb(store);
-                sql::finish(ruby, r)
-            }
+            Inner::File(store) => sql::on_file(ruby, || file(store)),
+            Inner::Ruby(store) => sql::on_ruby(ruby, || rb(store)),
         }
     }
 

@@ -12,7 +12,6 @@ use crate::sql::{self, RbSource};
 use acemq::sql::ConnectionSource;
 use acemq::outbox::{Completion, OutboxPublisher, OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
 use acemq::sql::{Dialect, SqliteConnection};
-use magnus::value::Opaque;
 use magnus::{
     function, method, prelude::*, typed_data::DataTypeFunctions, Error, Exception, ExceptionClass, RArray, RModule, Ruby,
     Value,
@@ -31,16 +30,12 @@ enum Inner {
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLOutboxStore", free_immediately, size, mark)]
 pub struct RbOutboxStore {
     inner: Inner,
-    // The adapter the Ruby source calls, marked so the GC keeps it while
-    // this store lives.
-    adapter: Option<Opaque<Value>>,
+    adapter: sql::Kept,
 }
 
 impl DataTypeFunctions for RbOutboxStore {
     fn mark(&self, marker: &magnus::gc::Marker) {
-        if let Some(a) = self.adapter {
-            marker.mark(a);
-        }
+        self.adapter.mark(marker);
     }
 }
 
@@ -71,15 +66,8 @@ fn options(
 macro_rules! on_store {
     ($ruby:expr, $self:expr, |$s:ident| $body:expr) => {
         match &$self.inner {
-            Inner::File($s) => {
-                let r = gvl::without_gvl($ruby, || $body, || {})?;
-                sql::finish($ruby, r)
-            }
-            Inner::Ruby($s) => {
-                sql::begin();
-                let r = $body;
-                sql::finish($ruby, r)
-            }
+            Inner::File($s) => sql::on_file($ruby, || $body),
+            Inner::Ruby($s) => sql::on_ruby($ruby, || $body),
         }
     };
 }
@@ -96,7 +84,7 @@ impl RbOutboxStore {
     ) -> Result<Self, Error> {
         let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
         let store = gvl::without_gvl(ruby, || SqliteConnection::open(&path).and_then(|c| SqlOutboxStore::new(c, o)), || {})?;
-        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: None })
+        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::Kept::default() })
     }
 
     fn new_ruby(
@@ -112,7 +100,7 @@ impl RbOutboxStore {
         sql::begin();
         let source = RbSource::new(ruby, adapter)?;
         let store = SqlOutboxStore::new(source, o);
-        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: Some(adapter.into()) })
+        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::Kept::new(adapter) })
     }
 
     fn create_schema(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {

@@ -92,6 +92,28 @@ module BenchCommon
   end
 
   # Waits for a count to reach a target, with a limit (Ruby 3.1's Queue#pop has none).
+  # What a bench runner made and must leave behind it: its queues (deleted
+  # through @admin), PostgreSQL tables, open handles, the temp dir, and its
+  # two connections.
+  module Cleanup
+    def cleanup
+      @queues.uniq.each do |q|
+        @admin.queue_delete(q)
+      rescue Bunny::Exception
+        @admin = @bunny.create_channel
+      end
+      unless @pg_tables.empty?
+        admin = PG.connect(BenchCommon::PG_URL)
+        @pg_tables.uniq.each { |t| admin.exec("DROP TABLE IF EXISTS #{t}") }
+        admin.close
+      end
+      @closers.each { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
+      FileUtils.rm_rf(@dir)
+      @mq&.close
+      @bunny&.close
+    end
+  end
+
   class Latch
     def initialize(target)
       @target = target

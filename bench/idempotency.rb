@@ -323,22 +323,8 @@ module IdempotencyBench
       @batch_rows.each { |label, one, many| puts format("| %s | %.0f | %.0f | %.1fx |", label, one, many, many / one) }
     end
 
-    def cleanup
-      @queues.uniq.each do |q|
-        @admin.queue_delete(q)
-      rescue Bunny::Exception
-        @admin = @bunny.create_channel
-      end
-      unless @pg_tables.empty?
-        admin = PG.connect(C::PG_URL)
-        @pg_tables.uniq.each { |t| admin.exec("DROP TABLE IF EXISTS #{t}") }
-        admin.close
-      end
-      @closers.each { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
-      FileUtils.rm_rf(@dir)
-      @mq&.close
-      @bunny&.close
-    end
+    # Queues, tables, files and connections this run made: BenchCommon::Cleanup.
+    include C::Cleanup
   end
 end
 

@@ -32,14 +32,21 @@ module AceMQ
       end
     end
 
-    def self.store_from_env
+    # The store a task opens when it was given no block: the SQLite file
+    # named by the environment variable path_var, table from table_var.
+    def self.sqlite_store_from_env(store_class, path_var:, table_var:, task:, installer:)
       require "acemq/amqp/patterns"
-      path = ENV.fetch("ACEMQ_IDEMPOTENCY_PATH") do
+      path = ENV.fetch(path_var) do
         raise AceMQ::AMQP::ConfigurationError,
-              "acemq:purge_idempotency needs a store: pass install_idempotency_purge a block that builds one, " \
-              "or set ACEMQ_IDEMPOTENCY_PATH to the SQLite file"
+              "#{task} needs a store: pass #{installer} a block that builds one, or set #{path_var} to the SQLite file"
       end
-      AceMQ::AMQP::Patterns::SQLIdempotencyStore.new(path: path, table: ENV.fetch("ACEMQ_IDEMPOTENCY_TABLE", nil))
+      store_class.new(path: path, table: ENV.fetch(table_var, nil))
+    end
+
+    def self.store_from_env
+      sqlite_store_from_env(AceMQ::AMQP::Patterns::SQLIdempotencyStore, path_var: "ACEMQ_IDEMPOTENCY_PATH",
+                            table_var: "ACEMQ_IDEMPOTENCY_TABLE", task: "acemq:purge_idempotency",
+                            installer: "install_idempotency_purge")
     end
     private_class_method :store_from_env
   end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "rake"
+require "acemq/rake_tasks"
 
 module AceMQ
   # The outbox's operator task, for any Rakefile (Rails or not):
@@ -44,13 +45,9 @@ module AceMQ
     end
 
     def self.store_from_env
-      require "acemq/amqp/patterns"
-      path = ENV.fetch("ACEMQ_OUTBOX_PATH") do
-        raise AceMQ::AMQP::ConfigurationError,
-              "acemq:outbox:backlog needs a store: pass OutboxTasks.install a block that builds one, " \
-              "or set ACEMQ_OUTBOX_PATH to the SQLite file"
-      end
-      AceMQ::AMQP::Patterns::SQLOutboxStore.new(path: path, table: ENV.fetch("ACEMQ_OUTBOX_TABLE", nil))
+      RakeTasks.sqlite_store_from_env(AceMQ::AMQP::Patterns::SQLOutboxStore, path_var: "ACEMQ_OUTBOX_PATH",
+                                      table_var: "ACEMQ_OUTBOX_TABLE", task: "acemq:outbox:backlog",
+                                      installer: "OutboxTasks.install")
     end
     private_class_method :store_from_env
   end

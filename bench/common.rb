@@ -92,10 +92,27 @@ module BenchCommon
   end
 
   # Waits for a count to reach a target, with a limit (Ruby 3.1's Queue#pop has none).
-  # What a bench runner made and must leave behind it: its queues (deleted
+  # What a bench runner makes and must leave behind it: its queues (deleted
   # through @admin), PostgreSQL tables, open handles, the temp dir, and its
   # two connections.
   module Cleanup
+    # The connections, names and scratch space of a run called `name`.
+    def setup_resources(name)
+      @mq = AceMQ::AMQP::Connection.open(BenchCommon::URL, origin: "acemq-bench")
+      @bunny = Bunny.new(BenchCommon::URL, logger: Logger.new(nil))
+      @bunny.start
+      @admin = @bunny.create_channel
+      tag = "#{Process.pid}_#{SecureRandom.hex(3)}"
+      @prefix = "acemq-bench-#{name}-#{tag}"
+      @table_prefix = "bench_#{name}_#{tag}"
+      @dir = File.expand_path("../tmp/bench-#{name}-#{tag}", __dir__)
+      FileUtils.mkdir_p(@dir)
+      @queues = []
+      @pg_tables = []
+      @closers = []
+      @rows = []
+    end
+
     def cleanup
       @queues.uniq.each do |q|
         @admin.queue_delete(q)

@@ -35,20 +35,10 @@ module IdempotencyBench
   DAY_MS = 24 * 3600 * 1000
 
   class Runner
+    include C::Cleanup
+
     def initialize
-      @mq = AceMQ::AMQP::Connection.open(C::URL, origin: "acemq-bench")
-      @bunny = Bunny.new(C::URL, logger: Logger.new(nil))
-      @bunny.start
-      @admin = @bunny.create_channel
-      tag = "#{Process.pid}_#{SecureRandom.hex(3)}"
-      @prefix = "acemq-bench-idem-#{tag}"
-      @table_prefix = "bench_idem_#{tag}"
-      @dir = File.expand_path("../tmp/bench-idempotency-#{tag}", __dir__)
-      FileUtils.mkdir_p(@dir)
-      @queues = []
-      @pg_tables = []
-      @closers = []
-      @rows = []
+      setup_resources("idem")
       @split = []
       @worker = "bench@#{Process.pid}"
     end
@@ -323,8 +313,6 @@ module IdempotencyBench
       @batch_rows.each { |label, one, many| puts format("| %s | %.0f | %.0f | %.1fx |", label, one, many, many / one) }
     end
 
-    # Queues, tables, files and connections this run made: BenchCommon::Cleanup.
-    include C::Cleanup
   end
 end
 

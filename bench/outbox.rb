@@ -35,20 +35,10 @@ module OutboxBench
   TARGET_RATIO = 5.0   # against the Bunny relay, batches of 1000
 
   class Runner
+    include C::Cleanup
+
     def initialize
-      @mq = AceMQ::AMQP::Connection.open(C::URL, origin: "acemq-bench")
-      @bunny = Bunny.new(C::URL, logger: Logger.new(nil))
-      @bunny.start
-      @admin = @bunny.create_channel
-      tag = "#{Process.pid}_#{SecureRandom.hex(3)}"
-      @prefix = "acemq-bench-outbox-#{tag}"
-      @table_prefix = "bench_outbox_#{tag}"
-      @dir = File.expand_path("../tmp/bench-outbox-#{tag}", __dir__)
-      FileUtils.mkdir_p(@dir)
-      @queues = []
-      @pg_tables = []
-      @closers = []
-      @rows = []
+      setup_resources("outbox")
       @broker = {}
     end
 
@@ -207,8 +197,6 @@ module OutboxBench
       end
     end
 
-    # Queues, tables, files and connections this run made: BenchCommon::Cleanup.
-    include C::Cleanup
   end
 end
 

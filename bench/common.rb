@@ -113,19 +113,27 @@ module BenchCommon
       @rows = []
     end
 
+    # A PostgreSQL connection closed with the run.
+    def pg
+      conn = PG.connect(BenchCommon::PG_URL)
+      conn.exec("SET client_min_messages = warning")
+      @closers << conn
+      conn
+    end
+
     def cleanup
       @queues.uniq.each do |q|
         @admin.queue_delete(q)
       rescue Bunny::Exception
         @admin = @bunny.create_channel
       end
-      unless @pg_tables.empty?
+      unless @pg_tables.to_a.empty?
         admin = PG.connect(BenchCommon::PG_URL)
         @pg_tables.uniq.each { |t| admin.exec("DROP TABLE IF EXISTS #{t}") }
         admin.close
       end
-      @closers.each { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
-      FileUtils.rm_rf(@dir)
+      @closers.to_a.each { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
+      FileUtils.rm_rf(@dir) if @dir
       @mq&.close
       @bunny&.close
     end

@@ -43,13 +43,6 @@ module IdempotencyBench
       @worker = "bench@#{Process.pid}"
     end
 
-    def pg
-      conn = PG.connect(C::PG_URL)
-      conn.exec("SET client_min_messages = warning")
-      @closers << conn
-      conn
-    end
-
     def sqlite(name, sync)
       db = C.sqlite(File.join(@dir, "#{name}.db"), sync)
       @closers << db

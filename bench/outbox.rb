@@ -154,13 +154,6 @@ module OutboxBench
       db
     end
 
-    def pg
-      conn = PG.connect(C::PG_URL)
-      conn.exec("SET client_min_messages = warning")
-      @closers << conn
-      conn
-    end
-
     def run
       started = C.now
       C.banner("AceMQ outbox bench (rows per run: #{SIZES.map { |b, n| "#{n} at batch #{b}" }.join(', ')})")

@@ -47,6 +47,9 @@ module Bench
   Ack = AceMQ::AMQP::Ack
 
   class Runner
+    # cleanup: its queues and both connections (bench/common.rb).
+    include BenchCommon::Cleanup
+
     def initialize
       @mq = AceMQ::AMQP::Connection.open(URL, origin: "acemq-bench")
       @bunny = Bunny.new(URL, logger: Logger.new(nil))
@@ -274,15 +277,6 @@ module Bench
       end
     end
 
-    def cleanup
-      @queues.uniq.each do |q|
-        @admin.queue_delete(q)
-      rescue Bunny::Exception
-        @admin = @bunny.create_channel
-      end
-      @mq&.close
-      @bunny&.close
-    end
   end
 end
 

@@ -79,23 +79,7 @@ module IdempotencyProcessesSpec
 
     it "(a) two processes racing first_time? on one key: exactly one winner every round" do
       rounds = 150
-      go_r, go_w = IO.pipe
-      children = Array.new(2) do
-        spawn_child do |out|
-          go_w.close
-          s = store(backend.connect)
-          go_r.read # both start when the parent closes the pipe
-          rounds.times { |i| out.puts("#{i} #{s.first_time?("race-#{i}")}") }
-        end
-      end
-      go_r.close
-      go_w.close
-
-      wins = Hash.new(0)
-      children.each do |pid, io|
-        Timeout.timeout(30) { io.each_line { |l| i, won = l.split; wins[i.to_i] += 1 if won == "true" } }
-        expect(wait_child(pid)).to be_success
-      end
+      wins = race_first_time(rounds) { store(backend.connect) }
       expect(wins.size).to eq(rounds)
       expect(wins.values.uniq).to eq([1])
     end
@@ -188,22 +172,7 @@ module IdempotencyProcessesSpec
     it "(a) two processes racing first_time?: exactly one winner every round" do
       path = sqlite_path
       Patterns::SQLIdempotencyStore.new(path: path).create_schema
-      go_r, go_w = IO.pipe
-      children = Array.new(2) do
-        spawn_child do |out|
-          go_w.close
-          s = Patterns::SQLIdempotencyStore.new(path: path)
-          go_r.read
-          150.times { |i| out.puts("#{i} #{s.first_time?("race-#{i}")}") }
-        end
-      end
-      go_r.close
-      go_w.close
-      wins = Hash.new(0)
-      children.each do |pid, io|
-        Timeout.timeout(30) { io.each_line { |l| i, won = l.split; wins[i.to_i] += 1 if won == "true" } }
-        expect(wait_child(pid)).to be_success
-      end
+      wins = race_first_time(150) { Patterns::SQLIdempotencyStore.new(path: path) }
       expect(wins.values).to eq([1] * 150)
     end
   end

@@ -60,6 +60,29 @@ module IdempotencySpecHelpers
     [pid, reader]
   end
 
+  # Two child processes, each with the store the block builds, call
+  # first_time? on the same `rounds` keys, released together; how many won
+  # each key.
+  def race_first_time(rounds, &build_store)
+    go_r, go_w = IO.pipe
+    children = Array.new(2) do
+      spawn_child do |out|
+        go_w.close
+        s = build_store.call
+        go_r.read # both start when the parent closes the pipe
+        rounds.times { |i| out.puts("#{i} #{s.first_time?("race-#{i}")}") }
+      end
+    end
+    go_r.close
+    go_w.close
+    wins = Hash.new(0)
+    children.each do |pid, io|
+      Timeout.timeout(30) { io.each_line { |l| i, won = l.split; wins[i.to_i] += 1 if won == "true" } }
+      expect(wait_child(pid)).to be_success
+    end
+    wins
+  end
+
   def read_line(io, timeout: 10)
     Timeout.timeout(timeout) { io.gets&.chomp }
   end

@@ -183,6 +183,13 @@ impl Consumer {
         }
     }
 
+    /// How long the subscription has been without a channel (the broker
+    /// unreachable, the queue gone), None while it is subscribed. A runner
+    /// compares it with its recovery bound ([`crate::runner::Observation`]).
+    pub fn down_for(&self) -> Option<Duration> {
+        self.link.down_for()
+    }
+
     /// Why the broker ended the subscription, if it did.
     pub fn failure(&self) -> Option<Error> {
         self.link.failure()

@@ -42,6 +42,7 @@ pub mod message;
 pub mod outbox;
 pub mod replay;
 pub mod retry;
+pub mod runner;
 pub mod runtime;
 pub mod sql;
 pub mod topology;
@@ -54,7 +55,7 @@ pub use consumer::{ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Deli
 pub use envelope::Envelope;
 pub use error::{Error, ErrorKind, Result};
 pub use message::{DeliveryInfo, Message};
-pub use replay::{ReplayOptions, ReplayReport};
+pub use replay::{DeadLetter, ReplayOptions, ReplayReport};
 pub use retry::RetryPolicy;
 pub use topology::{ExchangeKind, Topology};
 pub use transport::memory::MemoryBroker;

@@ -29,6 +29,25 @@ pub struct ReplayReport {
     pub skipped: usize,
 }
 
+/// One dead letter as [`Connection::peek_dead_letters`] shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// The message id, unchanged since it was first published.
+    pub id: String,
+    /// The message type.
+    pub kind: Option<String>,
+    /// Attempts made before it was dead-lettered.
+    pub attempt: u32,
+    /// Why (`x-acemq-reason`).
+    pub reason: Option<String>,
+    /// The error class, when an exception put it there (`x-acemq-error-class`).
+    pub error_class: Option<String>,
+    /// When, in seconds since the epoch (`x-acemq-failed-at`).
+    pub failed_at: Option<u64>,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+}
+
 /// Header recording when a message was last replayed.
 pub const REPLAYED_AT_HEADER: &str = "x-acemq-replayed-at";
 
@@ -65,6 +84,39 @@ fn revived(mut raw: RawDelivery) -> RawDelivery {
 }
 
 impl Connection {
+    /// Look at up to `limit` dead letters in `{queue}.dlq`, oldest first,
+    /// without taking them: each is read unacknowledged and every one goes
+    /// back, in its place, when the reading channel closes. What an operator
+    /// runs before deciding to replay.
+    pub async fn peek_dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>> {
+        if queue.is_empty() {
+            return Err(Error::invalid("peek needs the queue whose dead letters to show"));
+        }
+        let reader = self.backend().reader(&dlq_name(queue)).await?;
+        let mut seen = Vec::new();
+        let result: Result<()> = async {
+            while seen.len() < limit {
+                let Some(raw) = reader.next().await? else { break };
+                let envelope = envelope_of(&raw.props);
+                let h = &raw.props.headers;
+                let text = |k: &str| h.get(k).and_then(Value::as_str).map(str::to_owned);
+                seen.push(DeadLetter {
+                    id: envelope.id,
+                    kind: envelope.kind,
+                    attempt: envelope.attempt,
+                    reason: text(REASON_HEADER),
+                    error_class: text(ERROR_CLASS_HEADER),
+                    failed_at: h.get(FAILED_AT_HEADER).and_then(Value::as_u64),
+                    body: raw.body.clone(),
+                });
+            }
+            Ok(())
+        }
+        .await;
+        reader.close().await;
+        result.map(|()| seen)
+    }
+
     /// Move dead letters from `{queue}.dlq` back to `{queue}`.
     ///
     /// Each copy goes straight to the queue through the default exchange,

@@ -207,6 +207,26 @@ impl RbConnection {
         Ok((report.replayed, report.skipped))
     }
 
+    /// Up to `limit` dead letters, left in place: [id, type, attempt,
+    /// reason, error_class, failed_at, body] each.
+    fn peek(ruby: &Ruby, rb_self: &Self, queue: String, limit: usize) -> Result<magnus::RArray, Error> {
+        let conn = &rb_self.inner;
+        let seen = gvl::block_on(ruby, conn.peek_dead_letters(&queue, limit))?.rb(ruby)?;
+        let out = ruby.ary_new_capa(seen.len());
+        for d in seen {
+            let row = ruby.ary_new_capa(7);
+            row.push(d.id)?;
+            row.push(d.kind)?;
+            row.push(d.attempt)?;
+            row.push(d.reason)?;
+            row.push(d.error_class)?;
+            row.push(d.failed_at)?;
+            row.push(ruby.str_from_slice(&d.body))?;
+            out.push(row)?;
+        }
+        Ok(out)
+    }
+
     fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
         let conn = &rb_self.inner;
         gvl::block_on(ruby, conn.close())
@@ -269,6 +289,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
     class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
     class.define_private_method("_replay", method!(RbConnection::replay, 4))?;
+    class.define_private_method("_peek", method!(RbConnection::peek, 2))?;
     class.define_method("close", method!(RbConnection::close, 0))?;
     class.define_method("closed?", method!(RbConnection::is_closed, 0))?;
     class.define_method("origin", method!(RbConnection::origin, 0))?;

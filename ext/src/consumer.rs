@@ -167,6 +167,11 @@ impl RbConsumer {
         (s.accepted, s.retried, s.dead_lettered)
     }
 
+    /// Seconds the subscription has been without a channel, nil while subscribed.
+    fn down_for(&self) -> Option<f64> {
+        self.inner.down_for().map(|d| d.as_secs_f64())
+    }
+
     fn failure(&self) -> Option<String> {
         self.inner.failure().map(|e| e.to_string())
     }
@@ -186,6 +191,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("_stats", method!(RbConsumer::stats, 0))?;
     class.define_method("_errors", method!(RbConsumer::take_errors, 0))?;
     class.define_method("_failure", method!(RbConsumer::failure, 0))?;
+    class.define_method("_down_for", method!(RbConsumer::down_for, 0))?;
     class.define_method("_inflight", method!(RbConsumer::inflight_count, 0))?;
     class.define_method("queue", method!(RbConsumer::queue, 0))?;
     Ok(())

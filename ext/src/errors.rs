@@ -33,7 +33,7 @@ error_class!(PRECONDITION_FAILED, "PreconditionFailed");
 error_class!(ACCESS_REFUSED, "AccessRefused");
 error_class!(UNROUTABLE, "Unroutable");
 error_class!(PUBLISH_NACKED, "PublishNacked");
-error_class!(TIMEOUT, "Timeout");
+error_class!(TIMEOUT, "TimeoutError");
 error_class!(ENCODING_ERROR, "EncodingError");
 error_class!(STORE_ERROR, "StoreError");
 

@@ -9,6 +9,7 @@ mod gvl;
 mod idempotency;
 mod json;
 mod outbox;
+mod runner;
 mod sql;
 
 use magnus::{function, prelude::*, Error, RModule, Ruby};
@@ -28,5 +29,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     sql::init(ruby, amqp)?;
     idempotency::init(ruby, amqp)?;
     outbox::init(ruby, amqp)?;
+    runner::init(ruby, amqp)?;
     Ok(())
 }

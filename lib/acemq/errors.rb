@@ -65,8 +65,11 @@ module AceMQ
     class Unroutable < Error; end
     # The broker nacked the publish: it was not stored.
     class PublishNacked < Error; end
-    # A confirm (or another broker round trip) did not arrive in time.
-    class Timeout < Error; end
+    # A confirm (or another broker round trip) did not arrive in time. Not
+    # named Timeout: `include AceMQ::AMQP` at top level would make that
+    # constant visible from Object, and a later `require "timeout"` (so
+    # active_record, net/http, bunny) would fail with "Timeout is not a module".
+    class TimeoutError < Error; end
     # A payload that is not JSON, or cannot be made into JSON.
     class EncodingError < Error; end
     # An idempotency or outbox store, or its SQL connection, failed.

@@ -35,7 +35,7 @@ RSpec.describe "surviving the broker going away and coming back" do
     # again; the caller sees an error, never a silent loss.
     eventually(timeout: 10) do
       mq.publish({ "n" => 2 }, to: queue)
-    rescue AceMQ::AMQP::ConnectionError, AceMQ::AMQP::Timeout
+    rescue AceMQ::AMQP::ConnectionError, AceMQ::AMQP::TimeoutError
       nil
     end
     expect(eventually(timeout: 10) { got.pop(true) rescue nil }).to eq(2)

@@ -316,6 +316,7 @@ impl AmqpBackend {
             stopped: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             supervisor: Mutex::new(None),
             failure: Arc::new(Mutex::new(None)),
+            down_since: Arc::new(Mutex::new(None)),
         };
         let task = supervise(
             self.clone(),
@@ -326,6 +327,7 @@ impl AmqpBackend {
             consumer.out.clone(),
             consumer.stopped.clone(),
             consumer.failure.clone(),
+            consumer.down_since.clone(),
         );
         *consumer.supervisor.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::runtime::handle().spawn(task));
         Ok(consumer)
@@ -405,6 +407,7 @@ async fn supervise(
     out: Arc<DeliveryQueue>,
     stopped: Arc<std::sync::atomic::AtomicBool>,
     failure: Arc<Mutex<Option<Error>>>,
+    down_since: Arc<Mutex<Option<std::time::Instant>>>,
 ) {
     use std::sync::atomic::Ordering::Acquire;
     let record = |e: Error| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -433,6 +436,7 @@ async fn supervise(
         // old channel delivered and we had not acknowledged is the broker's
         // again; retire it and subscribe anew, backing off while it is down.
         current.lock().unwrap_or_else(|p| p.into_inner()).retire();
+        *down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
         let mut pause = Duration::from_millis(100);
         loop {
             if stopped.load(Acquire) || backend.closed.load(Acquire) {
@@ -441,6 +445,7 @@ async fn supervise(
             match subscribe(&backend, &queue, prefetch, id + 1).await {
                 Ok((generation, fresh)) => {
                     *current.lock().unwrap_or_else(|p| p.into_inner()) = generation;
+                    *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     stream = fresh;
                     continue 'subscription;
                 }
@@ -563,6 +568,10 @@ pub(crate) struct AmqpConsumer {
     stopped: Arc<std::sync::atomic::AtomicBool>,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(crate) failure: Arc<Mutex<Option<Error>>>,
+    /// Since when the subscription has been without a channel (None while
+    /// subscribed): what tells a broker that is restarting from a consumer
+    /// that will never subscribe again.
+    pub(crate) down_since: Arc<Mutex<Option<std::time::Instant>>>,
 }
 
 /// One channel's worth of a subscription.

@@ -83,6 +83,14 @@ impl Link {
         }
     }
 
+    /// How long the subscription has been without a channel, if it is.
+    pub(crate) fn down_for(&self) -> Option<std::time::Duration> {
+        match self {
+            Link::Amqp(c) => c.down_since.lock().unwrap_or_else(|p| p.into_inner()).map(|t| t.elapsed()),
+            Link::Memory { .. } => None,
+        }
+    }
+
     /// Why the subscription ended, when the broker ended it.
     pub(crate) fn failure(&self) -> Option<Error> {
         match self {

@@ -1,0 +1,170 @@
+//! AceMQ::AMQP::NativeSupervisor: core's runner rules (the state, restart
+//! verdicts, the shutdown deadline, the health endpoint) for the Ruby runner
+//! in lib/acemq/runner.rb, which owns signals, threads and logging.
+
+use crate::connection::seconds;
+use crate::errors::IntoRuby;
+use crate::gvl;
+use acemq::runner::{serve_health, HealthServer, Observation, RestartPolicy, RunnerOptions, Supervisor, Verdict};
+use magnus::{function, method, prelude::*, Error, RModule, Ruby};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+#[magnus::wrap(class = "AceMQ::AMQP::NativeSupervisor", free_immediately, size)]
+pub struct RbSupervisor {
+    inner: Arc<Supervisor>,
+    health: Mutex<Option<HealthServer>>,
+}
+
+impl RbSupervisor {
+    /// Every argument may be nil for core's default.
+    fn new(
+        ruby: &Ruby,
+        shutdown_timeout: Option<f64>,
+        recovery_bound: Option<f64>,
+        max_restarts: Option<u32>,
+        restart_window: Option<f64>,
+        heartbeat: Option<f64>,
+    ) -> Result<Self, Error> {
+        let mut options = RunnerOptions::default();
+        let mut restart = RestartPolicy::default();
+        if let Some(s) = shutdown_timeout {
+            options.shutdown_timeout = seconds(ruby, "shutdown_timeout", s)?;
+        }
+        if let Some(s) = recovery_bound {
+            options.recovery_bound = seconds(ruby, "recovery_bound", s)?;
+        }
+        if let Some(n) = max_restarts {
+            restart.max_restarts = n;
+        }
+        if let Some(s) = restart_window {
+            restart.window = seconds(ruby, "restart_window", s)?;
+        }
+        if let Some(s) = heartbeat {
+            options.heartbeat = seconds(ruby, "heartbeat", s)?;
+        }
+        options.restart = restart;
+        Ok(RbSupervisor { inner: Arc::new(Supervisor::new(options)), health: Mutex::new(None) })
+    }
+
+    fn register(&self, name: String, queue: String, concurrency: usize, prefetch: u16) -> usize {
+        self.inner.register(&name, &queue, concurrency, prefetch)
+    }
+
+    /// [verdict, pause in seconds, reason]: "healthy", "restart" or "give_up".
+    fn observe(
+        &self,
+        index: usize,
+        ended: Option<String>,
+        dead_workers: usize,
+        down_for: Option<f64>,
+        last_error: Option<String>,
+    ) -> (&'static str, f64, Option<String>) {
+        let seen = Observation {
+            ended,
+            dead_workers,
+            down_for: down_for.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))),
+            last_error,
+        };
+        match self.inner.observe(index, seen) {
+            Verdict::Healthy => ("healthy", 0.0, None),
+            Verdict::Restart { after, reason } => ("restart", after.as_secs_f64(), Some(reason)),
+            Verdict::GiveUp { reason } => ("give_up", 0.0, Some(reason)),
+        }
+    }
+
+    fn restarted(&self, index: usize) {
+        self.inner.restarted(index)
+    }
+
+    fn running(&self) {
+        self.inner.running()
+    }
+
+    fn quiet(&self) {
+        self.inner.quiet()
+    }
+
+    /// Seconds left until the shutdown deadline (core starts the clock on
+    /// the first call).
+    fn stopping(&self) -> f64 {
+        self.inner.stopping().saturating_duration_since(Instant::now()).as_secs_f64()
+    }
+
+    fn stopped(&self) {
+        self.inner.stopped()
+    }
+
+    fn fail(&self, reason: String) {
+        self.inner.fail(&reason)
+    }
+
+    fn beat(&self) {
+        self.inner.beat()
+    }
+
+    fn state(&self) -> &'static str {
+        self.inner.state().as_str()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+
+    fn live(&self) -> bool {
+        self.inner.live()
+    }
+
+    fn ready(&self) -> bool {
+        self.inner.ready()
+    }
+
+    fn status_json(&self) -> String {
+        self.inner.status_json()
+    }
+
+    /// Serve /live, /ready and /status on host:port; returns the port bound.
+    fn serve_health(ruby: &Ruby, rb_self: &Self, host: String, port: u16) -> Result<u16, Error> {
+        let addr = format!("{host}:{port}").parse().map_err(|_| {
+            Error::new(
+                ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
+                format!("health_host {host:?} is not an IP address (use 0.0.0.0 or 127.0.0.1)"),
+            )
+        })?;
+        let supervisor = rb_self.inner.clone();
+        let server = gvl::block_on(ruby, async move { serve_health(addr, supervisor).await })?.rb(ruby)?;
+        let port = server.local_addr().port();
+        if let Some(old) = rb_self.health.lock().unwrap_or_else(|p| p.into_inner()).replace(server) {
+            old.close();
+        }
+        Ok(port)
+    }
+
+    fn close_health(&self) {
+        if let Some(server) = self.health.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            server.close();
+        }
+    }
+}
+
+pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
+    let class = amqp.define_class("NativeSupervisor", ruby.class_object())?;
+    class.define_singleton_method("_new", function!(RbSupervisor::new, 5))?;
+    class.define_method("_register", method!(RbSupervisor::register, 4))?;
+    class.define_method("_observe", method!(RbSupervisor::observe, 5))?;
+    class.define_method("_restarted", method!(RbSupervisor::restarted, 1))?;
+    class.define_method("_running", method!(RbSupervisor::running, 0))?;
+    class.define_method("_quiet", method!(RbSupervisor::quiet, 0))?;
+    class.define_method("_stopping", method!(RbSupervisor::stopping, 0))?;
+    class.define_method("_stopped", method!(RbSupervisor::stopped, 0))?;
+    class.define_method("_fail", method!(RbSupervisor::fail, 1))?;
+    class.define_method("_beat", method!(RbSupervisor::beat, 0))?;
+    class.define_method("state", method!(RbSupervisor::state, 0))?;
+    class.define_method("failure", method!(RbSupervisor::failure, 0))?;
+    class.define_method("live?", method!(RbSupervisor::live, 0))?;
+    class.define_method("ready?", method!(RbSupervisor::ready, 0))?;
+    class.define_method("status_json", method!(RbSupervisor::status_json, 0))?;
+    class.define_method("_serve_health", method!(RbSupervisor::serve_health, 2))?;
+    class.define_method("_close_health", method!(RbSupervisor::close_health, 0))?;
+    Ok(())
+}

@@ -12,10 +12,12 @@ Gem::Specification.new do |s|
   s.authors = ["AceMQ"]
   s.license = "MIT"
   s.required_ruby_version = ">= 3.1"
-  s.files = Dir["lib/**/*.rb", "ext/extconf.rb", "ext/Cargo.toml", "ext/src/**/*.rs", "core/Cargo.toml",
+  s.files = Dir["lib/**/*.rb", "lib/**/*.rake", "lib/generators/**/*.tt", "exe/*", "ext/extconf.rb", "ext/Cargo.toml", "ext/src/**/*.rs", "core/Cargo.toml",
                 "core/src/**/*.rs", "Cargo.toml", "Cargo.lock", "README.md", "docs/**/*.md"]
   s.extensions = ["ext/extconf.rb"]
   s.require_paths = ["lib"]
+  s.bindir = "exe"
+  s.executables = ["acemq"]
   # No runtime dependencies: database drivers are recognised by the methods
   # they answer, never required.
 end

@@ -89,6 +89,19 @@ module AceMQ
         { replayed: replayed, skipped: skipped }
       end
 
+      # Up to limit: dead letters in {queue}.dlq, oldest first, left where
+      # they are: each a Hash of id, type, attempt, reason, error_class,
+      # failed_at (a Time) and body (the bytes as they arrived).
+      def peek_dead_letters(queue, limit: 10)
+        limit = Integer(limit)
+        raise ConfigurationError, "limit: must be at least 1" if limit < 1
+
+        _peek(queue.to_s, limit).map do |id, type, attempt, reason, error_class, failed_at, body|
+          { id: id, type: type, attempt: attempt, reason: reason, error_class: error_class,
+            failed_at: failed_at && Time.at(failed_at), body: body }
+        end
+      end
+
       # memory:// only: move the broker's clock forward, so messages waiting
       # in a rung of the retry ladder come back now.
       def advance_clock(seconds)

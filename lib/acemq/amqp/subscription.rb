@@ -36,13 +36,55 @@ module AceMQ
         return self if @cancelled
 
         @cancelled = true
-        @native._stop
-        @threads.each { |t| t.join unless t == Thread.current }
+        stop_taking
+        @threads.each { |t| join_quietly(t) unless t == Thread.current }
         @native._close
         report(@native._errors)
         self
       end
       alias close cancel
+
+      # Stop taking deliveries and return at once: buffered ones go back to
+      # the queue, handlers in progress go on and settle. Then #drain waits
+      # for them and #cancel closes. This is what a runner's quiet and the
+      # first step of its shutdown are.
+      def stop_taking
+        return self if @stopped
+
+        @stopped = true
+        @native._stop
+        self
+      end
+
+      # Wait until deadline (a Time) for every handler thread to finish;
+      # returns how many had not. Call stop_taking first.
+      def drain(deadline)
+        @threads.count do |t|
+          next false if t == Thread.current
+
+          left = deadline - Time.now
+          left.positive? ? join_quietly(t, left).nil? : t.alive?
+        end
+      end
+
+      # Why the subscription stopped without being asked to (the broker
+      # cancelled it, or its delivery stream closed), nil while it runs or
+      # after stop_taking/cancel.
+      def ended
+        return nil if @stopped || @cancelled || @threads.any?(&:alive?)
+        return nil unless @threads.all? { |t| t.status == false } # all returned, none raised
+
+        failure || "the delivery stream closed"
+      end
+
+      # Handler threads that died with an exception a handler may not
+      # swallow (Interrupt, NoMemoryError, a Thread#kill from outside): the
+      # runner restarts a consumer that lost one.
+      def dead_workers = @threads.count { |t| t.status.nil? }
+
+      # Seconds without a channel (the broker unreachable, the queue gone),
+      # nil while subscribed.
+      def down_for = @native._down_for
 
       def cancelled? = @cancelled
 
@@ -56,6 +98,9 @@ module AceMQ
       def failure = @native._failure
 
       def alive? = @threads.any?(&:alive?)
+
+      # The handler threads' count.
+      def concurrency = @threads.size
 
       def inspect = "#<AceMQ::AMQP::Subscription queue=#{@queue.inspect} cancelled=#{@cancelled}>"
 
@@ -104,6 +149,14 @@ module AceMQ
       # the queue: say so, and go on.
       def settle(tag, kind, reason, error_class, fatal)
         report(@native._settle(tag, kind, reason, error_class, fatal))
+      end
+
+      # Thread#join re-raises what killed the thread; a subscription being
+      # closed must close whatever its handler threads died of.
+      def join_quietly(thread, limit = nil)
+        thread.join(limit)
+      rescue Exception # rubocop:disable Lint/RescueException
+        thread
       end
 
       def report(errors)

@@ -1,0 +1,85 @@
+# frozen_string_literal: true
+
+require "acemq/amqp"
+require "acemq/amqp/patterns"
+require "acemq/rails/configuration"
+require "acemq/rails/consumer"
+require "acemq/runner"
+
+module AceMQ
+  # AceMQ in an application: consumer classes, their runner, and its
+  # configuration. Nothing here needs Rails itself; with Rails, the Railtie
+  # adds the rake tasks, the generators, the executor around each handler
+  # call and eager loading of app/consumers.
+  #
+  # Inside this module `Rails` is AceMQ::Rails: the framework is ::Rails.
+  module Rails
+    class << self
+      def config = (@config ||= Configuration.new)
+
+      def configure
+        yield config
+        config
+      end
+
+      def logger = config.logger
+
+      # The connection consumers and application code publish on. In the
+      # runner it is a connection of its own, apart from the consuming one;
+      # elsewhere (a web process, a console) it is opened on first use.
+      def publisher
+        @publisher_lock.synchronize do
+          @publisher = nil if @publisher&.closed?
+          @publisher ||= AMQP::Connection.open(config.url, origin: "#{config.origin}:publish",
+                                                            connect_timeout: config.connect_timeout,
+                                                            confirm_timeout: config.confirm_timeout)
+        end
+      end
+
+      # The runner sets its own; a spec may set a memory:// one.
+      def publisher=(connection)
+        @publisher_lock.synchronize { @publisher = connection }
+      end
+
+      # A Runner for the configured consumers (`only:` names some of them).
+      def runner(only: nil)
+        Runner.new(consumers: select_consumers(only), config: config, executor: executor)
+      end
+
+      # What wraps each handler call: the Rails executor (the reloader when
+      # code reloading is on), so connections go back to the pool and
+      # per-request state is reset after every message. nil without Rails.
+      def executor
+        return nil unless defined?(::Rails.application) && ::Rails.application
+
+        app = ::Rails.application
+        wrapper = app.config.cache_classes ? app.executor : app.reloader
+        ->(&block) { wrapper.wrap(&block) }
+      end
+
+      def eager_load!
+        ::Rails.application.eager_load! if defined?(::Rails.application) && ::Rails.application
+      end
+
+      private
+
+      def select_consumers(only)
+        eager_load!
+        all = config.consumers || Consumer.consumers
+        return all if only.nil? || only.empty?
+
+        names = Array(only).flat_map { |n| n.to_s.split(",") }.map(&:strip).reject(&:empty?)
+        unknown = names - all.map(&:name)
+        unless unknown.empty?
+          raise AMQP::ConfigurationError,
+                "no consumer named #{unknown.join(', ')}: the consumers are #{all.map(&:name).join(', ')}"
+        end
+        all.select { |k| names.include?(k.name) }
+      end
+    end
+
+    @publisher_lock = Mutex.new
+  end
+end
+
+require "acemq/rails/railtie" if defined?(::Rails::Railtie)

@@ -1,0 +1,64 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module Rails
+    # What `AceMQ::Rails.configure { |c| ... }` sets, usually in
+    # config/initializers/acemq.rb. Every setting has a default; the runner
+    # reads them when it boots.
+    class Configuration
+      # The broker. Default: ENV["AMQP_URL"], then the local broker.
+      attr_writer :url
+      # Seconds a shutdown lets running handlers finish (default 25: under
+      # the 30 s most platforms give between SIGTERM and SIGKILL).
+      attr_accessor :shutdown_timeout
+      # Health endpoint: port (nil: none; 0: any free port), host (default
+      # 0.0.0.0 so a probe from outside the container reaches it).
+      attr_accessor :health_port, :health_host
+      # A file touched on every heartbeat while the runner is live, and
+      # removed when it stops: for an exec probe (`find FILE -mmin -1`).
+      attr_accessor :health_file
+      # Seconds between the runner's checks of its consumers (default 1).
+      attr_accessor :heartbeat
+      # Seconds a subscription may be without a channel before it counts as
+      # failed and is restarted (default 60), and the restart budget: at
+      # most max_restarts (5) within restart_window seconds (300), then the
+      # runner exits non-zero.
+      attr_accessor :recovery_bound, :max_restarts, :restart_window
+      # The connection's name on the broker (default: the application's name).
+      attr_writer :origin
+      attr_accessor :connect_timeout, :confirm_timeout
+      # Consumer classes to run (default: every subclass of
+      # AceMQ::Rails::Consumer with a queue, after eager loading).
+      attr_accessor :consumers
+      # An OutboxRelay run beside the consumers on the publishing
+      # connection: a store (or a callable building one), nil for none.
+      attr_accessor :outbox, :outbox_interval
+      attr_writer :logger
+
+      def initialize
+        @shutdown_timeout = 25
+        @health_host = "0.0.0.0"
+        @heartbeat = 1
+        @outbox_interval = 1
+      end
+
+      def url = @url || ENV.fetch("AMQP_URL", "amqp://guest:guest@localhost:5672")
+
+      def origin
+        return @origin if @origin
+        return ::Rails.application.class.module_parent_name.underscore if defined?(::Rails.application) && ::Rails.application
+
+        File.basename($PROGRAM_NAME)
+      end
+
+      def logger
+        @logger ||= if defined?(::Rails.logger) && ::Rails.logger
+                      ::Rails.logger
+                    else
+                      require "logger"
+                      Logger.new($stdout)
+                    end
+      end
+    end
+  end
+end

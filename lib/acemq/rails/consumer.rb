@@ -1,0 +1,274 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module Rails
+    # A consumer class: one queue, its retry ladder, its threads, and a
+    # #call that returns an Ack. The runner (`acemq run`, `bin/rails
+    # acemq:run`) finds every subclass, declares its topology, and keeps one
+    # instance of it for the life of the process, calling it from the
+    # consumer's threads.
+    #
+    #   class PaymentsConsumer < AceMQ::Rails::Consumer
+    #     queue "shop.payments"
+    #     bind "orders-events", routing_key: "order.placed"
+    #     retries max_attempts: 5, initial_delay: 1, max_delay: 300
+    #     concurrency 4
+    #
+    #     def call(message)
+    #       Payments.charge!(message.payload["order_id"])
+    #       accept
+    #     end
+    #   end
+    #
+    # Settings are inherited: an ApplicationConsumer with `retries` and no
+    # `queue` gives every subclass its ladder and is itself never run.
+    class Consumer
+      # Every setting a class can make, with its default where one is the
+      # library's (nil leaves the choice to the engine: prefetch and the
+      # retry ladder have their defaults in core).
+      SETTINGS = {
+        queue: nil, queue_arguments: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
+        bindings: [].freeze, on_error: nil, idempotency: nil
+      }.freeze
+
+      class << self
+        # The consumer classes defined so far, by name, in definition order.
+        # Anonymous classes are not runnable (the runner names them in logs,
+        # the health endpoint and --only).
+        def registry = (@@registry ||= []) # rubocop:disable Style/ClassVars
+
+        def inherited(subclass)
+          super
+          # By name, resolved when asked: a class reloaded in development is
+          # the same name again, and a new class object.
+          Consumer.registry << subclass.name if subclass.name && !Consumer.registry.include?(subclass.name)
+        end
+
+        # The classes to run: every registered class that names a queue
+        # (one without is abstract, like an ApplicationConsumer).
+        def consumers
+          registry.filter_map { |name| Object.const_get(name) if Object.const_defined?(name) }
+                  .select { |k| k <= Consumer && k.queue_name }
+        end
+
+        # `queue "shop.payments"` names the queue (declared with its .dlq and
+        # rungs at boot). `arguments:` are queue arguments (x-max-length, ...).
+        def queue(name = nil, arguments: nil)
+          return queue_name if name.nil?
+
+          name = name.to_s
+          raise AMQP::ConfigurationError, "#{self}: queue needs a name" if name.empty?
+
+          set(:queue, name)
+          set(:queue_arguments, arguments.transform_keys(&:to_s).freeze) if arguments
+          name
+        end
+
+        def queue_name = setting(:queue)
+
+        # The retry ladder: `retries max_attempts: 5, initial_delay: 1,
+        # max_delay: 300` (seconds). Checked here, at class definition, so a
+        # ladder that cannot work fails the boot rather than the first retry.
+        def retries(**options)
+          return setting(:retries) if options.empty?
+
+          policy = AMQP::RetryPolicy.from(options)
+          if policy.max_attempts&.zero?
+            raise AMQP::ConfigurationError, "#{self}: retries max_attempts must be at least 1 (1 means no retry)"
+          end
+          if [policy.initial_delay, policy.max_delay].compact.any?(&:negative?)
+            raise AMQP::ConfigurationError, "#{self}: retries delays must be zero or more seconds"
+          end
+
+          set(:retries, policy)
+        end
+
+        # Handler threads for this consumer (default 1). Each needs a
+        # database connection if the handler uses ActiveRecord: the runner
+        # refuses to boot when the pool is smaller than the threads.
+        def concurrency(count = nil)
+          return setting(:concurrency) if count.nil?
+
+          set(:concurrency, positive(:concurrency, count))
+        end
+
+        # Deliveries in flight (default: the engine's, 32 or twice the
+        # concurrency). Never unlimited.
+        def prefetch(count = nil)
+          return setting(:prefetch) if count.nil?
+
+          count = positive(:prefetch, count)
+          raise AMQP::ConfigurationError, "#{self}: prefetch must be at most 65535" if count > 65_535
+
+          set(:prefetch, count)
+        end
+
+        # Hand the idempotency guard up to `size` buffered deliveries at once
+        # (one claim and one confirm transaction for all of them). Needs the
+        # `idempotent` macro: a batch is the guard's, not the handler's.
+        def batch(size = nil)
+          return setting(:batch) if size.nil?
+
+          set(:batch, positive(:batch, size))
+        end
+
+        # Bind the queue to an exchange, declared at boot with it:
+        #
+        #   bind "orders-events", routing_key: "order.*"             # a topic exchange
+        #   bind "audit", type: :fanout
+        #   bind "orders-events", routing_key: %w[order.placed order.paid]
+        #
+        # The exchange is declared too (durable, `type:`, default :topic),
+        # so every process that binds to it can be the first to boot.
+        def bind(exchange, routing_key: "", type: :topic)
+          exchange = exchange.to_s
+          raise AMQP::ConfigurationError, "#{self}: bind needs an exchange name" if exchange.empty?
+
+          keys = Array(routing_key).map(&:to_s)
+          keys = [""] if keys.empty?
+          set(:bindings, (bindings + keys.map { |k| [exchange, type.to_s, k].freeze }).uniq.freeze)
+        end
+
+        def bindings = setting(:bindings)
+
+        # What to do with the errors a consumer meets outside the handler (a
+        # retry copy the broker refused, a lost channel): a callable taking
+        # the error, or a block. Default: the runner's logger at warn.
+        def on_error(callable = nil, &block)
+          handler = callable || block
+          return setting(:on_error) unless handler
+          raise AMQP::ConfigurationError, "#{self}: on_error needs a callable or a block" unless handler.respond_to?(:call)
+
+          set(:on_error, handler)
+        end
+
+        # Guard #call with the idempotent consumer, the same mechanism as
+        # Patterns.idempotent: `idempotent store: STORE, key: ->(m) { ... }`.
+        # Without it, wrap by hand inside #call as the guide shows.
+        def idempotent(store:, key: nil)
+          # Built now so a store that is not one fails the class, not a message.
+          AMQP::Patterns.with_idempotency(store, key: key)
+          set(:idempotency, { store: store, key: key }.freeze)
+        end
+
+        def idempotency = setting(:idempotency)
+        def queue_arguments = setting(:queue_arguments)
+
+        # Exchanges, the queue (with its .dlq) and bindings, for apply.
+        def topology
+          raise AMQP::ConfigurationError, "#{self} has no queue: add `queue \"name\"` to the class" unless queue_name
+
+          t = AMQP::Topology.new
+          bindings.map { |e, type, _| [e, type] }.uniq.each { |e, type| t.exchange(e, type: type) }
+          t.queue(queue_name, arguments: queue_arguments)
+          bindings.each { |e, _, key| t.bind(queue_name, to: e, routing_key: key) }
+          t
+        end
+
+        # What the subscription calls for `instance`: the instance itself, or
+        # the idempotency guard around it when the class declares one (a
+        # Patterns.idempotent Proc, which answers call_many for batch).
+        def pipeline(instance)
+          guard = idempotency
+          handler = guard ? AMQP::Patterns.idempotent(guard[:store], key: guard[:key]) { |m| instance.call(m) } : instance
+          if batch > 1 && !handler.respond_to?(:call_many)
+            raise AMQP::ConfigurationError,
+                  "#{self}: batch #{batch} needs the idempotent macro (a batch is claimed and confirmed by the guard); " \
+                  "remove batch or add `idempotent store: ...`"
+          end
+          handler
+        end
+
+        # Subscribe `instance` on connection. around: wraps every call (the
+        # runner passes the Rails executor); on_error: is the fallback when
+        # the class declares none.
+        def subscribe(connection, instance: new, around: nil, on_error: nil)
+          handler = Around.wrap(pipeline(instance), around)
+          connection.consume(queue_name, concurrency: concurrency, prefetch: prefetch, retries: retries,
+                                         batch: batch, on_error: self.on_error || on_error, &handler)
+        end
+
+        # Settings as a Hash, for logs and the health endpoint.
+        def describe
+          { name: name, queue: queue_name, concurrency: concurrency, prefetch: prefetch, batch: batch,
+            bindings: bindings.map { |e, _, k| "#{e}/#{k}" }, idempotent: !idempotency.nil? }
+        end
+
+        private
+
+        def settings = (@settings ||= {})
+
+        def set(key, value)
+          settings[key] = value
+        end
+
+        def setting(key)
+          klass = self
+          while klass <= Consumer
+            s = klass.instance_variable_get(:@settings)
+            return s[key] if s&.key?(key)
+
+            klass = klass.superclass
+          end
+          SETTINGS.fetch(key)
+        end
+
+        def positive(name, value)
+          n = Integer(value)
+          raise AMQP::ConfigurationError, "#{self}: #{name} must be at least 1 (got #{n})" if n < 1
+
+          n
+        rescue ArgumentError, TypeError
+          raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
+        end
+      end
+
+      # Handle one message and return an Ack: accept, reject(reason) or
+      # retry_later(reason). Raising is a retry; raising
+      # AceMQ::AMQP::FatalError is a reject.
+      def call(message)
+        raise NotImplementedError, "#{self.class} must define call(message) and return accept, reject or retry_later"
+      end
+
+      def inspect = "#<#{self.class.name || 'AceMQ::Rails::Consumer'} queue=#{self.class.queue_name.inspect}>"
+
+      private
+
+      # Handled: the message is gone.
+      def accept = AMQP::Ack.accept
+
+      # Never: to {queue}.dlq at once, with the reason.
+      def reject(reason = "rejected", error: nil) = AMQP::Ack.reject(reason, error: error)
+
+      # Not now: to the next rung of the ladder, back after its delay, and to
+      # the DLQ once max_attempts is used up. Not called `retry`: that is a
+      # Ruby keyword, and a bare `retry(...)` outside a rescue does not parse.
+      def retry_later(reason = "retry requested", error: nil) = AMQP::Ack.retry(reason, error: error)
+
+      # Publish from a handler on the runner's publishing connection (its own
+      # connection, so a broker that blocks publishers under an alarm does
+      # not stop this consumer from draining). Outside a runner: the
+      # connection AceMQ::Rails.publisher opens.
+      def publish(payload, to:, **options) = AceMQ::Rails.publisher.publish(payload, to: to, **options)
+
+      def logger = AceMQ::Rails.logger
+    end
+
+    # A handler as the Proc a subscription takes, with every call wrapped
+    # (the Rails executor) when around: is given. It answers call_many only
+    # when the handler underneath does, because that is how a subscription
+    # decides to batch.
+    module Around
+      def self.wrap(handler, around = nil)
+        return handler if around.nil? && handler.is_a?(Proc)
+
+        around ||= ->(&blk) { blk.call }
+        wrapped = proc { |message| around.call { handler.call(message) } }
+        if handler.respond_to?(:call_many)
+          wrapped.define_singleton_method(:call_many) { |messages| around.call { handler.call_many(messages) } }
+        end
+        wrapped
+      end
+    end
+  end
+end

@@ -1,0 +1,298 @@
+# frozen_string_literal: true
+
+require "fileutils"
+
+module AceMQ
+  # One consumer process: every consumer class on one consuming connection,
+  # a second connection to publish on, a health endpoint, and signals.
+  # `acemq run` and `bin/rails acemq:run` build one and call #run.
+  #
+  # What it decides (restart or give up, ready or not, how long a shutdown
+  # drains) is the engine's supervisor (core's acemq::runner), so a Rust
+  # service gets the same rules; the threads, the signals and the log lines
+  # are here.
+  #
+  # Signals: TERM or INT stops taking deliveries, lets running handlers
+  # finish within shutdown_timeout, settles them and exits 0 (1 when some had
+  # to be abandoned: their messages go back to the queue, unacknowledged); a
+  # second TERM or INT exits at once. TSTP: quiet (no new deliveries, the
+  # process stays up; TERM to finish). TTIN: every thread's backtrace to the
+  # log.
+  class Runner
+    SIGNALS = %w[TERM INT TSTP TTIN].freeze
+
+    attr_reader :consumers, :supervisor, :health_port
+
+    def initialize(consumers:, config: AceMQ::Rails.config, executor: nil)
+      @consumers = consumers
+      @config = config
+      @executor = executor
+      @logger = config.logger
+      @supervisor = AMQP::NativeSupervisor._new(
+        config.shutdown_timeout && Float(config.shutdown_timeout), config.recovery_bound && Float(config.recovery_bound),
+        config.max_restarts && Integer(config.max_restarts), config.restart_window && Float(config.restart_window),
+        Float(config.heartbeat || 1)
+      )
+      @slots = []
+      # Signals arrive on a pipe: a trap handler may not take a lock, and
+      # the main loop waits on the pipe with the heartbeat as its timeout.
+      @signal_in, @signal_out = IO.pipe
+      @stopping = false
+    end
+
+    # Boot, run until told to stop, shut down. Returns the exit status:
+    # 0 after a clean shutdown, 1 when it gave up or had to abandon handlers.
+    def run
+      boot
+      trap_signals
+      loop_until_stopped
+    rescue AMQP::ConfigurationError, AMQP::ConnectionError => e
+      @supervisor._fail(e.message)
+      @logger.error("acemq: cannot start: #{e.message}")
+      shutdown
+      1
+    end
+
+    # Whether the runner has been asked to stop (a signal, or #stop).
+    def stopping? = @stopping
+
+    # Ask the running loop to shut down, as TERM does (from another thread).
+    def stop = signal("TERM")
+
+    # Stop taking deliveries and keep running, as TSTP does.
+    def quiet = signal("TSTP")
+
+    private
+
+    def boot
+      raise AMQP::ConfigurationError, "no consumers to run: define a subclass of AceMQ::Rails::Consumer with a queue (in app/consumers)" if @consumers.empty?
+
+      check_pool
+      @consume = AMQP::Connection.open(@config.url, origin: "#{@config.origin}:consume",
+                                                    connect_timeout: @config.connect_timeout,
+                                                    confirm_timeout: @config.confirm_timeout)
+      # Publishing on a connection of its own: RabbitMQ blocks publishing
+      # connections under a memory or disk alarm, and the consumers must keep
+      # draining (which is what clears the alarm) while it does.
+      @publish = AMQP::Connection.open(@config.url, origin: "#{@config.origin}:publish",
+                                                    connect_timeout: @config.connect_timeout,
+                                                    confirm_timeout: @config.confirm_timeout)
+      AceMQ::Rails.publisher = @publish
+      @consumers.each do |klass|
+        klass.topology.apply(@consume)
+        index = @supervisor._register(klass.name, klass.queue_name, klass.concurrency, klass.prefetch || 0)
+        # One instance for the life of the process: the guide's consumers
+        # memoise their guard in it.
+        slot = { klass: klass, index: index, instance: klass.new, subscription: nil, restart_at: nil }
+        slot[:subscription] = subscribe(slot)
+        @slots << slot
+        d = klass.describe
+        @logger.info("acemq: #{d[:name]} on #{d[:queue]} (concurrency #{d[:concurrency]}, prefetch " \
+                     "#{d[:prefetch] || 'default'}#{d[:batch] > 1 ? ", batch #{d[:batch]}" : ''}" \
+                     "#{d[:bindings].empty? ? '' : ", bound to #{d[:bindings].join(' ')}"}" \
+                     "#{d[:idempotent] ? ', idempotent' : ''})")
+      end
+      start_relay
+      start_health
+      @supervisor._running
+      @logger.info("acemq: running #{@slots.size} consumer#{@slots.size == 1 ? '' : 's'} (pid #{Process.pid}, " \
+                   "shutdown_timeout #{@config.shutdown_timeout}s#{@health_port ? ", health on :#{@health_port}" : ''})")
+    end
+
+    def subscribe(slot)
+      klass = slot[:klass]
+      on_error = ->(error) { @logger.warn("acemq: #{klass.name}: #{error.class}: #{error.message}") }
+      klass.subscribe(@consume, instance: slot[:instance], around: @executor, on_error: on_error)
+    end
+
+    # Every handler thread that touches ActiveRecord holds a connection for
+    # its call; a pool smaller than the threads is a handler that waits for
+    # a connection and times out under load, so it is refused at boot.
+    def check_pool
+      return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_pool)
+
+      pool = begin
+        ::ActiveRecord::Base.connection_pool
+      rescue StandardError
+        return
+      end
+      threads = @consumers.sum(&:concurrency)
+      return if pool.size >= threads
+
+      raise AMQP::ConfigurationError,
+            "the ActiveRecord pool has #{pool.size} connections and the consumers run #{threads} threads " \
+            "(#{@consumers.map { |k| "#{k.name} #{k.concurrency}" }.join(', ')}): set pool: #{threads} (or more) " \
+            "in config/database.yml, e.g. RAILS_MAX_THREADS=#{threads}, or lower a consumer's concurrency"
+    end
+
+    def start_relay
+      store = @config.outbox
+      return unless store
+
+      store = store.call if store.respond_to?(:call) && !store.respond_to?(:claim_batch)
+      @relay = AMQP::Patterns::OutboxRelay.new(
+        @publish, store, interval: @config.outbox_interval,
+                         on_error: lambda { |error, exchange:, routing_key:|
+                           @logger.warn("acemq: outbox stuck on #{exchange}/#{routing_key}: #{error.message}")
+                         }
+      )
+      @relay.start
+      @logger.info("acemq: outbox relay every #{@config.outbox_interval}s")
+    end
+
+    def start_health
+      touch_health_file
+      return if @config.health_port.nil?
+
+      @health_port = @supervisor._serve_health(@config.health_host.to_s, Integer(@config.health_port))
+    end
+
+    def touch_health_file
+      path = @config.health_file
+      return unless path
+
+      @supervisor.live? ? FileUtils.touch(path) : FileUtils.rm_f(path)
+    end
+
+    def trap_signals
+      @previous = {}
+      SIGNALS.each do |sig|
+        @previous[sig] = Signal.trap(sig) do
+          # A second TERM or INT while draining: the operator means now.
+          exit!(1) if @stopping && %w[TERM INT].include?(sig)
+          @stopping = true if %w[TERM INT].include?(sig)
+          signal(sig)
+        end
+      rescue ArgumentError
+        nil # a platform without the signal
+      end
+    end
+
+    def restore_signals
+      @previous&.each { |sig, handler| Signal.trap(sig, handler || "DEFAULT") }
+    end
+
+    def signal(sig)
+      @signal_out.write_nonblock("#{sig}\n", exception: false)
+    end
+
+    def loop_until_stopped
+      loop do
+        ready = IO.select([@signal_in], nil, nil, Float(@config.heartbeat || 1))
+        signals = ready ? @signal_in.read_nonblock(4096, exception: false).to_s.split("\n") : []
+        return shutdown if signals.any? { |sig| %w[TERM INT].include?(sig) }
+
+        go_quiet if signals.include?("TSTP")
+        dump_threads if signals.include?("TTIN")
+        status = tick
+        return status if status
+      end
+    end
+
+    # One look at every consumer; the supervisor decides.
+    def tick
+      @supervisor._beat
+      touch_health_file
+      @slots.each do |slot|
+        if slot[:restart_at]
+          restart(slot) if Time.now >= slot[:restart_at]
+          next
+        end
+        sub = slot[:subscription]
+        verdict, after, reason = @supervisor._observe(slot[:index], sub.ended, sub.dead_workers, sub.down_for,
+                                                      sub.failure)
+        case verdict
+        when "restart"
+          @logger.error("acemq: #{reason}; restarting in #{after.round(1)}s")
+          close_quietly(sub)
+          slot[:restart_at] = Time.now + after
+        when "give_up"
+          @logger.error("acemq: #{reason}")
+          shutdown
+          return 1
+        end
+      end
+      nil
+    end
+
+    def restart(slot)
+      slot[:subscription] = subscribe(slot)
+      slot[:restart_at] = nil
+      @supervisor._restarted(slot[:index])
+      @logger.info("acemq: #{slot[:klass].name} subscribed again")
+    rescue AMQP::Error => e
+      @logger.error("acemq: #{slot[:klass].name} could not subscribe again: #{e.message}")
+      slot[:restart_at] = nil # the next tick observes it as down and asks the supervisor
+      slot[:subscription] = DeadSubscription.new(e.message)
+    end
+
+    def go_quiet
+      return if @quiet
+
+      @quiet = true
+      @supervisor._quiet
+      @slots.each { |s| s[:subscription].stop_taking }
+      @logger.info("acemq: quiet: taking no new deliveries (TERM to stop)")
+    end
+
+    def dump_threads
+      Thread.list.each do |t|
+        @logger.warn("acemq: thread #{t.name || t.object_id} #{t.status}\n  #{(t.backtrace || ['(none)']).join("\n  ")}")
+      end
+    end
+
+    # Stop taking deliveries everywhere first, then wait for the handlers
+    # running now, until the supervisor's deadline. What has not finished by
+    # then is never acknowledged: closing the connection gives it back to the
+    # broker, which delivers it again.
+    def shutdown
+      @stopping = true
+      remaining = @supervisor._stopping
+      deadline = Time.now + remaining
+      @logger.info("acemq: stopping: letting running handlers finish (up to #{remaining.round}s)")
+      subs = @slots.map { |s| s[:subscription] }.compact
+      subs.each(&:stop_taking)
+      @relay&.close
+      unfinished = subs.sum { |s| s.drain(deadline) }
+      if unfinished.zero?
+        subs.each { |s| close_quietly(s) }
+        @logger.info("acemq: stopped")
+      else
+        @logger.warn("acemq: #{unfinished} handler#{unfinished == 1 ? '' : 's'} did not finish within " \
+                     "shutdown_timeout (#{@config.shutdown_timeout}s): their messages go back to the queue")
+      end
+      [@publish, @consume].compact.each { |c| c.close rescue nil } # rubocop:disable Style/RescueModifier
+      @supervisor._close_health
+      @supervisor._stopped
+      FileUtils.rm_f(@config.health_file) if @config.health_file
+      restore_signals
+      @supervisor.failure || !unfinished.zero? ? 1 : 0
+    end
+
+    def close_quietly(sub)
+      sub.cancel
+    rescue StandardError => e
+      @logger.warn("acemq: closing #{sub.queue}: #{e.message}")
+    end
+
+    # Stands in for a subscription that could not be made, so the next tick
+    # reports it to the supervisor as down.
+    class DeadSubscription
+      attr_reader :failure
+
+      def initialize(failure)
+        @failure = failure
+        @since = Time.now
+      end
+
+      def ended = nil
+      def dead_workers = 0
+      def down_for = Time.now - @since
+      def queue = "(none)"
+      def stop_taking = nil
+      def drain(_deadline) = 0
+      def cancel = nil
+    end
+    private_constant :DeadSubscription
+  end
+end

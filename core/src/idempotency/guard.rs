@@ -16,7 +16,8 @@ pub const MISSING_KEY_CLASS: &str = "AceMQ::AMQP::FatalError";
 
 /// The message of that outcome: what happened and what to do about it.
 pub const MISSING_KEY_MESSAGE: &str = "idempotency key is missing: give Patterns.idempotent a key: that finds one \
-     (e.g. key: ->(m) { \"charge:#{m.payload[\"order_id\"]}\" }), or publish the message with an id \
+     (e.g. key: ->(m) { (id = m.payload[\"order_id\"]) && \"charge:#{id}\" }, which is nil when the field is), \
+     or publish the message with an id \
      (a message from another client without message_id has no envelope id)";
 
 /// What to do with a delivery, decided before the handler runs.

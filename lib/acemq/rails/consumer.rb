@@ -32,23 +32,20 @@ module AceMQ
       }.freeze
 
       class << self
-        # The consumer classes defined so far, by name, in definition order.
-        # Anonymous classes are not runnable (the runner names them in logs,
-        # the health endpoint and --only).
-        def registry = (@@registry ||= []) # rubocop:disable Style/ClassVars
-
-        def inherited(subclass)
-          super
-          # By name, resolved when asked: a class reloaded in development is
-          # the same name again, and a new class object.
-          Consumer.registry << subclass.name if subclass.name && !Consumer.registry.include?(subclass.name)
-        end
-
-        # The classes to run: every registered class that names a queue
-        # (one without is abstract, like an ApplicationConsumer).
+        # The classes to run: every subclass, at any depth, that names a
+        # queue (one without is abstract, like an ApplicationConsumer) and is
+        # still what its constant names (a class replaced by a reload in
+        # development is not run twice). Eager-load first: a class not loaded
+        # yet is not a subclass yet.
         def consumers
-          registry.filter_map { |name| Object.const_get(name) if Object.const_defined?(name) }
-                  .select { |k| k <= Consumer && k.queue_name }
+          found = []
+          pending = Consumer.subclasses
+          until pending.empty?
+            klass = pending.shift
+            pending.concat(klass.subclasses)
+            found << klass if klass.queue_name && current?(klass)
+          end
+          found.uniq.sort_by(&:name)
         end
 
         # `queue "shop.payments"` names the queue (declared with its .dlq and
@@ -214,12 +211,20 @@ module AceMQ
         end
 
         def positive(name, value)
-          n = Integer(value)
+          n = begin
+            Integer(value)
+          rescue ArgumentError, TypeError
+            raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
+          end
           raise AMQP::ConfigurationError, "#{self}: #{name} must be at least 1 (got #{n})" if n < 1
 
           n
-        rescue ArgumentError, TypeError
-          raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
+        end
+
+        def current?(klass)
+          klass.name && Object.const_defined?(klass.name) && Object.const_get(klass.name).equal?(klass)
+        rescue NameError
+          false
         end
       end
 

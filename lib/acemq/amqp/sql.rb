@@ -22,14 +22,30 @@ module AceMQ
         if adapter?(connection) then connection
         elsif connection.respond_to?(:exec_params) then Postgres.new(connection)
         elsif connection.respond_to?(:execute) && connection.respond_to?(:changes) then SQLite.new(connection)
+        elsif ConnectionPool.pool?(connection) then ConnectionPool.new(connection)
+        elsif connection.respond_to?(:raw_connection) then RawConnection.new(connection)
         elsif connection.respond_to?(:call) then PerCall.new(connection)
         else
           raise UnsupportedConnection,
                 "cannot use #{connection.class} as a SQL connection: give an object answering exec_params " \
                 "(a PG::Connection), execute and changes (a SQLite3::Database, also an ActiveRecord raw_connection), " \
-                "call (a callable returning one of those per call, e.g. -> { Thread.current[:db] }), or dialect, " \
-                "execute(sql, params) and query(sql, params) (an adapter of your own)"
+                "with_connection (an ActiveRecord connection pool), raw_connection (ActiveRecord::Base.connection), " \
+                "call (a callable returning an open connection per call), SQL.per_thread { open a connection }, " \
+                "or dialect, execute(sql, params) and query(sql, params) (an adapter of your own)"
         end
+      end
+
+      # One connection per thread, opened by the block the first time a
+      # thread needs one and kept for that thread:
+      #
+      #   SQLIdempotencyStore.new(connection: SQL.per_thread { SQLite3::Database.new("payments.db") })
+      #
+      # For the threads a consumer starts, which have no connection of the
+      # application's (see PerThread).
+      def self.per_thread(&open)
+        raise ConfigurationError, "SQL.per_thread needs a block that opens a connection" unless open
+
+        PerThread.new(&open)
       end
 
       def self.adapter?(obj)
@@ -132,12 +148,12 @@ module AceMQ
         end
       end
 
-      # A callable (connection: -> { Thread.current[:db] }): called once per
-      # store operation, on the calling thread, for the connection to use for
-      # it — a pool checkout, or the thread's own. It must return an open
-      # connection it keeps, never open one for the call: a store operation
-      # is one statement or two, and a connect per message is slower than
-      # the work.
+      # A callable (connection: -> { Thread.current[:db] ||= open_db }):
+      # called once per store operation, on the calling thread, for the
+      # connection to use for it — a pool checkout, or the thread's own. It
+      # must return an open connection it keeps, never open one for the call:
+      # a store operation is one statement or two, and a connect per message
+      # is slower than the work. SQL.per_thread is that callable, written once.
       class PerCall
         def initialize(callable)
           @callable = callable
@@ -146,8 +162,19 @@ module AceMQ
         # The adapter for one store operation (the engine calls this).
         def checkout
           conn = @callable.call
-          if conn.nil? || conn.is_a?(PerCall) || (!SQL.adapter?(conn) && conn.respond_to?(:call) &&
-                                                  !conn.respond_to?(:exec_params) && !conn.respond_to?(:changes))
+          # nil is what -> { Thread.current[:db] } gives on a thread where
+          # nobody set it, which is every thread a consumer starts: say what
+          # to write instead, since the message reaches a retry reason.
+          if conn.nil?
+            raise UnsupportedConnection,
+                  "the connection: callable returned nil on thread #{Thread.current.name.inspect}: it must return an " \
+                  "open connection on every thread that uses the store, and a consumer's handler runs on threads " \
+                  "the subscription starts, where nothing of yours has set one. Open one per thread when first " \
+                  "needed: connection: AceMQ::AMQP::SQL.per_thread { SQLite3::Database.new(\"payments.db\") }, or " \
+                  "-> { Thread.current[:db] ||= SQLite3::Database.new(\"payments.db\") }"
+          end
+          if conn.is_a?(PerCall) || (!SQL.adapter?(conn) && conn.respond_to?(:call) &&
+                                     !conn.respond_to?(:exec_params) && !conn.respond_to?(:changes))
             raise UnsupportedConnection, "the connection: callable returned #{conn.inspect}: it must return an open " \
                                          "database connection (a SQLite3::Database, a PG::Connection)"
           end
@@ -164,3 +191,8 @@ module AceMQ
     end
   end
 end
+
+require "acemq/amqp/sql/per_thread"
+require "acemq/amqp/sql/connection_pool"
+require "acemq/amqp/sql/pool_lease"
+require "acemq/amqp/sql/raw_connection"

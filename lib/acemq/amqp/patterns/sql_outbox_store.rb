@@ -56,7 +56,12 @@ module AceMQ
             raise ConfigurationError, "add takes a record built by Patterns.record, got #{record.class}"
           end
 
-          _add(record, SQL.connect(connection))
+          adapter = SQL.connect(connection)
+          # A pool lends a connection per statement; the insert and (on
+          # SQLite) the question of its id must be asked of one.
+          return adapter.hold { |one| _add(record, one) } if adapter.respond_to?(:hold)
+
+          _add(record, adapter)
         end
 
         # { count:, oldest_age:, stuck: } — rows waiting (leased ones

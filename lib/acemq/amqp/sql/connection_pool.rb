@@ -1,0 +1,51 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    module SQL
+      # A connection pool as a connection source: ActiveRecord::Base.
+      # connection_pool, or anything answering with_connection, connection,
+      # active_connection? and release_connection the way it does.
+      #
+      #   SQLIdempotencyStore.new(connection: ActiveRecord::Base.connection_pool)
+      #
+      # Each store operation gets a PoolLease (checkout), which takes a
+      # connection from the pool for each statement and gives it back —
+      # unless the thread already holds one, which is then the one used, and
+      # with it the thread's transaction. A transaction the engine runs
+      # (BEGIN … COMMIT: a batch claim, a relay's claim) holds one connection
+      # from its BEGIN to its end.
+      class ConnectionPool
+        METHODS = %i[with_connection connection active_connection? release_connection].freeze
+
+        def self.pool?(obj) = METHODS.all? { |m| obj.respond_to?(m) }
+
+        def initialize(pool)
+          @pool = pool
+          @dialect = nil
+        end
+
+        # The adapter for one store operation (the engine calls this).
+        def checkout = PoolLease.new(@pool, dialect)
+
+        # Every connection of one pool speaks the same SQL: asked once.
+        def dialect
+          @dialect ||= @pool.with_connection { |c| SQL.connect(c.raw_connection).dialect }
+        end
+
+        def execute(sql, params) = checkout.execute(sql, params)
+        def query(sql, params) = checkout.query(sql, params)
+
+        # The block with one of the pool's connections (the thread's own, if
+        # it holds one) for all of its statements: SQLOutboxStore#add uses it,
+        # because on SQLite the id of the row it inserted is asked for by a
+        # second statement, which another connection would answer wrongly.
+        def hold
+          @pool.with_connection { |c| yield RawConnection.new(c) }
+        end
+
+        def inspect = "#<AceMQ::AMQP::SQL::ConnectionPool #{@pool.class}>"
+      end
+    end
+  end
+end

@@ -57,6 +57,15 @@ module AceMQ
         ->(&block) { wrapper.wrap(&block) }
       end
 
+      # The store the outbox relay and acemq:outbox:backlog use: config.outbox
+      # (an AceMQ::Rails::Outbox, a SQLOutboxStore, or a callable returning
+      # either), or nil when none is configured.
+      def outbox_store
+        outbox = config.outbox
+        outbox = outbox.call if outbox.respond_to?(:call) && !outbox.respond_to?(:backlog)
+        outbox.respond_to?(:relay) && outbox.respond_to?(:store) ? outbox.store : outbox
+      end
+
       def eager_load!
         ::Rails.application.eager_load! if defined?(::Rails.application) && ::Rails.application
       end

@@ -126,10 +126,9 @@ module AceMQ
     end
 
     def start_relay
-      store = @config.outbox
+      store = AceMQ::Rails.outbox_store
       return unless store
 
-      store = store.call if store.respond_to?(:call) && !store.respond_to?(:claim_batch)
       @relay = AMQP::Patterns::OutboxRelay.new(
         @publish, store, interval: @config.outbox_interval,
                          on_error: lambda { |error, exchange:, routing_key:|

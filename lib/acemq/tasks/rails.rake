@@ -19,11 +19,9 @@ namespace :acemq do
     desc "Show the outbox backlog: rows waiting, the oldest age, and failing rows with their last error"
     task backlog: :environment do
       require "acemq/tasks/outbox"
-      store = AceMQ::Rails.config.outbox
-      store = store.call if store.respond_to?(:call) && !store.respond_to?(:backlog)
-      store ||= begin
+      store = AceMQ::Rails.outbox_store || begin
         require "acemq/rails/outbox"
-        AceMQ::Rails::Outbox.relay_store
+        AceMQ::Rails::Outbox.new.store # acemq_outbox on ActiveRecord's database
       end
       report = AceMQ::OutboxTasks.backlog_report(store)
       puts report[:text]

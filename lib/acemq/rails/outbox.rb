@@ -54,11 +54,11 @@ module AceMQ
         writer.add(record, connection: model.connection)
       end
 
-      # The relay's store, on a connection of its own built from the
-      # ActiveRecord database (ActiveRecordSource.dedicated): SQLite, the same file by
+      # The relay's store, on a connection of its own on ActiveRecord's
+      # database (ActiveRecordSource.dedicated): SQLite, the same file by
       # path:; PostgreSQL, a connection per thread that uses it, opened with
       # the parameters of ActiveRecord's. Built once per process: a forked
-      # child builds its own.
+      # child must not use its parent's connection, so it builds its own.
       def store
         @lock.synchronize do
           build_relay_store unless @relay_store && @pid == Process.pid

@@ -3,6 +3,7 @@
 require "tmpdir"
 require "active_record"
 require "acemq/rails/active_record_idempotency_store"
+require "acemq/rails/outbox"
 
 # kill -9 of a runner charging through the shipped ActiveRecord store on
 # PostgreSQL: the broker redelivers what the dead process had not
@@ -42,6 +43,25 @@ RSpec.describe "acemq run killed with SIGKILL (PostgreSQL, ActiveRecord store)" 
     c.drop_table(charges, if_exists: true)
     c.drop_table(keys, if_exists: true)
     mq.close
+  end
+
+  it "relays what a handler added to the outbox in its transaction, once" do
+    outbox = "acemq_outbox_#{SecureRandom.hex(4)}"
+    receipts = unique("receipts")
+    AceMQ::AMQP::Topology.new.queue(receipts).apply(mq)
+    AceMQ::Rails::Outbox.new(table: outbox).tap(&:create_schema).close
+    runner = start_runner(env.merge("OUTBOX_TABLE" => outbox, "RECEIPTS" => receipts), app: APP_AR)
+    expect(runner.text).to include("outbox relay")
+    got = Queue.new
+    sub = mq.consume(receipts) { |m| got << [m.payload["order_id"], m.type]; AceMQ::AMQP::Ack.accept }
+    mq.publish({ "order_id" => "C-1" }, to: queue)
+    expect(eventually(timeout: 10) { got.pop(true) rescue nil }).to eq(["C-1", "payment.taken.v1"])
+    sub.cancel
+    expect(ActiveRecord::Base.connection.select_value("SELECT COUNT(*) FROM #{outbox}").to_i).to eq(0)
+    runner.signal("TERM")
+    expect(runner.wait(10)).to eq(0)
+  ensure
+    ActiveRecord::Base.connection.drop_table(outbox, if_exists: true)
   end
 
   def charged(order) = ActiveRecord::Base.connection.select_value("SELECT COUNT(*) FROM #{charges} WHERE order_id = '#{order}'").to_i

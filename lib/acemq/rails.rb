@@ -14,6 +14,13 @@ module AceMQ
   #
   # Inside this module `Rails` is AceMQ::Rails: the framework is ::Rails.
   module Rails
+    # Loaded when first named, not by `require "acemq"`: they touch
+    # ActiveRecord, which must not be loaded before the application has
+    # configured it.
+    autoload :ActiveRecordIdempotencyStore, "acemq/rails/active_record_idempotency_store"
+    autoload :ActiveRecordSource, "acemq/rails/active_record_source"
+    autoload :Outbox, "acemq/rails/outbox"
+
     class << self
       def config = (@config ||= Configuration.new)
 

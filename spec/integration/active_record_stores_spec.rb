@@ -366,6 +366,27 @@ module ActiveRecordStoresSpec
     end
   end
 
+  RSpec.describe "the Rails stores' files without ActiveRecord" do
+    it "load without loading ActiveRecord, and say what is missing when used" do
+      require "open3"
+      require "rbconfig"
+      script = <<~RUBY
+        require "acemq/rails/active_record_idempotency_store"
+        require "acemq/rails/outbox"
+        puts defined?(ActiveRecord).inspect
+        begin
+          AceMQ::Rails::ActiveRecordIdempotencyStore.new
+        rescue AceMQ::AMQP::ConfigurationError => e
+          puts e.message
+        end
+      RUBY
+      out, status = Open3.capture2e(RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", script)
+      expect(status).to be_success, out
+      expect(out.lines.first.chomp).to eq("nil")
+      expect(out).to include('ActiveRecord, which is not loaded: require "active_record" first')
+    end
+  end
+
   RSpec.describe "ActiveRecord idempotency stores on SQLite" do
     before { @ar_config = establish_active_record(:sqlite) }
 

@@ -50,6 +50,12 @@ module AceMQ
         # ActiveRecord keeps every subclass of Base it has seen, so a class per
         # store would be a class per store for ever.
         def model_for(table)
+          unless defined?(::ActiveRecord::Base)
+            raise AMQP::ConfigurationError, "#{self} works through ActiveRecord, which is not loaded: " \
+                                            "require \"active_record\" first (a Rails app has), or use " \
+                                            "AceMQ::AMQP::Patterns::SQLIdempotencyStore"
+          end
+
           @models_lock.synchronize do
             @models[table] ||= Class.new(::ActiveRecord::Base) do
               self.table_name = table

@@ -87,7 +87,14 @@ module AceMQ
         nil
       end
 
-      def model = @model || ::ActiveRecord::Base
+      def model
+        return @model if @model
+        return ::ActiveRecord::Base if defined?(::ActiveRecord::Base)
+
+        raise AMQP::ConfigurationError, "AceMQ::Rails::Outbox works through ActiveRecord, which is not loaded: " \
+                                        "require \"active_record\" first (a Rails app has), or use " \
+                                        "AceMQ::AMQP::Patterns::SQLOutboxStore"
+      end
 
       def inspect = "#<AceMQ::Rails::Outbox table=#{(@options[:table] || 'acemq_outbox').inspect}>"
 

@@ -205,4 +205,39 @@ RSpec.shared_examples "a transport" do
     @mq.publish({ "x" => 2 }, to: queue)
     expect(take.payload).to eq("x" => 2) # the first was accepted before the cancel finished
   end
+
+  # Ready messages on the queue: the broker's own count on RabbitMQ.
+  def ready_on(name)
+    return @mq.queue_depth(name)[:ready] if @mq.memory?
+
+    require "bunny"
+    bunny = Bunny.new(AMQP_URL).tap(&:start)
+    bunny.create_channel.queue(name, passive: true).message_count
+  ensure
+    bunny&.close
+  end
+
+  it "on cancel lets running handlers finish and gives back, marked redelivered, what none had started" do
+    20.times { |i| @mq.publish({ "n" => i }, to: queue) }
+    gate = Queue.new
+    started = Queue.new
+    first = @mq.consume(queue, concurrency: 2, prefetch: 20) do |m|
+      started << m.payload["n"]
+      gate.pop
+      AceMQ::AMQP::Ack.accept
+    end
+    eventually { started.size == 2 }
+    eventually { ready_on(queue).zero? } # all 20 are with the consumer: 2 running, 18 buffered
+    canceller = Thread.new { first.cancel }
+    eventually { first.cancelled? }
+    20.times { gate << :go } # enough for all: a transport that ran the buffered ones would show it
+    canceller.join
+    expect(started.size).to eq(2) # only the two in flight ran
+    expect(first.stats[:accepted]).to eq(2)
+
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    back = Array.new(18) { take }
+    expect(back.map { |m| m.payload["n"] }.sort).to eq((0...20).to_a - Array.new(2) { started.pop })
+    expect(back).to all(satisfy { |m| m.delivery.redelivered? })
+  end
 end

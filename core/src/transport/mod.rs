@@ -71,7 +71,11 @@ impl Link {
         match self {
             Link::Amqp(c) => c.stop().await,
             Link::Memory { out, .. } => {
+                // As on RabbitMQ: what was delivered and not yet handed to a
+                // handler is not run; it stays unacknowledged until close,
+                // which gives it back to the queue marked redelivered.
                 out.close();
+                out.drain();
             }
         }
     }

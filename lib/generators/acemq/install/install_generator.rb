@@ -1,0 +1,75 @@
+# frozen_string_literal: true
+
+require "rails/generators"
+require "rails/generators/active_record/migration"
+
+module AceMQ
+  module Generators
+    # `bin/rails g acemq:install`: the initializer, the migrations for the
+    # idempotency and outbox tables, and the runner's Procfile line.
+    class InstallGenerator < ::Rails::Generators::Base
+      include ::ActiveRecord::Generators::Migration
+
+      # "acemq", not the "ace_mq" Rails would derive from AceMQ.
+      namespace "acemq:install"
+      source_root File.expand_path("templates", __dir__)
+
+      desc "Adds config/initializers/acemq.rb, the acemq_idempotency and acemq_outbox migrations " \
+           "and a Procfile line for the consumer runner"
+
+      class_option :outbox, type: :boolean, default: true, desc: "Add the acemq_outbox migration"
+      class_option :procfile, type: :boolean, default: true, desc: "Add `acemq: bundle exec acemq run` to Procfile"
+
+      PROCFILE_LINE = "acemq: bundle exec acemq run"
+
+      def initializer
+        template "initializer.rb.tt", "config/initializers/acemq.rb"
+      end
+
+      def idempotency_migration
+        migration "create_acemq_idempotency"
+      end
+
+      def outbox_migration
+        migration "create_acemq_outbox" if options[:outbox]
+      end
+
+      def procfile
+        return unless options[:procfile]
+
+        path = File.join(destination_root, "Procfile")
+        if !File.exist?(path)
+          create_file "Procfile", "#{PROCFILE_LINE}\n"
+        elsif File.readlines(path, chomp: true).any? { |l| l.match?(/\Aacemq:/) }
+          # A process type of that name is already there, whatever command
+          # the application gave it: leave it be.
+          say_status :exist, "Procfile (acemq:)", :blue
+        else
+          content = File.read(path)
+          append_to_file "Procfile", "#{content.empty? || content.end_with?("\n") ? '' : "\n"}#{PROCFILE_LINE}\n"
+        end
+      end
+
+      private
+
+      # The guide tells applications to write create_acemq_idempotency
+      # themselves, so one may already be there under another timestamp:
+      # that table is this one, and a second migration creating it would
+      # fail. --force replaces it, as for any generated migration.
+      def migration(name)
+        existing = self.class.migration_exists?(File.join(destination_root, db_migrate_path), name)
+        if existing && !options[:force]
+          say_status :exist, relative_to_original_destination_root(existing), :blue
+          return
+        end
+
+        migration_template "#{name}.rb.tt", File.join(db_migrate_path, "#{name}.rb")
+      end
+
+      # The running Rails' version, as Rails' own generators write it: a
+      # migration is read with the semantics of the version it was written
+      # for, whatever Rails runs it later.
+      def migration_version = "[#{::ActiveRecord::Migration.current_version}]"
+    end
+  end
+end

@@ -10,7 +10,7 @@ use crate::ack::Outcome;
 use crate::topology::Topology;
 use crate::transport::memory::MemoryBroker;
 use crate::transport::{Backend, Confirm};
-use crate::wire::props_for;
+use crate::wire::{props_for, Props};
 use serde::Serialize;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -69,11 +69,11 @@ pub struct JsonMessage<'a> {
 /// routing key, so one of the two must be named. The rule for every publish,
 /// the outbox's records included (checked when they are made, not at every
 /// sweep).
-pub fn check_destination(exchange: &str, routing_key: &str) -> Result<()> {
+pub fn check_destination(exchange: &str, routing_key: &str, props: &Props) -> Result<()> {
     if exchange.is_empty() && routing_key.is_empty() {
         return Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"));
     }
-    Ok(())
+    crate::limits::outgoing(exchange, routing_key, props)
 }
 
 struct Inner {
@@ -81,6 +81,8 @@ struct Inner {
     origin: String,
     url: String,
     closed: AtomicBool,
+    /// The process that opened it (see `check_open`).
+    pid: u32,
 }
 
 /// A connection to RabbitMQ (`amqp://`) or to an in-process broker (`memory://`).
@@ -112,6 +114,7 @@ impl Connection {
     /// Open `url` with `options`.
     pub async fn open_with(url: &str, options: ConnectionOptions) -> Result<Connection> {
         let origin = options.origin.unwrap_or_else(default_origin);
+        crate::limits::short("origin", &origin)?;
         let backend = Backend::open(url, &origin, options.connect_timeout, options.confirm_timeout).await?;
         Ok(Connection {
             inner: Arc::new(Inner {
@@ -119,6 +122,7 @@ impl Connection {
                 origin,
                 url: url.to_owned(),
                 closed: AtomicBool::new(false),
+                pid: std::process::id(),
             }),
         })
     }
@@ -147,10 +151,19 @@ impl Connection {
 
     fn check_open(&self) -> Result<()> {
         if self.inner.closed.load(Ordering::Acquire) {
-            Err(Error::closed("the connection is closed: open a new one"))
-        } else {
-            Ok(())
+            return Err(Error::closed("the connection is closed: open a new one"));
         }
+        // A forked child has the parent's socket and none of the runtime
+        // that drove it: a publish would wait for a confirm nothing reads.
+        if self.inner.pid != std::process::id() {
+            return Err(Error::closed(format!(
+                "this connection was opened in process {} and this is {} (a fork): open a new connection in the child, \
+                 after forking (Puma's on_worker_boot, Unicorn's after_fork)",
+                self.inner.pid,
+                std::process::id()
+            )));
+        }
+        Ok(())
     }
 
     /// Declare `topology` (each queue with its `{queue}.dlq`). Idempotent:
@@ -192,8 +205,9 @@ impl Connection {
     /// at the speed of the network rather than of a round trip each.
     pub async fn send_json(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope) -> Result<Confirm> {
         self.check_open()?;
-        check_destination(exchange, routing_key)?;
-        self.inner.backend.send(exchange, routing_key, body, &props_for(envelope)).await
+        let props = props_for(envelope);
+        check_destination(exchange, routing_key, &props)?;
+        self.inner.backend.send(exchange, routing_key, body, &props).await
     }
 
     /// Send many JSON bodies, in the order given, and return without waiting
@@ -208,11 +222,12 @@ impl Connection {
         let mut results: Vec<Option<Result<Confirm>>> = Vec::with_capacity(messages.len());
         let mut items = Vec::with_capacity(messages.len());
         for m in messages {
-            if let Err(e) = check_destination(m.exchange, m.routing_key) {
+            let props = props_for(m.envelope);
+            if let Err(e) = check_destination(m.exchange, m.routing_key, &props) {
                 results.push(Some(Err(e)));
             } else {
                 results.push(None);
-                items.push((m.exchange, m.routing_key, m.body, props_for(m.envelope)));
+                items.push((m.exchange, m.routing_key, m.body, props));
             }
         }
         let mut sent = self.inner.backend.send_many(&items).await.into_iter();
@@ -240,7 +255,10 @@ impl Connection {
     /// Close the connection. Consumers' unsettled messages go back to their
     /// queues.
     pub async fn close(&self) {
-        if !self.inner.closed.swap(true, Ordering::AcqRel) {
+        // In a forked child the socket is the parent's: closing it from here
+        // would close the parent's connection, or wait on a runtime that is
+        // not in this process. The child only forgets it.
+        if !self.inner.closed.swap(true, Ordering::AcqRel) && self.inner.pid == std::process::id() {
             self.inner.backend.close().await;
         }
     }

@@ -124,6 +124,7 @@ impl Consumer {
         if queue.is_empty() {
             return Err(Error::invalid("consume needs a queue name"));
         }
+        crate::limits::ladder(queue, &options.retry)?;
         if options.prefetch == 0 {
             return Err(Error::invalid("prefetch must be at least 1: unlimited prefetch is not offered"));
         }
@@ -326,9 +327,9 @@ impl Consumer {
 
     fn failure_headers(&self, raw: &mut RawDelivery, reason: &str, error_class: Option<&str>) {
         let h = &mut raw.props.headers;
-        h.insert(REASON_HEADER.into(), Value::from(reason));
+        h.insert(REASON_HEADER.into(), Value::from(crate::limits::bounded(reason, crate::limits::MAX_REASON)));
         match error_class {
-            Some(c) => h.insert(ERROR_CLASS_HEADER.into(), Value::from(c)),
+            Some(c) => h.insert(ERROR_CLASS_HEADER.into(), Value::from(crate::limits::bounded(c, crate::limits::MAX_SHORT))),
             None => h.remove(ERROR_CLASS_HEADER),
         };
         h.insert(FAILED_AT_HEADER.into(), Value::from(now_secs()));

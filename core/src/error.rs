@@ -71,6 +71,12 @@ impl Error {
     }
 
     /// The broker said the exchange or queue does not exist (404).
+    /// An argument the engine refuses (a name past 255 bytes, a setting
+    /// that cannot work): a bug in the caller, not the broker.
+    pub fn is_invalid_argument(&self) -> bool {
+        self.kind == ErrorKind::InvalidArgument
+    }
+
     pub fn is_not_found(&self) -> bool {
         self.reply_code() == Some(404)
     }

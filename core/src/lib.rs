@@ -38,6 +38,7 @@ pub mod error;
 mod fault;
 pub mod headers;
 pub mod idempotency;
+pub mod limits;
 pub mod message;
 pub mod outbox;
 pub mod replay;

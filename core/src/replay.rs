@@ -92,6 +92,7 @@ impl Connection {
         if queue.is_empty() {
             return Err(Error::invalid("peek needs the queue whose dead letters to show"));
         }
+        crate::limits::queue(queue)?;
         let reader = self.backend().reader(&dlq_name(queue)).await?;
         let mut seen = Vec::new();
         let result: Result<()> = async {
@@ -129,6 +130,7 @@ impl Connection {
         if queue.is_empty() {
             return Err(Error::invalid("replay needs the queue whose dead letters to replay"));
         }
+        crate::limits::queue(queue)?;
         let backend = self.backend();
         let reader = backend.reader(&dlq_name(queue)).await?;
         let mut report = ReplayReport::default();

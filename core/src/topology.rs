@@ -152,7 +152,7 @@ impl Topology {
             }
         }
         for q in &self.queues {
-            check_name("queue", &q.name)?;
+            crate::limits::queue(&q.name)?;
             if q.name.is_empty() {
                 return Err(Error::invalid("queue name is empty: give the queue a name"));
             }
@@ -160,6 +160,7 @@ impl Topology {
         for b in &self.bindings {
             check_name("queue", &b.queue)?;
             check_name("exchange", &b.exchange)?;
+            crate::limits::short("binding routing key", &b.routing_key)?;
             if b.exchange.is_empty() {
                 return Err(Error::invalid("cannot bind to the default exchange: it routes by queue name already"));
             }
@@ -183,8 +184,5 @@ impl Topology {
 }
 
 fn check_name(what: &str, name: &str) -> Result<()> {
-    if name.len() > 255 {
-        return Err(Error::invalid(format!("{what} name is longer than 255 bytes: {name:.40}...")));
-    }
-    Ok(())
+    crate::limits::short(&format!("{what} name"), name)
 }

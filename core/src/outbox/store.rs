@@ -121,6 +121,9 @@ impl<S: ConnectionSource> SqlOutboxStore<S> {
     /// the message is gone with the work it describes. `conn` may be a
     /// different connection from the store's own and need not be `Send`.
     pub fn add(&self, record: &OutboxRecord, conn: &dyn SqlConnection) -> Result<i64> {
+        // What can never be sent is refused here, in the caller's
+        // transaction, rather than becoming a row the relay fails on for ever.
+        crate::connection::check_destination(&record.exchange, &record.routing_key, &crate::wire::props_for(&record.envelope))?;
         let dialect = conn.dialect();
         let envelope = &record.envelope;
         let headers = serde_json::to_string(&envelope.headers)?;

@@ -55,8 +55,10 @@ pub(crate) struct AmqpConfirm {
 }
 
 fn endpoint_of(url: &str) -> String {
-    // Never echo the password back in an error message.
-    match url.split_once('@') {
+    // Never echo the password back in an error message. The last @ ends the
+    // user and password: one inside an unencoded password must not leave
+    // its tail in the host part.
+    match url.rsplit_once('@') {
         Some((_, rest)) => rest.to_owned(),
         None => url.trim_start_matches("amqp://").to_owned(),
     }

@@ -104,6 +104,19 @@ impl Link {
     }
 }
 
+/// `url` with its password replaced, for error messages: a URL in a log or
+/// an exception report must never carry the credentials.
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 impl Backend {
     pub(crate) async fn open(url: &str, origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Backend> {
         if let Some(rest) = url.strip_prefix("memory://") {
@@ -120,13 +133,13 @@ impl Backend {
             let scheme = url.split("://").next().filter(|s| *s != url).unwrap_or("(none)");
             return Err(Error::new(
                 ErrorKind::InvalidUrl,
-                format!("unknown URL scheme {scheme:?} in {url:?}: use amqp://user:pass@host:5672/vhost or memory://"),
+                format!("unknown URL scheme {scheme:?} in {:?}: use amqp://user:pass@host:5672/vhost or memory://", redacted(url)),
             ));
         }
         if url.parse::<lapin::uri::AMQPUri>().is_err() {
             return Err(Error::new(
                 ErrorKind::InvalidUrl,
-                format!("cannot parse {url:?} as an AMQP URL: use amqp://user:pass@host:5672/vhost"),
+                format!("cannot parse {:?} as an AMQP URL: use amqp://user:pass@host:5672/vhost", redacted(url)),
             ));
         }
         Ok(Backend::Amqp(Arc::new(amqp::AmqpBackend::connect(url, origin, connect_timeout, confirm_timeout).await?)))

@@ -31,8 +31,10 @@ impl RbOutboxRecord {
         timestamp: u64,
         headers_json: Option<String>,
     ) -> Result<Self, Error> {
-        acemq::connection::check_destination(&exchange, &routing_key).rb(ruby)?;
         let out = crate::connection::outgoing(ruby, &mq.inner, body, exchange, routing_key, id, kind, timestamp, headers_json)?;
+        // Refused now, in the caller's code, rather than as a row the relay
+        // can never send.
+        acemq::connection::check_destination(&out.exchange, &out.routing_key, &acemq::wire::props_for(&out.envelope)).rb(ruby)?;
         // The body is a TEXT column: JSON.generate gives UTF-8, anything else
         // is refused here rather than mangled in the table.
         let body = String::from_utf8(out.body).map_err(|_| {

@@ -123,6 +123,9 @@ module AceMQ
 
       def outgoing(payload, to, exchange, envelope, type, headers)
         raise ConfigurationError, "envelope: must be an AceMQ::AMQP::Envelope" if envelope && !envelope.is_a?(Envelope)
+        unless headers.nil? || headers.is_a?(Hash)
+          raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
+        end
 
         env = envelope || Envelope.new(type: type)
         env = env.with(type: type) if envelope && type
@@ -132,10 +135,28 @@ module AceMQ
       end
 
       def encode(payload)
-        JSON.generate(payload)
-      rescue JSON::GeneratorError, TypeError, ArgumentError => e
+        json = JSON.generate(payload)
+        # An object with no JSON form of its own is generated as its to_s,
+        # "#<Object:0x...>": a message nobody can use. Cheap to rule out
+        # first; walked only when the text could hold one.
+        if json.include?('"#<') && (bad = Connection.formless(payload))
+          raise EncodingError, "the payload holds a #{bad.class}, which has no JSON form (it would be sent as " \
+                               "#{bad.to_s[0, 40].inspect}): convert it first (to_h, as_json, to_s)"
+        end
+        json
+      rescue JSON::JSONError, TypeError, ArgumentError => e
         raise EncodingError, "the payload cannot be sent as JSON (#{e.message}): publish a Hash, Array, String, " \
                              "number, true, false or nil"
+      end
+
+      # The first value in payload that JSON would write as its to_s, or nil.
+      def self.formless(value)
+        case value
+        when Hash then value.each { |k, v| (bad = formless(k) || formless(v)) and return bad } && nil
+        when Array then value.each { |v| (bad = formless(v)) and return bad } && nil
+        when String, Symbol, Integer, Float, true, false, nil then nil
+        else value.method(:to_json).owner.name&.start_with?("JSON::Ext::Generator") ? value : nil
+        end
       end
     end
 

@@ -18,12 +18,43 @@ module AceMQ
       # message from a foreign publisher that set none carries.
       def initialize(type: nil, id: GENERATE, origin: nil, timestamp: nil, attempt: 1, headers: nil)
         @id = id.equal?(GENERATE) ? AMQP._new_id : id&.to_s&.dup&.freeze
+        # An empty id would travel as no message_id at all and arrive as nil:
+        # say so here rather than let a key silently disappear.
+        raise ConfigurationError, "id: must not be empty (leave it out for a new one, or nil for none)" if @id == ""
+
         @type = type&.to_s&.dup&.freeze
         @origin = origin&.to_s&.dup&.freeze
-        @timestamp = timestamp || Time.now.to_i
-        @attempt = Integer(attempt)
+        @timestamp = Envelope.seconds(timestamp)
+        @attempt = Envelope.whole(:attempt, attempt)
+        unless headers.nil? || headers.is_a?(Hash)
+          raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
+        end
+
         @headers = (headers || {}).transform_keys(&:to_s).freeze
         freeze
+      end
+
+      # timestamp: as whole seconds since the epoch: a Time, an Integer, or
+      # nil for now.
+      def self.seconds(value)
+        case value
+        when nil then Time.now.to_i
+        when Time then value.to_i
+        when Integer
+          return value if value.between?(0, 2**64 - 1)
+
+          raise ConfigurationError, "timestamp: #{value} is outside 0..2**64-1 seconds since the epoch"
+        else raise ConfigurationError, "timestamp: must be a Time or whole seconds since the epoch, got #{value.inspect}"
+        end
+      end
+
+      def self.whole(name, value)
+        n = Integer(value)
+        raise ConfigurationError, "#{name}: must be at least 1, got #{n}" if n < 1
+
+        n
+      rescue ArgumentError, TypeError
+        raise ConfigurationError, "#{name}: must be a whole number, got #{value.inspect}"
       end
 
       # A copy with some fields replaced.

@@ -1,0 +1,220 @@
+//! The bounds of what the engine sends: every name and short string fits
+//! AMQP's 255 bytes, header tables stay shallow, and what the engine itself
+//! writes (a reason, an error class) is cut to a size with a marker. Checked
+//! before anything reaches a transport, so `memory://` refuses exactly what
+//! RabbitMQ would, and nothing reaches lapin's encoder that would panic
+//! (`ShortString` past 255 bytes) or make the broker close the connection
+//! (a frame past frame_max).
+
+use crate::error::{Error, Result};
+use crate::headers::Headers;
+use crate::retry::{dlq_name, rung_name, RetryPolicy};
+use crate::wire::Props;
+use serde_json::Value;
+
+/// AMQP's short string, and RabbitMQ's limit for exchange, queue and
+/// routing-key names.
+pub const MAX_SHORT: usize = 255;
+
+/// How deep a header table may nest in what the engine sends. RabbitMQ
+/// accepts more; a client's parser (lapin's among them) recurses once per
+/// level, and a table nested a thousand deep is a stack overflow for
+/// whoever reads it.
+pub const MAX_HEADER_DEPTH: usize = 32;
+
+/// The properties and headers of one message must fit in the single
+/// content-header frame AMQP allows them: frame_max (128 KiB on RabbitMQ by
+/// default, the least any broker here negotiates) less the frame's own
+/// fields.
+pub const MAX_PROPERTIES: usize = 128 * 1024 - 1024;
+
+/// The longest reason the engine writes into `x-acemq-reason`. A reason is
+/// for a person reading the DLQ; an exception message of 300 KB copied
+/// whole made a copy the broker refused, which put the message back for
+/// ever.
+pub const MAX_REASON: usize = 4096;
+
+/// A name or short string: at most 255 bytes, or an error saying which and
+/// what to do.
+pub fn short(what: &str, value: &str) -> Result<()> {
+    if value.len() > MAX_SHORT {
+        return Err(Error::invalid(format!(
+            "{what} is {} bytes ({}...): AMQP allows {MAX_SHORT} at most; shorten it",
+            value.len(),
+            prefix(value, 40)
+        )));
+    }
+    Ok(())
+}
+
+/// A queue the engine consumes or declares: its own name and its
+/// dead-letter queue's must fit.
+pub fn queue(name: &str) -> Result<()> {
+    short("queue name", name)?;
+    let dlq = dlq_name(name);
+    if dlq.len() > MAX_SHORT {
+        return Err(Error::invalid(format!(
+            "queue name is {} bytes: its dead-letter queue {}... would be {}, past AMQP's {MAX_SHORT}; keep queue names to {} bytes",
+            name.len(),
+            prefix(&dlq, 40),
+            dlq.len(),
+            MAX_SHORT - (dlq.len() - name.len())
+        )));
+    }
+    Ok(())
+}
+
+/// A consumer's queue with its retry ladder: every rung's name must fit.
+pub fn ladder(name: &str, policy: &RetryPolicy) -> Result<()> {
+    queue(name)?;
+    for delay in policy.rungs() {
+        let rung = rung_name(name, delay);
+        if rung.len() > MAX_SHORT {
+            return Err(Error::invalid(format!(
+                "queue name is {} bytes: its retry rung {}... would be {}, past AMQP's {MAX_SHORT}; shorten the queue name",
+                name.len(),
+                prefix(&rung, 40),
+                rung.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Where a publish goes, and what it carries.
+pub fn outgoing(exchange: &str, routing_key: &str, props: &Props) -> Result<()> {
+    short("exchange name", exchange)?;
+    short("routing key", routing_key)?;
+    properties(props)
+}
+
+/// Properties as they will be encoded: short strings, header names and
+/// depth, and the total.
+pub fn properties(props: &Props) -> Result<()> {
+    for (what, v) in [
+        ("message id", &props.message_id),
+        ("type", &props.kind),
+        ("origin (app_id)", &props.app_id),
+        ("content type", &props.content_type),
+        ("correlation id", &props.correlation_id),
+    ] {
+        if let Some(v) = v {
+            short(what, v)?;
+        }
+    }
+    let size = table(&props.headers, 1)?;
+    let total = size + [&props.message_id, &props.kind, &props.app_id, &props.content_type, &props.correlation_id]
+        .iter()
+        .map(|v| v.as_ref().map_or(0, |s| s.len() + 1))
+        .sum::<usize>()
+        + 32;
+    if total > MAX_PROPERTIES {
+        return Err(Error::invalid(format!(
+            "the headers and properties are about {total} bytes: they must fit in one AMQP frame ({MAX_PROPERTIES} bytes); \
+             send large values in the body"
+        )));
+    }
+    Ok(())
+}
+
+/// The encoded size of a table, checking names and depth on the way.
+fn table(h: &Headers, depth: usize) -> Result<usize> {
+    if depth > MAX_HEADER_DEPTH {
+        return Err(Error::invalid(format!(
+            "headers nest deeper than {MAX_HEADER_DEPTH} tables: flatten them (a reader's parser recurses once per level)"
+        )));
+    }
+    let mut size = 4;
+    for (k, v) in h {
+        short("header name", k)?;
+        size += 1 + k.len() + value(v, depth)?;
+    }
+    Ok(size)
+}
+
+fn value(v: &Value, depth: usize) -> Result<usize> {
+    Ok(1 + match v {
+        Value::Null => 0,
+        Value::Bool(_) => 1,
+        Value::Number(_) => 8,
+        Value::String(s) => 4 + s.len(),
+        Value::Array(a) => {
+            if depth + 1 > MAX_HEADER_DEPTH {
+                return Err(Error::invalid(format!(
+                    "headers nest deeper than {MAX_HEADER_DEPTH} levels: flatten them (a reader's parser recurses once per level)"
+                )));
+            }
+            4 + a.iter().map(|x| value(x, depth + 1)).sum::<Result<usize>>()?
+        }
+        Value::Object(o) => table(o, depth + 1)?,
+    })
+}
+
+/// `text` cut to at most `max` bytes on a character boundary, with a marker
+/// saying how much there was, or `text` itself when it fits.
+pub fn bounded(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let marker = format!("... [truncated from {} bytes]", text.len());
+    let keep = max.saturating_sub(marker.len());
+    format!("{}{marker}", prefix(text, keep))
+}
+
+/// The longest prefix of `s` of at most `n` bytes that ends on a character boundary.
+fn prefix(s: &str, n: usize) -> &str {
+    let mut end = n.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn names_fit_with_what_the_engine_derives_from_them() {
+        assert!(short("routing key", &"k".repeat(255)).is_ok());
+        let e = short("routing key", &"k".repeat(256)).unwrap_err();
+        assert!(e.to_string().contains("routing key is 256 bytes") && e.is_invalid_argument(), "{e}");
+        assert!(queue(&"q".repeat(251)).is_ok());
+        let e = queue(&"q".repeat(252)).unwrap_err();
+        assert!(e.to_string().contains("dead-letter queue") && e.to_string().contains("251 bytes"), "{e}");
+        let policy = RetryPolicy::new(5, Duration::from_secs(1), Duration::from_secs(300));
+        assert!(ladder(&"q".repeat(240), &policy).is_ok());
+        assert!(ladder(&"q".repeat(247), &policy).unwrap_err().to_string().contains("retry rung"));
+    }
+
+    #[test]
+    fn properties_are_checked_as_encoded() {
+        let mut p = Props { message_id: Some("é".repeat(128)), ..Props::default() };
+        assert!(properties(&p).unwrap_err().to_string().contains("message id is 256 bytes"));
+        p.message_id = None;
+        p.headers.insert("k".repeat(256), Value::from(1));
+        assert!(properties(&p).unwrap_err().to_string().contains("header name"));
+        p.headers.clear();
+        let mut deep = Value::from(1);
+        for _ in 0..40 {
+            let mut m = serde_json::Map::new();
+            m.insert("x".into(), deep);
+            deep = Value::Object(m);
+        }
+        p.headers.insert("deep".into(), deep);
+        assert!(properties(&p).unwrap_err().to_string().contains("nest deeper"));
+        p.headers.clear();
+        p.headers.insert("big".into(), Value::from("x".repeat(200_000)));
+        assert!(properties(&p).unwrap_err().to_string().contains("one AMQP frame"));
+    }
+
+    #[test]
+    fn reasons_are_cut_on_a_character_boundary_with_a_marker() {
+        assert_eq!(bounded("short", 10), "short");
+        let long = "ü".repeat(3000);
+        let cut = bounded(&long, MAX_REASON);
+        assert!(cut.len() <= MAX_REASON && cut.ends_with("[truncated from 6000 bytes]"), "{}", cut.len());
+        assert!(cut.starts_with("üü"));
+    }
+}

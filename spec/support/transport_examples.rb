@@ -240,4 +240,36 @@ RSpec.shared_examples "a transport" do
     expect(back.map { |m| m.payload["n"] }.sort).to eq((0...20).to_a - Array.new(2) { started.pop })
     expect(back).to all(satisfy { |m| m.delivery.redelivered? })
   end
+
+  it "refuses names past AMQP's 255 bytes with its own error, on every path, and keeps working" do
+    long = "k" * 256
+    refused = AceMQ::AMQP::ConfigurationError
+    expect { @mq.publish({}, to: long) }.to raise_error(refused, /routing key is 256 bytes/)
+    expect { @mq.publish({}, to: queue, type: long) }.to raise_error(refused, /type is 256 bytes/)
+    expect { @mq.publish({}, to: queue, envelope: AceMQ::AMQP::Envelope.new(id: long)) }.to raise_error(refused, /message id/)
+    expect { @mq.publish({}, to: queue, headers: { long => 1 }) }.to raise_error(refused, /header name/)
+    expect { AceMQ::AMQP::Topology.new.queue("q" * 252).apply(@mq) }.to raise_error(refused, /dead-letter queue/)
+    expect { AceMQ::AMQP::Topology.new.exchange(long).apply(@mq) }.to raise_error(refused, /exchange name/)
+    expect { @mq.consume("q" * 250) { AceMQ::AMQP::Ack.accept } }.to raise_error(refused, /retry rung|dead-letter/)
+    expect { @mq.publish({}, to: queue, headers: { "big" => "x" * 200_000 }) }.to raise_error(refused, /one AMQP frame/)
+    expect { AceMQ::AMQP::Connection.open(url, origin: long) }.to raise_error(refused, /origin/)
+    @mq.publish({ "after" => true }, to: queue) # the connection is fine
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    expect(take.payload).to eq("after" => true)
+  end
+
+  it "dead-letters a message whose reason is larger than a frame, with the reason cut, and the queue moves on" do
+    calls = Hash.new(0)
+    sub = consume(retries: { max_attempts: 1 }) do |m|
+      calls[m.payload["n"]] += 1
+      m.payload["n"] == 2 ? AceMQ::AMQP::Ack.reject("x" * 300_000) : (received << m; AceMQ::AMQP::Ack.accept)
+    end
+    (1..3).each { |n| @mq.publish({ "n" => n }, to: queue) }
+    expect(Array.new(2) { take.payload["n"] }.sort).to eq([1, 3])
+    eventually { sub.stats[:dead_lettered] == 1 }
+    letter = @mq.peek_dead_letters(queue, limit: 1).first
+    expect(letter[:reason].bytesize).to be <= 4096
+    expect(letter[:reason]).to end_with("[truncated from 300000 bytes]")
+    expect(calls[2]).to eq(1) # once: no redelivery loop
+  end
 end

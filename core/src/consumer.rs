@@ -209,15 +209,17 @@ impl Consumer {
     }
 
     /// Like [`Consumer::next`] for a thread outside the runtime: wait at most
-    /// `timeout`. Must not be called from inside a tokio runtime.
-    pub fn next_blocking(&self, timeout: Duration) -> Next {
+    /// `timeout`. Must not be called from inside a tokio runtime. A delivery
+    /// that cannot be a message is dead-lettered in the background, as a
+    /// handler's reject is (see [`Consumer::settle_later`]): the calling
+    /// thread (a Ruby thread holding the GVL) never waits on the broker for
+    /// it, and a copy that fails reaches [`Consumer::take_errors`].
+    pub fn next_blocking(self: &Arc<Self>, timeout: Duration) -> Next {
         match self.link.queue().pop_blocking(timeout) {
-            // Decoding needs no runtime; only dead-lettering an undecodable
-            // delivery waits on the broker.
             Pop::Item(raw) => match decode(&self.queue, &raw) {
                 Ok(message) => Next::Delivery(Box::new(Delivery { message, raw })),
                 Err(undecodable) => {
-                    let _ = crate::runtime::block_on(self.dead_letter(raw, &undecodable.reason, None));
+                    self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
                     Next::Empty
                 }
             },
@@ -227,7 +229,7 @@ impl Consumer {
     }
 
     /// Like [`Consumer::next_blocking`] without waiting at all.
-    pub fn try_next(&self) -> Next {
+    pub fn try_next(self: &Arc<Self>) -> Next {
         self.next_blocking(Duration::ZERO)
     }
 
@@ -285,10 +287,20 @@ impl Consumer {
             self.accept(delivery);
             return;
         }
+        self.in_background(move |this| async move { this.settle(delivery, outcome).await });
+    }
+
+    /// Run a settlement on the runtime, counted (close waits for it) and
+    /// with its error kept for take_errors.
+    fn in_background<F, Fut>(self: &Arc<Self>, work: F)
+    where
+        F: FnOnce(Arc<Self>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
         self.background.running.fetch_add(1, Ordering::AcqRel);
         let this = self.clone();
         crate::runtime::handle().spawn(async move {
-            if let Err(e) = this.settle(delivery, outcome).await {
+            if let Err(e) = work(this.clone()).await {
                 this.background.errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
                 this.background.has_errors.store(true, Ordering::Release);
             }

@@ -381,6 +381,14 @@ async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration
 const GENERATION_SHIFT: u32 = 40;
 const TAG_MASK: u64 = (1 << GENERATION_SHIFT) - 1;
 
+/// The first pause before subscribing again.
+const MIN_RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(100);
+/// The longest: a broker back after a restart is picked up within this.
+const MAX_RESUBSCRIBE_PAUSE: Duration = Duration::from_secs(5);
+/// A subscription that lived less than this before its channel went away
+/// died young: the next one waits, and the pause keeps growing.
+const STABLE_SUBSCRIPTION: Duration = Duration::from_secs(5);
+
 async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16, id: u64) -> Result<(Arc<Generation>, lapin::Consumer)> {
     let ch = backend.open_channel(false).await?;
     ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
@@ -413,6 +421,12 @@ async fn supervise(
 ) {
     use std::sync::atomic::Ordering::Acquire;
     let record = |e: Error| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    // The pause before subscribing again. It grows while subscribing fails,
+    // and also while fresh subscriptions keep dying young: a message that
+    // makes the connection fail as soon as it is delivered would otherwise
+    // be a reconnect a few milliseconds apart, for ever.
+    let mut pause = MIN_RESUBSCRIBE_PAUSE;
+    let mut subscribed_at = std::time::Instant::now();
     'subscription: loop {
         let id = current.lock().unwrap_or_else(|p| p.into_inner()).id;
         while let Some(item) = stream.next().await {
@@ -438,8 +452,26 @@ async fn supervise(
         // old channel delivered and we had not acknowledged is the broker's
         // again; retire it and subscribe anew, backing off while it is down.
         current.lock().unwrap_or_else(|p| p.into_inner()).retire();
+        // What the lost channel delivered and no handler has taken yet can
+        // never be acknowledged: the broker has put it back and will deliver
+        // it again. Handing it out now would run it twice for nothing.
+        out.drain();
         *down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-        let mut pause = Duration::from_millis(100);
+        let lived = subscribed_at.elapsed();
+        if lived < STABLE_SUBSCRIPTION {
+            record(Error::new(
+                ErrorKind::Closed,
+                format!(
+                    "the subscription to '{queue}' died {}ms after subscribing; subscribing again in {}ms",
+                    lived.as_millis(),
+                    pause.as_millis()
+                ),
+            ));
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RESUBSCRIBE_PAUSE);
+        } else {
+            pause = MIN_RESUBSCRIBE_PAUSE;
+        }
         loop {
             if stopped.load(Acquire) || backend.closed.load(Acquire) {
                 break 'subscription;
@@ -448,13 +480,14 @@ async fn supervise(
                 Ok((generation, fresh)) => {
                     *current.lock().unwrap_or_else(|p| p.into_inner()) = generation;
                     *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    subscribed_at = std::time::Instant::now();
                     stream = fresh;
                     continue 'subscription;
                 }
                 Err(e) => {
                     record(e);
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
+                    pause = (pause * 2).min(MAX_RESUBSCRIBE_PAUSE);
                 }
             }
         }

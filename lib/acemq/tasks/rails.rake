@@ -9,7 +9,14 @@ namespace :acemq do
   end
 
   desc "Remove idempotency keys past their retention (the shipped ActiveRecord store)"
-  task purge_idempotency: :environment do
+  task purge_idempotency: :environment do |task|
+    # The guide has an application write its own acemq:purge_idempotency
+    # (lib/tasks/acemq_idempotency.rake, for its own store). Rake appends
+    # that to this task instead of replacing it, so both would run, each
+    # printing a count and the second always 0: the application's own is the
+    # one it asked for.
+    next if task.actions.any? { |action| action.source_location&.first != __FILE__ }
+
     require "acemq/rails/active_record_idempotency_store"
     removed = AceMQ::Rails::ActiveRecordIdempotencyStore.new.purge_expired
     puts "removed #{removed} expired keys"

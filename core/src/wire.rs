@@ -43,7 +43,17 @@ pub struct Props {
     pub persistent: bool,
     /// `headers`, all of them, `x-acemq-*` included.
     pub headers: Headers,
+    /// The header table exactly as it arrived, when it came off RabbitMQ.
+    /// A copy (a retry, a dead letter, a replay) sends every header the
+    /// engine did not change from here, so its bytes and its AMQP types
+    /// (a string that is not UTF-8, a 16-bit integer, a timestamp) are
+    /// what the publisher wrote, not what JSON can say of them.
+    pub received: Received,
 }
+
+/// What [`Props::received`] holds: opaque, set only by the AMQP transport.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Received(pub(crate) Option<std::sync::Arc<lapin::types::FieldTable>>);
 
 /// One message as it came off a queue, before it is understood.
 #[derive(Debug, Clone)]
@@ -79,6 +89,7 @@ pub fn props_for(envelope: &Envelope) -> Props {
         correlation_id: None,
         persistent: true,
         headers,
+        received: Received::default(),
     }
 }
 

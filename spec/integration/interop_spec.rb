@@ -84,4 +84,21 @@ RSpec.describe "interop with Bunny" do
     expect(handled).to be_empty
     ch.close
   end
+
+  it "keeps a foreign publisher's header bytes and types in the dead-letter copy" do
+    ch = @bunny.create_channel
+    headers = { "raw" => "\xFF\xFEok".b, "n" => 7, "when" => Time.at(1_700_000_000), "nested" => { "k" => "v" } }
+    ch.default_exchange.publish(JSON.generate("n" => 1), routing_key: queue, message_id: "m-bytes", headers: headers)
+    sub = mq.consume(queue) { |_m| AceMQ::AMQP::Ack.reject("keep my bytes") }
+    eventually { sub.stats[:dead_lettered] == 1 }
+    sub.cancel
+    _, props, body = eventually { ch.basic_get("#{queue}.dlq", manual_ack: false).then { |d, p, b| d && [d, p, b] } }
+    expect(body).to eq(JSON.generate("n" => 1))
+    expect(props[:headers]["raw"].b).to eq("\xFF\xFEok".b) # not U+FFFD twice
+    expect(props[:headers]["n"]).to eq(7)
+    expect(props[:headers]["when"]).to eq(Time.at(1_700_000_000)) # still an AMQP timestamp
+    expect(props[:headers]["nested"]).to eq("k" => "v")
+    expect(props[:headers]["x-acemq-reason"]).to eq("keep my bytes")
+    ch.close
+  end
 end

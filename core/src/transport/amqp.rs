@@ -811,7 +811,7 @@ fn to_basic_properties(p: &Props) -> BasicProperties {
         b = b.with_delivery_mode(2);
     }
     if !p.headers.is_empty() {
-        b = b.with_headers(to_field_table(&p.headers));
+        b = b.with_headers(to_field_table_keeping(&p.headers, p.received.0.as_deref()));
     }
     b
 }
@@ -827,7 +827,20 @@ fn from_basic_properties(b: &BasicProperties) -> Props {
         correlation_id: s(b.correlation_id()),
         persistent: *b.delivery_mode() == Some(2),
         headers: b.headers().as_ref().map(from_field_table).unwrap_or_default(),
+        received: crate::wire::Received(b.headers().as_ref().map(|t| Arc::new(t.clone()))),
     }
+}
+
+/// The table for `h`, taking from `received` every value that `h` still
+/// has unchanged, as it arrived (see [`Props::received`]).
+fn to_field_table_keeping(h: &Headers, received: Option<&FieldTable>) -> FieldTable {
+    let Some(received) = received else { return to_field_table(h) };
+    let mut t = FieldTable::default();
+    for (k, v) in h {
+        let kept = received.inner().get(k.as_str()).filter(|orig| from_amqp(orig) == *v);
+        t.insert(ShortString::from(k.as_str()), kept.cloned().unwrap_or_else(|| to_amqp(v)));
+    }
+    t
 }
 
 pub(crate) fn to_field_table(h: &Headers) -> FieldTable {

@@ -32,14 +32,20 @@ module AceMQ
 
       # Stop taking deliveries, let the handlers in progress finish and
       # settle, then close. Unsettled deliveries go back to the queue.
+      #
+      # Called from one of its own handlers, it returns at once: that
+      # handler's delivery is settled with what it returns, and its thread
+      # closes the subscription once the others have finished.
       def cancel
         return self if @cancelled
 
         @cancelled = true
         stop_taking
-        @threads.each { |t| join_quietly(t) unless t == Thread.current }
-        @native._close
-        report(@native._errors)
+        if @threads.include?(Thread.current)
+          @close_after_handler = true
+          return self
+        end
+        finish
         self
       end
       alias close cancel
@@ -113,7 +119,16 @@ module AceMQ
           next report(@native._errors) if deliveries.nil?
 
           @batch > 1 ? handle_many(deliveries) : handle(deliveries)
+          break if @close_after_handler
         end
+        finish if @close_after_handler
+      end
+
+      # Wait for every other handler thread, then close.
+      def finish
+        @threads.each { |t| join_quietly(t) unless t == Thread.current }
+        @native._close
+        report(@native._errors)
       end
 
       def handle(delivery)

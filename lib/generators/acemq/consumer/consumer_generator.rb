@@ -38,9 +38,10 @@ module AceMQ
 
       def queue_name
         name = options[:queue] || [*class_path, base_name].join(".")
-        # A queue name is at most 255 bytes on RabbitMQ, and .retry.N and
-        # .dlq are appended to it for the ladder.
-        raise ::Rails::Generators::Error, "queue name is empty" if name.empty?
+        # Only emptiness is refused here; what else a name may not be (over
+        # 255 bytes with its .dlq and rungs) the engine says when the class
+        # loads, in one place for every way of naming a queue.
+        raise ::Rails::Generators::Error, "--queue needs a name" if name.empty?
 
         name
       end

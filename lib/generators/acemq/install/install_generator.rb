@@ -38,9 +38,12 @@ module AceMQ
         return unless options[:procfile]
 
         path = File.join(destination_root, "Procfile")
-        if !File.exist?(path)
+        lines = File.exist?(path) ? File.readlines(path, chomp: true) : nil
+        if behavior == :revoke
+          remove_procfile_line(path, lines)
+        elsif lines.nil?
           create_file "Procfile", "#{PROCFILE_LINE}\n"
-        elsif File.readlines(path, chomp: true).any? { |l| l.match?(/\Aacemq:/) }
+        elsif lines.any? { |l| l.match?(/\Aacemq:/) }
           # A process type of that name is already there, whatever command
           # the application gave it: leave it be.
           say_status :exist, "Procfile (acemq:)", :blue
@@ -48,6 +51,13 @@ module AceMQ
           content = File.read(path)
           append_to_file "Procfile", "#{content.empty? || content.end_with?("\n") ? '' : "\n"}#{PROCFILE_LINE}\n"
         end
+      end
+
+      def next_steps
+        return unless behavior == :invoke
+
+        say "\nNext: bin/rails db:migrate, then bin/rails g acemq:consumer NAME for each queue; " \
+            "`bundle exec acemq run` runs them (docs/rails.md in the gem)."
       end
 
       private
@@ -58,12 +68,24 @@ module AceMQ
       # fail. --force replaces it, as for any generated migration.
       def migration(name)
         existing = self.class.migration_exists?(File.join(destination_root, db_migrate_path), name)
-        if existing && !options[:force]
+        if existing && !options[:force] && behavior == :invoke
           say_status :exist, relative_to_original_destination_root(existing), :blue
           return
         end
 
         migration_template "#{name}.rb.tt", File.join(db_migrate_path, "#{name}.rb")
+      end
+
+      # `rails destroy acemq:install`: our line goes, the rest of the
+      # Procfile stays (and the file, unless the line was all of it).
+      def remove_procfile_line(path, lines)
+        return unless lines&.include?(PROCFILE_LINE)
+
+        say_status :remove, "Procfile (#{PROCFILE_LINE})", :red
+        return if options[:pretend]
+
+        rest = lines - [PROCFILE_LINE]
+        rest.empty? ? File.delete(path) : File.write(path, "#{rest.join("\n")}\n")
       end
 
       # The running Rails' version, as Rails' own generators write it: a

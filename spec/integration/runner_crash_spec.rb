@@ -65,6 +65,15 @@ RSpec.describe "acemq run killed with SIGKILL (PostgreSQL, ActiveRecord store)" 
     ActiveRecord::Base.connection.drop_table(outbox, if_exists: true)
   end
 
+  it "refuses to boot when the ActiveRecord pool is smaller than the consumers' threads, saying what to set" do
+    pooled = "#{DATABASE_URL}#{DATABASE_URL.include?('?') ? '&' : '?'}pool=1"
+    out = IO.popen(env.merge("AMQP_URL" => AMQP_URL, "LOG" => File::NULL, "DATABASE_URL" => pooled),
+                   [RbConfig.ruby, "-I", File.join(RunnerHelpers::ROOT, "lib"), RunnerHelpers::EXE, "run", "-r", APP_AR],
+                   err: %i[child out], &:read)
+    expect($?.exitstatus).to eq(1)
+    expect(out).to include("the ActiveRecord pool has 1 connections and the consumers run 2 threads", "set pool: 2")
+  end
+
   def charged(order) = ActiveRecord::Base.connection.select_value("SELECT COUNT(*) FROM #{charges} WHERE order_id = '#{order}'").to_i
 
   it "charges once when killed mid-handler, before the work committed" do

@@ -136,6 +136,15 @@ RSpec.describe "acemq run (processes)" do
     expect(File.exist?(file)).to be(false)
   end
 
+  it "writes every thread's backtrace to the log on TTIN and keeps running" do
+    runner = start_runner(env)
+    runner.signal("TTIN")
+    eventually { runner.text.include?("acemq: thread acemq #{queue} 1") }
+    expect(runner.text).to match(/acemq: thread .*\n  .*runner\.rb:\d+/)
+    publish({ "n" => 1 })
+    eventually { runner.done == [1] }
+  end
+
   it "refuses --only with a name that is not a consumer, naming the ones there are" do
     out = IO.popen({ "AMQP_URL" => AMQP_URL, "QUEUE" => queue, "ORIGIN" => origin, "LOG" => File::NULL },
                    [RbConfig.ruby, "-I", File.join(RunnerHelpers::ROOT, "lib"), RunnerHelpers::EXE, "run", "-r",

@@ -1,6 +1,9 @@
 # frozen_string_literal: true
 
 require "rake"
+# The tasks' blocks build stores: the patterns must be loaded for them, and
+# a Rakefile should not have to know that.
+require "acemq/amqp/patterns"
 
 module AceMQ
   # Rake tasks for an application without Rails (a Rails application gets the
@@ -35,7 +38,6 @@ module AceMQ
     # The store a task opens when it was given no block: the SQLite file
     # named by the environment variable path_var, table from table_var.
     def self.sqlite_store_from_env(store_class, path_var:, table_var:, task:, installer:)
-      require "acemq/amqp/patterns"
       path = ENV.fetch(path_var) do
         raise AceMQ::AMQP::ConfigurationError,
               "#{task} needs a store: pass #{installer} a block that builds one, or set #{path_var} to the SQLite file"

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "rake"
+require "time" # Time#iso8601 for the failing rows
 require "acemq/rake_tasks"
 
 module AceMQ

@@ -82,7 +82,9 @@ module AceMQ
       # The example's broker: a connection to it, opened on first use, named
       # as AceMQ::Rails.publisher names its own (it is the publisher here).
       def connection
-        @lock.synchronize { @connection ||= AMQP::Connection.open(@url, origin: "#{AceMQ::Rails.config.origin}:publish") }
+        @lock.synchronize do
+          @connection ||= AMQP::Connection.open(@url, origin: "#{AceMQ::Rails.config.origin}:publish")
+        end
       end
 
       # consumer running on this broker, started on first use. instance:
@@ -97,7 +99,8 @@ module AceMQ
         if run
           if instance && !instance.equal?(run.instance)
             raise AMQP::ConfigurationError,
-                  "#{consumer} already runs on #{run.instance.inspect} in this example: pass instance: on the first deliver"
+                  "#{consumer} already runs on #{run.instance.inspect} in this example: " \
+                  "pass instance: on the first deliver"
           end
           return run
         end

@@ -129,7 +129,8 @@ module AceMQ
             actual
           else
             raise AMQP::ConfigurationError,
-                  "have_published matches a block (expect { ... }), acemq_publisher or acemq_published, got #{actual.inspect}"
+                  "have_published matches a block (expect { ... }), acemq_publisher or acemq_published, " \
+                  "got #{actual.inspect}"
           end
       end
 
@@ -138,9 +139,13 @@ module AceMQ
         return false if exchange && published.exchange != exchange
         return false unless @to.equal?(ANY) || values_match?(@to, published.to)
         return false unless @type.equal?(ANY) || values_match?(@type, published.type)
-        return false if @headers && !@headers.all? { |k, v| published.headers.key?(k) && values_match?(v, published.headers[k]) }
+        return false if @headers && !headers_match?(published.headers)
 
         payload_match?(published)
+      end
+
+      def headers_match?(headers)
+        @headers.all? { |k, v| headers.key?(k) && values_match?(v, headers[k]) }
       end
 
       # The payload as the code gave it, or as a consumer will receive it

@@ -54,7 +54,9 @@ module AceMQ
       def batch
         batch = RecordingBatch.new(connection)
         yield batch
-        batch.take.each { |payload, to, exchange, env| publish(payload, to: to, exchange: exchange, envelope: env) }.size
+        items = batch.take
+        items.each { |payload, to, exchange, env| publish(payload, to: to, exchange: exchange, envelope: env) }
+        items.size
       end
 
       # Every publish made, routed or not, oldest first (not the refused).

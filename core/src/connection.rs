@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::headers::Headers;
 use crate::message::Message;
 use crate::ack::Outcome;
-use crate::topology::Topology;
+use crate::topology::{QueueType, Topology};
 use crate::transport::memory::MemoryBroker;
 use crate::transport::{Backend, Confirm};
 use crate::wire::{props_for, Props};
@@ -83,6 +83,9 @@ struct Inner {
     closed: AtomicBool,
     /// The process that opened it (see `check_open`).
     pid: u32,
+    /// The type each main queue was applied with here, so a consumer of it
+    /// declares its DLQ and rungs alike.
+    applied: std::sync::Mutex<std::collections::HashMap<String, QueueType>>,
 }
 
 /// A connection to RabbitMQ (`amqp://`) or to an in-process broker (`memory://`).
@@ -123,6 +126,7 @@ impl Connection {
                 url: url.to_owned(),
                 closed: AtomicBool::new(false),
                 pid: std::process::id(),
+                applied: Default::default(),
             }),
         })
     }
@@ -170,7 +174,17 @@ impl Connection {
     /// run it from every process at boot.
     pub async fn apply(&self, topology: &Topology) -> Result<()> {
         self.check_open()?;
-        self.inner.backend.apply(topology).await
+        self.inner.backend.apply(topology).await?;
+        let mut applied = self.inner.applied.lock().unwrap_or_else(|p| p.into_inner());
+        for q in topology.queues.iter().filter(|q| q.dead_letter_queue) {
+            applied.insert(q.name.clone(), q.queue_type);
+        }
+        Ok(())
+    }
+
+    /// The type `queue` was applied with on this connection, if it was.
+    pub(crate) fn applied_type(&self, queue: &str) -> Option<QueueType> {
+        self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).get(queue).copied()
     }
 
     /// The envelope a publish with `options` carries: the given envelope (its

@@ -8,7 +8,7 @@ use crate::envelope::{now_secs, ATTEMPT_HEADER};
 use crate::error::{Error, ErrorKind, Result};
 use crate::message::Message;
 use crate::retry::{dlq_name, rung_name, RetryPolicy};
-use crate::topology::{QueueSpec, Topology};
+use crate::topology::{QueueSpec, QueueType, Topology};
 use crate::transport::queue::Pop;
 use crate::transport::Link;
 use crate::wire::{
@@ -34,6 +34,9 @@ pub struct ConsumeOptions {
     pub concurrency: usize,
     /// The retry ladder.
     pub retry: RetryPolicy,
+    /// The type of the queue, which its DLQ and rungs take. None: what this
+    /// connection applied for it in a topology, else classic.
+    pub queue_type: Option<QueueType>,
 }
 
 impl Default for ConsumeOptions {
@@ -49,7 +52,7 @@ impl ConsumeOptions {
     /// and the default retry ladder.
     pub fn with_concurrency(concurrency: usize) -> Self {
         let prefetch = u16::try_from(concurrency.saturating_mul(2)).unwrap_or(u16::MAX).max(32);
-        ConsumeOptions { prefetch, concurrency, retry: RetryPolicy::default() }
+        ConsumeOptions { prefetch, concurrency, retry: RetryPolicy::default(), queue_type: None }
     }
 }
 
@@ -151,12 +154,13 @@ impl Consumer {
     /// The DLQ and one rung per distinct delay. Declared by every consumer:
     /// a reject must never find its queue missing.
     fn ladder(&self) -> Topology {
+        let kind = self.options.queue_type.or_else(|| self.conn.applied_type(&self.queue)).unwrap_or_default();
         let mut t = Topology::new();
-        let mut dlq = QueueSpec::new(dlq_name(&self.queue));
+        let mut dlq = QueueSpec::new(dlq_name(&self.queue)).with_type(kind);
         dlq.dead_letter_queue = false;
         t = t.queue_spec(dlq);
         for delay in self.options.retry.rungs() {
-            t = t.queue_spec(QueueSpec::delay(rung_name(&self.queue, delay), delay, &self.queue));
+            t = t.queue_spec(QueueSpec::delay(rung_name(&self.queue, delay), delay, &self.queue).with_type(kind));
         }
         t
     }

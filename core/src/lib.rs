@@ -58,6 +58,6 @@ pub use error::{Error, ErrorKind, Result};
 pub use message::{DeliveryInfo, Message};
 pub use replay::{DeadLetter, ReplayOptions, ReplayReport};
 pub use retry::RetryPolicy;
-pub use topology::{ExchangeKind, Topology};
+pub use topology::{ExchangeKind, QueueType, Topology};
 pub use transport::memory::MemoryBroker;
 pub use transport::Confirm;

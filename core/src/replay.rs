@@ -83,6 +83,16 @@ fn revived(mut raw: RawDelivery) -> RawDelivery {
     raw
 }
 
+/// Why the broker dead-lettered a message itself (a quorum queue's delivery
+/// limit, a TTL, a length limit), from the newest `x-death` entry.
+fn broker_reason(h: &crate::headers::Headers) -> Option<String> {
+    let death = h.get("x-death")?.as_array()?.first()?.as_object()?;
+    let reason = death.get("reason")?.as_str()?;
+    let queue = death.get("queue").and_then(Value::as_str).unwrap_or("?");
+    let count = death.get("count").and_then(Value::as_u64).unwrap_or(1);
+    Some(format!("dead-lettered by the broker: {reason} on {queue} (x-death count {count})"))
+}
+
 impl Connection {
     /// Look at up to `limit` dead letters in `{queue}.dlq`, oldest first,
     /// without taking them: each is read unacknowledged and every one goes
@@ -105,7 +115,7 @@ impl Connection {
                     id: envelope.id,
                     kind: envelope.kind,
                     attempt: envelope.attempt,
-                    reason: text(REASON_HEADER),
+                    reason: text(REASON_HEADER).or_else(|| broker_reason(h)),
                     error_class: text(ERROR_CLASS_HEADER),
                     failed_at: h.get(FAILED_AT_HEADER).and_then(Value::as_u64),
                     body: raw.body.clone(),

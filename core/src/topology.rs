@@ -58,6 +58,47 @@ pub struct ExchangeSpec {
     pub kind: ExchangeKind,
 }
 
+/// RabbitMQ's queue types, as far as the ladder is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum QueueType {
+    /// A classic queue: one node's, and the default, because it is what
+    /// every broker version and `memory://` have.
+    #[default]
+    Classic,
+    /// A quorum queue: replicated (Raft), with delivery counting and, since
+    /// RabbitMQ 3.10, at-least-once dead-lettering. What a cluster should
+    /// use for anything that must not be lost.
+    Quorum,
+}
+
+impl QueueType {
+    /// Parse `classic` or `quorum`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "classic" => Ok(Self::Classic),
+            "quorum" => Ok(Self::Quorum),
+            other => Err(Error::invalid(format!("unknown queue type {other:?}: use classic or quorum"))),
+        }
+    }
+
+    /// The `x-queue-type` value.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Classic => "classic",
+            Self::Quorum => "quorum",
+        }
+    }
+}
+
+/// How many times a quorum queue delivers a message before the broker
+/// dead-letters it to `{queue}.dlq` on its own. The ladder does not count
+/// here (a retry is a copy to a rung, a new message); what counts is a
+/// message given back unsettled: a consumer that died holding it, a lost
+/// channel, a copy that failed. Twenty is far above what connection losses
+/// do to an innocent message, and a bound on one that kills every consumer
+/// it reaches.
+pub const DEFAULT_DELIVERY_LIMIT: u64 = 20;
+
 /// One queue to declare. Durable; `{name}.dlq` is declared with it unless
 /// `dead_letter_queue` is false (the DLQ and rung queues themselves).
 #[derive(Debug, Clone, PartialEq)]
@@ -68,12 +109,48 @@ pub struct QueueSpec {
     pub arguments: Headers,
     /// Declare `{name}.dlq` too.
     pub dead_letter_queue: bool,
+    /// Classic or quorum; the DLQ and the rungs get the same.
+    pub queue_type: QueueType,
 }
 
 impl QueueSpec {
     /// A plain durable queue with a DLQ.
     pub fn new(name: impl Into<String>) -> Self {
-        QueueSpec { name: name.into(), arguments: Headers::new(), dead_letter_queue: true }
+        QueueSpec { name: name.into(), arguments: Headers::new(), dead_letter_queue: true, queue_type: QueueType::Classic }
+    }
+
+    /// The same queue as another type.
+    pub fn with_type(mut self, queue_type: QueueType) -> Self {
+        self.queue_type = queue_type;
+        self
+    }
+
+    /// The arguments it is declared with: its own, plus what its type needs.
+    /// A quorum queue is declared `x-queue-type: quorum`; one that
+    /// dead-letters (a rung's TTL back to its queue, a main queue's delivery
+    /// limit to its DLQ) does it at least once (`x-dead-letter-strategy:
+    /// at-least-once`, which RabbitMQ allows only with `x-overflow:
+    /// reject-publish`), so a message moving between them is confirmed on
+    /// arrival rather than sent and hoped for. A main quorum queue gets a
+    /// delivery limit and its DLQ as the dead-letter target. Arguments given
+    /// explicitly win.
+    pub fn declared_arguments(&self) -> Headers {
+        let mut a = self.arguments.clone();
+        if self.queue_type == QueueType::Quorum {
+            a.entry("x-queue-type").or_insert_with(|| Value::from("quorum"));
+            if self.dead_letter_queue && !a.contains_key("x-dead-letter-exchange") {
+                a.insert("x-dead-letter-exchange".into(), Value::from(""));
+                a.insert("x-dead-letter-routing-key".into(), Value::from(dlq_name(&self.name)));
+            }
+            if self.dead_letter_queue {
+                a.entry("x-delivery-limit").or_insert_with(|| Value::from(DEFAULT_DELIVERY_LIMIT));
+            }
+            if a.contains_key("x-dead-letter-exchange") {
+                a.entry("x-dead-letter-strategy").or_insert_with(|| Value::from("at-least-once"));
+                a.entry("x-overflow").or_insert_with(|| Value::from("reject-publish"));
+            }
+        }
+        a
     }
 
     /// A queue whose messages wait `ttl` and are then dead-lettered through
@@ -83,7 +160,7 @@ impl QueueSpec {
         arguments.insert("x-message-ttl".into(), Value::from(ttl.as_millis() as u64));
         arguments.insert("x-dead-letter-exchange".into(), Value::from(""));
         arguments.insert("x-dead-letter-routing-key".into(), Value::from(target));
-        QueueSpec { name: name.into(), arguments, dead_letter_queue: false }
+        QueueSpec { name: name.into(), arguments, dead_letter_queue: false, queue_type: QueueType::Classic }
     }
 }
 
@@ -125,6 +202,12 @@ impl Topology {
     /// Add a durable queue (and its `{name}.dlq`).
     pub fn queue(mut self, name: impl Into<String>) -> Self {
         self.queues.push(QueueSpec::new(name));
+        self
+    }
+
+    /// Add a quorum queue (and its `{name}.dlq`, quorum too).
+    pub fn quorum_queue(mut self, name: impl Into<String>) -> Self {
+        self.queues.push(QueueSpec::new(name).with_type(QueueType::Quorum));
         self
     }
 
@@ -173,7 +256,7 @@ impl Topology {
         let mut out = Vec::new();
         for q in &self.queues {
             if q.dead_letter_queue {
-                let mut dlq = QueueSpec::new(dlq_name(&q.name));
+                let mut dlq = QueueSpec::new(dlq_name(&q.name)).with_type(q.queue_type);
                 dlq.dead_letter_queue = false;
                 out.push(dlq);
             }
@@ -185,4 +268,37 @@ impl Topology {
 
 fn check_name(what: &str, name: &str) -> Result<()> {
     crate::limits::short(&format!("{what} name"), name)
+}
+
+#[cfg(test)]
+mod quorum_tests {
+    use super::*;
+
+    #[test]
+    fn a_quorum_queue_dead_letters_at_least_once_to_its_dlq_and_its_dlq_is_quorum_too() {
+        let t = Topology::new().quorum_queue("payments");
+        let qs = t.expanded_queues();
+        let (dlq, main) = (&qs[0], &qs[1]);
+        assert_eq!((dlq.name.as_str(), dlq.queue_type), ("payments.dlq", QueueType::Quorum));
+        let a = main.declared_arguments();
+        assert_eq!(a["x-queue-type"], "quorum");
+        assert_eq!(a["x-dead-letter-routing-key"], "payments.dlq");
+        assert_eq!(a["x-dead-letter-strategy"], "at-least-once");
+        assert_eq!(a["x-overflow"], "reject-publish");
+        assert_eq!(a["x-delivery-limit"], DEFAULT_DELIVERY_LIMIT);
+        let d = dlq.declared_arguments();
+        assert!(!d.contains_key("x-dead-letter-exchange") && !d.contains_key("x-delivery-limit"), "{d:?}");
+    }
+
+    #[test]
+    fn a_rung_keeps_its_ttl_and_target_and_explicit_arguments_win() {
+        let rung = QueueSpec::delay("payments.retry.1s", Duration::from_secs(1), "payments").with_type(QueueType::Quorum);
+        let a = rung.declared_arguments();
+        assert_eq!((a["x-message-ttl"].as_u64(), a["x-dead-letter-strategy"].as_str()), (Some(1000), Some("at-least-once")));
+        let mut own = QueueSpec::new("q").with_type(QueueType::Quorum);
+        own.arguments.insert("x-delivery-limit".into(), Value::from(3));
+        assert_eq!(own.declared_arguments()["x-delivery-limit"], 3);
+        assert!(QueueSpec::new("c").declared_arguments().is_empty(), "classic adds nothing");
+        assert!(QueueType::parse("stream").unwrap_err().to_string().contains("classic or quorum"));
+    }
 }

@@ -143,7 +143,7 @@ impl RbConnection {
         ruby: &Ruby,
         rb_self: &Self,
         exchanges: Vec<(String, String)>,
-        queues: Vec<(String, Option<String>)>,
+        queues: Vec<(String, Option<String>, Option<String>)>,
         bindings: Vec<(String, String, String)>,
     ) -> Result<(), Error> {
         let mut t = Topology::new();
@@ -151,8 +151,11 @@ impl RbConnection {
             let kind = ExchangeKind::parse(&kind).rb(ruby)?;
             t.exchanges.push(ExchangeSpec { name, kind });
         }
-        for (name, args) in queues {
+        for (name, args, kind) in queues {
             let mut spec = QueueSpec::new(name);
+            if let Some(kind) = kind {
+                spec = spec.with_type(acemq::QueueType::parse(&kind).rb(ruby)?);
+            }
             if let Some(text) = args {
                 if let serde_json::Value::Object(map) = crate::json::parse(ruby, &text, "queue arguments")? {
                     spec.arguments = map;
@@ -176,9 +179,11 @@ impl RbConnection {
         max_attempts: Option<u32>,
         initial_delay: Option<f64>,
         max_delay: Option<f64>,
+        queue_type: Option<String>,
     ) -> Result<RbConsumer, Error> {
         // What Ruby leaves nil is core's default.
         let mut options = ConsumeOptions::with_concurrency(concurrency);
+        options.queue_type = queue_type.map(|t| acemq::QueueType::parse(&t)).transpose().rb(ruby)?;
         if let Some(p) = prefetch {
             options.prefetch = p;
         }
@@ -283,7 +288,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_publish", method!(RbConnection::publish, 7))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
-    class.define_private_method("_consumer", method!(RbConnection::consumer, 6))?;
+    class.define_private_method("_consumer", method!(RbConnection::consumer, 7))?;
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;
     class.define_private_method("_queue_depth", method!(RbConnection::queue_depth, 1))?;
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;

@@ -562,7 +562,7 @@ pub(crate) async fn declare_queue(ch: &Channel, spec: &QueueSpec) -> Result<()> 
     ch.queue_declare(
         ShortString::from(spec.name.as_str()),
         QueueDeclareOptions { durable: true, ..Default::default() },
-        to_field_table(&spec.arguments),
+        to_field_table(&spec.declared_arguments()),
     )
     .await
     .map(|_| ())

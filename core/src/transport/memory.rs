@@ -172,9 +172,12 @@ impl MemoryBroker {
     }
 
     pub(crate) fn declare_queue(&self, spec: &QueueSpec) -> Result<()> {
+        // The arguments RabbitMQ would be sent, so a redeclaration as another
+        // type is refused here as it is there.
+        let arguments = spec.declared_arguments();
         let mut st = self.lock();
         if let Some(q) = st.queues.get(&spec.name) {
-            return match differing_argument(&q.arguments, &spec.arguments) {
+            return match differing_argument(&q.arguments, &arguments) {
                 None => Ok(()),
                 Some((arg, received, current)) => Err(Error::new(
                     ErrorKind::Broker { reply_code: 406 },
@@ -185,12 +188,12 @@ impl MemoryBroker {
                 )),
             };
         }
-        let ttl_ms = spec.arguments.get("x-message-ttl").and_then(|v| v.as_u64());
-        let dlx = spec.arguments.get("x-dead-letter-exchange").and_then(|v| v.as_str()).map(str::to_owned);
-        let dlrk = spec.arguments.get("x-dead-letter-routing-key").and_then(|v| v.as_str()).map(str::to_owned);
+        let ttl_ms = arguments.get("x-message-ttl").and_then(|v| v.as_u64());
+        let dlx = arguments.get("x-dead-letter-exchange").and_then(|v| v.as_str()).map(str::to_owned);
+        let dlrk = arguments.get("x-dead-letter-routing-key").and_then(|v| v.as_str()).map(str::to_owned);
         st.queues.insert(
             spec.name.clone(),
-            MemQueue { arguments: spec.arguments.clone(), ttl_ms, dlx, dlrk, ready: VecDeque::new(), consumers: Vec::new(), rr: 0 },
+            MemQueue { arguments: arguments.clone(), ttl_ms, dlx, dlrk, ready: VecDeque::new(), consumers: Vec::new(), rr: 0 },
         );
         drop(st);
         if ttl_ms.is_some() {

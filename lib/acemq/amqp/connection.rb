@@ -53,7 +53,11 @@ module AceMQ
       # batch: lets a handler that answers call_many (Patterns.idempotent)
       # take up to that many buffered deliveries at once — one claim and one
       # confirm transaction for all of them instead of one each.
-      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, &handler)
+      #
+      # queue_type: (:classic or :quorum) is the type of the queue, which its
+      # DLQ and rungs take; by default what this connection applied for the
+      # queue in a Topology, else classic.
+      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil, &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
 
         concurrency = Integer(concurrency)
@@ -71,7 +75,7 @@ module AceMQ
 
         policy = RetryPolicy.from(retries)
         native = _consumer(queue.to_s, prefetch, concurrency, policy.max_attempts, policy.initial_delay,
-                           policy.max_delay)
+                           policy.max_delay, queue_type&.to_s)
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
         Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
       end

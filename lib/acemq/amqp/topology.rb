@@ -36,9 +36,19 @@ module AceMQ
         self
       end
 
+      QUEUE_TYPES = %w[classic quorum].freeze
+
       # `arguments:` are AMQP queue arguments (x-message-ttl, x-max-length, ...).
-      def queue(name, arguments: nil)
-        @queues << [name.to_s, arguments && JSON.generate(arguments.transform_keys(&:to_s))]
+      # `type: :quorum` declares a quorum queue, and its DLQ and the
+      # consumer's rungs as quorum queues too, dead-lettering at least once
+      # (see docs/production.md); the default is classic.
+      def queue(name, arguments: nil, type: nil)
+        type &&= type.to_s
+        if type && !QUEUE_TYPES.include?(type)
+          raise ConfigurationError, "unknown queue type #{type.inspect}: use :classic or :quorum"
+        end
+
+        @queues << [name.to_s, arguments && JSON.generate(arguments.transform_keys(&:to_s)), type]
         self
       end
 

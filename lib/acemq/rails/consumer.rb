@@ -27,7 +27,7 @@ module AceMQ
       # library's (nil leaves the choice to the engine: prefetch and the
       # retry ladder have their defaults in core).
       SETTINGS = {
-        queue: nil, queue_arguments: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
+        queue: nil, queue_arguments: nil, queue_type: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
         bindings: [].freeze, on_error: nil, idempotency: nil
       }.freeze
 
@@ -50,16 +50,22 @@ module AceMQ
 
         # `queue "shop.payments"` names the queue (declared with its .dlq and
         # rungs at boot). `arguments:` are queue arguments (x-max-length, ...).
-        def queue(name = nil, arguments: nil)
+        def queue(name = nil, arguments: nil, type: nil)
           return queue_name if name.nil?
 
           name = name.to_s
           raise AMQP::ConfigurationError, "#{self}: queue needs a name" if name.empty?
+          if type && !AMQP::Topology::QUEUE_TYPES.include?(type.to_s)
+            raise AMQP::ConfigurationError, "#{self}: unknown queue type #{type.inspect}: use :classic or :quorum"
+          end
 
           set(:queue, name)
           set(:queue_arguments, arguments.transform_keys(&:to_s).freeze) if arguments
+          set(:queue_type, type.to_s) if type
           name
         end
+
+        def queue_type = setting(:queue_type)
 
         def queue_name = setting(:queue)
 
@@ -157,7 +163,7 @@ module AceMQ
 
           t = AMQP::Topology.new
           bindings.map { |e, type, _| [e, type] }.uniq.each { |e, type| t.exchange(e, type: type) }
-          t.queue(queue_name, arguments: queue_arguments)
+          t.queue(queue_name, arguments: queue_arguments, type: queue_type)
           bindings.each { |e, _, key| t.bind(queue_name, to: e, routing_key: key) }
           t
         end
@@ -182,7 +188,8 @@ module AceMQ
         def subscribe(connection, instance: new, around: nil, on_error: nil)
           handler = Around.wrap(pipeline(instance), around)
           connection.consume(queue_name, concurrency: concurrency, prefetch: prefetch, retries: retries,
-                                         batch: batch, on_error: self.on_error || on_error, &handler)
+                                         batch: batch, queue_type: queue_type, on_error: self.on_error || on_error,
+                                         &handler)
         end
 
         # Settings as a Hash, for logs and the health endpoint.

@@ -7,9 +7,10 @@ require "rbconfig"
 # Every fenced Ruby block in README.md and docs/ runs as printed, so a page
 # cannot rot. A block is run as a script of its own, with this checkout's lib
 # on the load path and spec/docs/elided.rb (the application the samples
-# leave out) loaded first. A block that names a broker URL runs twice: on
-# RabbitMQ, in a vhost of its own so samples cannot see each other's
-# messages, and on memory://.
+# leave out) loaded first; a script with an RSpec.describe in it is run by
+# rspec, and must run an example and fail none. A script that names a broker
+# URL (its own, or its page setup's) runs twice: on RabbitMQ, in a vhost of
+# its own so samples cannot see each other's messages, and on memory://.
 #
 # An HTML comment on the line before a fence says more (docs/testing.md,
 # "The samples on these pages"):
@@ -23,11 +24,20 @@ module DocsSamples
   ROOT = File.expand_path("../..", __dir__)
   PAGES = ["README.md", *Dir[File.join(ROOT, "docs", "*.md")].map { |f| f.delete_prefix("#{ROOT}/") }.sort].freeze
   BROKER = "amqp://guest:guest@localhost:5672"
+  # The broker URLs the pages print: RabbitMQ on this machine, by either
+  # name, with or without a trailing slash or a vhost.
+  BROKER_URL = %r{amqp://[^"'\s/]*?(?:localhost|127\.0\.0\.1):5672(?:/[^"'\s]*)?}
+  RSPEC = Gem.bin_path("rspec-core", "rspec")
+  DUMMY = File.join(ROOT, "spec", "dummy")
+  # Nothing of the suite's own choice of broker or database reaches a
+  # sample: what it runs on is what it prints.
+  ENV_BASE = { "AMQP_URL" => nil, "DATABASE_URL" => ENV.fetch("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+               "SPEC_OPTS" => nil, "RAILS_ENV" => nil, "ACEMQ_DUMMY_SQLITE" => nil, "ACEMQ_DUMMY_SCHEMA" => nil,
+               "DOCS_SAMPLE_RAILS" => nil, "DOCS_SAMPLE_RAISES" => nil }.freeze
 
   Block = Struct.new(:page, :line, :code, :directives, :name, keyword_init: true) do
     def label = "#{page}:#{line}"
     def skip = directives[:skip]
-    def broker? = code.include?("amqp://")
   end
 
   def self.blocks(page)
@@ -74,17 +84,39 @@ module DocsSamples
       chain.unshift(dep.code)
       name = dep.directives[:after]
     end
-    prefix = block.directives[:rails] ? [%(require #{File.join(ROOT, 'spec/dummy/config/environment').inspect}\n)] : []
+    prefix = block.directives[:rails] ? [RAILS_PREFIX] : []
     (prefix + setup + chain + [block.code]).uniq.join("\n")
   end
+
+  # A rails block runs in spec/dummy's application, booted in the test
+  # environment on a SQLite file of the run's own, migrated first (the app
+  # has no schema.rb; its specs migrate the same way).
+  RAILS_PREFIX = <<~RUBY
+    require #{File.join(DUMMY, 'config/environment').inspect}
+    ActiveRecord::Migration.verbose = false
+    ActiveRecord::Base.connection.migration_context.migrate
+  RUBY
+
+  def self.rails_env(dir)
+    { "RAILS_ENV" => "test", "ACEMQ_DUMMY_SQLITE" => File.join(dir, "app.sqlite3"), "DATABASE_URL" => nil,
+      "DOCS_SAMPLE_RAILS" => "1" }
+  end
+
+  # The script with every broker URL it prints pointed at url instead.
+  def self.on_broker(code, url) = code.gsub(BROKER_URL, url)
 end
 
 RSpec.describe "the samples in README.md and docs/" do
-  def run_sample(code, env: {}, dir:)
-    file = File.join(dir, "sample.rb")
+  # A block's script runs in a directory of its own, with nothing of this
+  # process's broker or database choice: the URLs a sample prints are the
+  # ones it uses (rewritten to a private vhost, or to memory://), and
+  # DATABASE_URL is the suite's PostgreSQL for the samples that name it.
+  def run_sample(code, env:, dir:, rspec:)
+    file = File.join(dir, rspec ? "sample_spec.rb" : "sample.rb")
     File.write(file, code)
-    Open3.capture3(env, "timeout", "60", RbConfig.ruby, "-I", File.join(DocsSamples::ROOT, "lib"),
-                   "-r", File.join(DocsSamples::ROOT, "spec/docs/elided.rb"), file, chdir: dir)
+    ruby = [RbConfig.ruby, "-I", File.join(DocsSamples::ROOT, "lib"), "-r", File.join(DocsSamples::ROOT, "spec/docs/elided.rb")]
+    cmd = rspec ? [*ruby, DocsSamples::RSPEC, "--no-color", "--order", "defined", file] : [*ruby, file]
+    Open3.capture3(DocsSamples::ENV_BASE.merge(env), "timeout", "60", *cmd, chdir: dir)
   end
 
   def with_vhost
@@ -102,25 +134,38 @@ RSpec.describe "the samples in README.md and docs/" do
       blocks.each do |block|
         next it("#{block.label} (skipped: #{block.skip})") { skip(block.skip) } if block.skip
 
-        transports = block.broker? ? %i[rabbitmq memory] : [:as_printed]
+        code = DocsSamples.script(block, blocks)
+        # A block that talks to a broker only through its page's setup talks
+        # to one all the same.
+        transports = code.match?(DocsSamples::BROKER_URL) ? %i[rabbitmq memory] : [:as_printed]
+        rspec = code.match?(/^\s*RSpec\.describe\b/)
         transports.each do |transport|
           it "#{block.label} runs as printed#{transport == :as_printed ? '' : " on #{transport}"}" do
-            code = DocsSamples.script(block, blocks)
-            env = block.directives[:raises] ? { "DOCS_SAMPLE_RAISES" => "1" } : {}
+            env = {}
+            env["DOCS_SAMPLE_RAISES"] = "1" if block.directives[:raises]
             Dir.mktmpdir("acemq-docs") do |dir|
-              out, err, status = if transport == :rabbitmq
+              env.merge!(DocsSamples.rails_env(dir)) if block.directives[:rails]
+              out, err, status = case transport
+                                 when :rabbitmq
                                    with_vhost do |vhost|
-                                     run_sample(code.gsub(%r{(amqp://[^"'\s]*?localhost:5672)(/)?(?=["'\s])}) { "#{Regexp.last_match(1)}/#{vhost}" },
-                                                env: env, dir: dir)
+                                     url = "#{DocsSamples::BROKER}/#{vhost}"
+                                     run_sample(DocsSamples.on_broker(code, url), env: env.merge("AMQP_URL" => url),
+                                                                                  dir: dir, rspec: rspec)
                                    end
-                                 elsif transport == :memory
-                                   run_sample(code.gsub(%r{amqp://[^"'\s]*?localhost:5672[^"'\s]*}) { "memory://docs-#{SecureRandom.hex(3)}" },
-                                              env: env, dir: dir)
+                                 when :memory
+                                   # One broker for the whole script: every connection a sample
+                                   # opens to the URL it prints is a connection to the same one.
+                                   url = "memory://docs-#{SecureRandom.hex(4)}"
+                                   run_sample(DocsSamples.on_broker(code, url), env: env.merge("AMQP_URL" => url),
+                                                                                dir: dir, rspec: rspec)
                                  else
-                                   run_sample(code, env: env, dir: dir)
+                                   run_sample(code, env: env, dir: dir, rspec: rspec)
                                  end
               expect(status.exitstatus).to eq(0), "#{block.label} exited #{status.exitstatus}:\n#{err}\n#{out}"
               expect(err).not_to include("docs-sample: handler raised"), "#{block.label}: #{err}"
+              if rspec
+                expect(out).to match(/^[1-9]\d* examples?, 0 failures/), "#{block.label} ran no examples:\n#{out}"
+              end
             end
           end
         end

@@ -90,11 +90,12 @@ module DocsSamples
 
   # A rails block runs in spec/dummy's application, booted in the test
   # environment on a SQLite file of the run's own, migrated first (the app
-  # has no schema.rb; its specs migrate the same way).
+  # has no schema.rb; its specs migrate the same way). The migrations are
+  # named by Rails.root: the script runs in a directory of its own.
   RAILS_PREFIX = <<~RUBY
     require #{File.join(DUMMY, 'config/environment').inspect}
     ActiveRecord::Migration.verbose = false
-    ActiveRecord::Base.connection.migration_context.migrate
+    ActiveRecord::MigrationContext.new(Rails.root.join("db/migrate").to_s, ActiveRecord::SchemaMigration).migrate
   RUBY
 
   def self.rails_env(dir)

@@ -23,6 +23,16 @@ pub const ORIGINAL_ROUTING_KEY_HEADER: &str = "x-acemq-original-routing-key";
 pub const QUEUE_HEADER: &str = "x-acemq-queue";
 /// Earlier reasons, oldest first, kept when a message is replayed.
 pub const HISTORY_HEADER: &str = "x-acemq-history";
+/// Set on arrival, by the AMQP transport's frame filter, on a message whose
+/// properties or headers no AMQP client could parse as they came (a header
+/// table nested deeper than [`crate::limits::MAX_HEADER_DEPTH`], a short
+/// string or header name that is not UTF-8, a field type that does not
+/// exist): it says what was repaired to make the message readable. A
+/// message carrying it is dead-lettered, never handled (see [`decode`]).
+pub const MALFORMED_HEADER: &str = "x-acemq-malformed";
+/// Beside [`MALFORMED_HEADER`]: the raw bytes of headers (or properties)
+/// the filter could not read at all, as a long string.
+pub const MALFORMED_RAW_HEADER: &str = "x-acemq-malformed-raw";
 
 /// AMQP basic properties, as far as AceMQ reads and writes them.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -137,6 +147,19 @@ fn json_content_type(ct: &str) -> bool {
 
 /// Turn a delivery from `queue` into a message, or say why it cannot be one.
 pub fn decode(queue: &str, raw: &RawDelivery) -> Result<Message, Undecodable> {
+    if let Some(what) = raw.props.headers.get(MALFORMED_HEADER) {
+        // Its values are not what the publisher sent: handling it as if
+        // they were would key the idempotent consumer on a repaired id, and
+        // route on a repaired type.
+        let what = what.as_str().map_or_else(|| what.to_string(), str::to_owned);
+        return Err(Undecodable {
+            reason: format!(
+                "the message arrived with properties or headers that AMQP clients cannot parse ({what}); \
+                 acemq repaired them to be readable and did not handle it. This copy carries the repaired values, \
+                 not the original bytes: fix the publisher"
+            ),
+        });
+    }
     if let Some(ct) = &raw.props.content_type {
         if !ct.is_empty() && !json_content_type(ct) {
             return Err(Undecodable {
@@ -200,5 +223,14 @@ mod tests {
         assert!(decode("q", &raw("{}", Some("application/json; charset=utf-8"))).is_ok());
         assert!(decode("q", &raw("{}", Some("application/octet-stream"))).is_ok());
         assert!(decode("q", &raw("nope", Some("application/octet-stream"))).is_err());
+    }
+
+    #[test]
+    fn a_repaired_message_is_undecodable_with_what_was_repaired() {
+        let mut r = raw("{}", Some("application/json"));
+        r.props.headers.insert(MALFORMED_HEADER.into(), Value::from("message_id: not UTF-8, was \"id-\\xff\""));
+        let reason = decode("q", &r).unwrap_err().reason;
+        assert!(reason.contains("message_id: not UTF-8") && reason.contains("repaired"), "{reason}");
+        assert!(reason.contains("not the original bytes"), "{reason}");
     }
 }

@@ -362,7 +362,13 @@ pub(crate) async fn get(ch: &Channel, queue: &str) -> Result<Option<RawDelivery>
 
 async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration) -> Result<lapin::Connection> {
     let properties = ConnectionProperties::default().with_connection_name(origin.into());
-    match tokio::time::timeout(connect_timeout, lapin::Connection::connect(url, properties)).await {
+    // Through the frame filter: what another client published must not be
+    // able to crash lapin's parser or make it close the connection (see
+    // frame_filter.rs). It keeps repaired frames within the frame_max lapin
+    // negotiates, which the URL can lower.
+    let frame_max = url.parse::<lapin::uri::AMQPUri>().ok().and_then(|u| u.query.frame_max).unwrap_or(0);
+    let connect = lapin::Connection::connect_with_runtime(url, properties, super::frame_filter::runtime(frame_max));
+    match tokio::time::timeout(connect_timeout, connect).await {
         Err(_) => Err(Error::new(
             ErrorKind::ConnectionFailed,
             format!(
@@ -871,10 +877,26 @@ fn to_amqp(v: &Value) -> AMQPValue {
 }
 
 fn from_field_table(t: &FieldTable) -> Headers {
-    t.inner().iter().map(|(k, v)| (k.as_str().to_owned(), from_amqp(v))).collect()
+    table_at(t, 1)
+}
+
+/// `t`, a table `depth` levels down. Bounded like what the engine sends
+/// ([`crate::limits::MAX_HEADER_DEPTH`]): the frame filter already cuts
+/// deeper tables into long strings before lapin parses them, and this keeps
+/// the conversion from recursing without end should one get here anyway.
+fn table_at(t: &FieldTable, depth: usize) -> Headers {
+    t.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_at(v, depth))).collect()
 }
 
 fn from_amqp(v: &AMQPValue) -> Value {
+    value_at(v, 1)
+}
+
+/// `v`, found in a table or array `depth` levels down.
+fn value_at(v: &AMQPValue, depth: usize) -> Value {
+    if matches!(v, AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_)) && depth >= crate::limits::MAX_HEADER_DEPTH {
+        return Value::from(format!("[nested deeper than {} levels]", crate::limits::MAX_HEADER_DEPTH));
+    }
     match v {
         AMQPValue::Boolean(b) => Value::Bool(*b),
         AMQPValue::ShortShortInt(i) => Value::from(*i),
@@ -891,10 +913,37 @@ fn from_amqp(v: &AMQPValue) -> Value {
         }
         AMQPValue::ShortString(s) => Value::from(s.as_str()),
         AMQPValue::LongString(s) => Value::from(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(from_amqp).collect()),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(|x| value_at(x, depth + 1)).collect()),
         AMQPValue::Timestamp(t) => Value::from(*t),
-        AMQPValue::FieldTable(t) => Value::Object(from_field_table(t)),
+        AMQPValue::FieldTable(t) => Value::Object(table_at(t, depth + 1)),
         AMQPValue::ByteArray(b) => Value::from(String::from_utf8_lossy(b.as_slice()).into_owned()),
         AMQPValue::Void => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converting_headers_is_bounded_in_depth() {
+        // Deeper than the frame filter lets through, built bottom up.
+        let mut v = AMQPValue::LongLongInt(1);
+        for _ in 0..100 {
+            let mut t = FieldTable::default();
+            t.insert(ShortString::from("a"), v);
+            v = AMQPValue::FieldTable(t);
+        }
+        let AMQPValue::FieldTable(top) = v else { unreachable!() };
+        let mut h = Value::Object(from_field_table(&top));
+        let mut levels = 1;
+        while let Some(inner) = h.get("a").filter(|x| x.is_object()).cloned() {
+            h = inner;
+            levels += 1;
+        }
+        assert_eq!(levels, crate::limits::MAX_HEADER_DEPTH);
+        assert_eq!(h["a"], Value::from("[nested deeper than 32 levels]"));
+        let p = Props { headers: from_field_table(&top), ..Props::default() };
+        assert!(crate::limits::properties(&p).is_ok(), "what it converts to can be sent again");
     }
 }

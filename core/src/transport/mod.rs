@@ -4,6 +4,7 @@
 //! against [`Backend`] and behaves the same on both.
 
 pub(crate) mod amqp;
+mod frame_filter;
 pub mod memory;
 pub(crate) mod queue;
 

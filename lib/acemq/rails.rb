@@ -43,6 +43,10 @@ module AceMQ
         end
       end
 
+      # The publisher if one is open or was set, without opening one (what a
+      # test kit saves and restores).
+      def current_publisher = @publisher_lock.synchronize { @publisher }
+
       # The runner sets its own; a spec may set a memory:// one.
       def publisher=(connection)
         @publisher_lock.synchronize { @publisher = connection }

@@ -46,7 +46,11 @@ module AceMQ
 
       def origin
         return @origin if @origin
-        return ::Rails.application.class.module_parent_name.underscore if defined?(::Rails.application) && ::Rails.application
+        if defined?(::Rails.application) && ::Rails.application
+          # MyApp::Application -> "my_app"; an application class at top level has no module.
+          app = ::Rails.application.class
+          return (app.module_parent_name || app.name).to_s.underscore
+        end
 
         File.basename($PROGRAM_NAME)
       end

@@ -75,7 +75,7 @@ module AceMQ
       # is read without calling the reader, which would open a connection
       # to config.url when there was none.
       def install
-        @previous_publisher = AceMQ::Rails.instance_variable_get(:@publisher)
+        @previous_publisher = AceMQ::Rails.current_publisher
         AceMQ::Rails.publisher = @publisher
       end
 

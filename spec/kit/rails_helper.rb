@@ -30,19 +30,11 @@ module KitApp
 end
 Rails.application.initialize!
 
-# The guide's migration, as a schema: `ActiveRecord::Migration[7.1]` is a
-# Rails 7.1 class and this is Rails 6.1.
-ActiveRecord::Schema.verbose = false
-ActiveRecord::Schema.define do
-  create_table :acemq_idempotency, id: false do |t|
-    t.string   :message_id,  null: false, limit: 255, primary_key: true
-    t.string   :state,       null: false, limit: 16
-    t.string   :claimed_by,  limit: 64
-    t.datetime :recorded_at, null: false
-    t.datetime :expires_at,  null: false
-  end
-  add_index :acemq_idempotency, :expires_at, name: "acemq_idempotency_expiry"
-end
+# The guide's migration, from the one copy of it (spec/dummy), at this
+# Rails' version: `ActiveRecord::Migration[7.1]` is refused by Rails 6.1.
+ActiveRecord::Migration.verbose = false
+require File.expand_path("../dummy/db/migrate/20260926000100_create_acemq_idempotency", __dir__)
+CreateAcemqIdempotency.new.migrate(:up)
 
 require "rspec/rails"
 require "rspec/rails/version"

@@ -203,7 +203,11 @@ module AceMQ
         case verdict
         when "restart"
           @logger.error("acemq: #{reason}; restarting in #{after.round(1)}s")
-          close_quietly(sub)
+          # Closed on a thread of its own: closing waits for the handlers
+          # still running on its other threads, and this loop must go on
+          # beating meanwhile or the runner stops being live.
+          sub.stop_taking
+          Thread.new { close_quietly(sub) }
           slot[:restart_at] = Time.now + after
         when "give_up"
           @logger.error("acemq: #{reason}")

@@ -69,6 +69,11 @@ impl Delivery {
     pub fn tag(&self) -> u64 {
         self.raw.tag
     }
+
+    /// The body as it arrived, byte for byte.
+    pub fn body(&self) -> &[u8] {
+        &self.raw.body
+    }
 }
 
 /// What a blocking wait produced.

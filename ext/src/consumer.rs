@@ -26,7 +26,7 @@ impl RbConsumer {
         let e = &m.envelope;
         let arr: RArray = ruby.ary_new_capa(12);
         arr.push(d.tag())?;
-        arr.push(crate::json::to_ruby(ruby, &m.payload)?)?;
+        arr.push(crate::json::payload_to_ruby(ruby, &m.payload, d.body())?)?;
         arr.push(if e.id.is_empty() { None } else { Some(e.id.as_str()) })?;
         arr.push(e.kind.as_deref())?;
         arr.push(e.origin.as_deref())?;

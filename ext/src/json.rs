@@ -5,6 +5,57 @@ use magnus::{prelude::*, Error, IntoValue, RArray, RHash, Ruby, Value};
 use serde_json::Value as Json;
 
 pub fn to_ruby(ruby: &Ruby, v: &Json) -> Result<Value, Error> {
+    to_ruby_noting(ruby, v, &mut false)
+}
+
+/// A message payload as Ruby objects. serde_json reads an integer past 64
+/// bits as a float, and does not promise the closest float for a number
+/// written with 16 or more digits; JSON.parse does both exactly. So when
+/// the payload holds a float and its text holds such a number, the body is
+/// parsed again by Ruby's JSON: numbers round-trip exactly, and the common
+/// payload (no floats, or short ones) never pays for it.
+pub fn payload_to_ruby(ruby: &Ruby, v: &Json, body: &[u8]) -> Result<Value, Error> {
+    let mut saw_float = false;
+    let value = to_ruby_noting(ruby, v, &mut saw_float)?;
+    if !saw_float || !long_number(body) {
+        return Ok(value);
+    }
+    let json: magnus::RModule = ruby.class_object().const_get("JSON")?;
+    json.funcall("parse", (ruby.str_from_slice(body),))
+}
+
+/// Whether `body` has a number (outside strings) with 16 or more digits.
+fn long_number(body: &[u8]) -> bool {
+    let (mut in_string, mut escaped, mut digits) = (false, false, 0usize);
+    for &b in body {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                digits = 0;
+            }
+            b'0'..=b'9' => {
+                digits += 1;
+                if digits >= 16 {
+                    return true;
+                }
+            }
+            b'.' => {}
+            _ => digits = 0,
+        }
+    }
+    false
+}
+
+fn to_ruby_noting(ruby: &Ruby, v: &Json, saw_float: &mut bool) -> Result<Value, Error> {
     Ok(match v {
         Json::Null => ruby.qnil().into_value_with(ruby),
         Json::Bool(b) => b.into_value_with(ruby),
@@ -14,6 +65,7 @@ pub fn to_ruby(ruby: &Ruby, v: &Json) -> Result<Value, Error> {
             } else if let Some(u) = n.as_u64() {
                 u.into_value_with(ruby)
             } else {
+                *saw_float = true;
                 n.as_f64().unwrap_or(f64::NAN).into_value_with(ruby)
             }
         }
@@ -21,7 +73,7 @@ pub fn to_ruby(ruby: &Ruby, v: &Json) -> Result<Value, Error> {
         Json::Array(a) => {
             let arr: RArray = ruby.ary_new_capa(a.len());
             for item in a {
-                arr.push(to_ruby(ruby, item)?)?;
+                arr.push(to_ruby_noting(ruby, item, saw_float)?)?;
             }
             arr.into_value_with(ruby)
         }
@@ -30,7 +82,7 @@ pub fn to_ruby(ruby: &Ruby, v: &Json) -> Result<Value, Error> {
             for (k, item) in o {
                 let key = ruby.str_new(k);
                 key.freeze();
-                h.aset(key, to_ruby(ruby, item)?)?;
+                h.aset(key, to_ruby_noting(ruby, item, saw_float)?)?;
             }
             h.into_value_with(ruby)
         }

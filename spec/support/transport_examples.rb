@@ -272,4 +272,15 @@ RSpec.shared_examples "a transport" do
     expect(letter[:reason]).to end_with("[truncated from 300000 bytes]")
     expect(calls[2]).to eq(1) # once: no redelivery loop
   end
+
+  it "hands numbers over exactly: integers past 64 bits, floats with every digit" do
+    payload = { "big" => 2**70, "neg" => -(2**65), "max" => 2**64 - 1, "f" => 0.1 + 0.2, "small" => 1.5, "n" => 7,
+                "s" => "12345678901234567890" }
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    @mq.publish(payload, to: queue)
+    got = take.payload
+    expect(got).to eq(payload)
+    expect(got["big"]).to be_an(Integer)
+    expect(got["f"]).to eq(0.30000000000000004)
+  end
 end

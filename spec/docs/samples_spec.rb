@@ -103,24 +103,88 @@ module DocsSamples
       "DOCS_SAMPLE_RAILS" => "1" }
   end
 
-  # The script with every broker URL it prints pointed at url instead.
-  def self.on_broker(code, url) = code.gsub(BROKER_URL, url)
-end
+  # Where a block runs. One that names a broker, or uses the connection its
+  # page's setup opened (mq, as every page calls it), runs on RabbitMQ and
+  # on memory://; one whose script opens a connection only in the page's
+  # setup, and never uses it, runs on memory:// alone (its broker makes no
+  # difference to it, and a Rails boot is most of a run); the rest as printed.
+  def self.transports(block, blocks, code)
+    return [:as_printed] unless code.match?(BROKER_URL)
 
-RSpec.describe "the samples in README.md and docs/" do
-  # A block's script runs in a directory of its own, with nothing of this
-  # process's broker or database choice: the URLs a sample prints are the
-  # ones it uses (rewritten to a private vhost, or to memory://), and
-  # DATABASE_URL is the suite's PostgreSQL for the samples that name it.
-  def run_sample(code, env:, dir:, rspec:)
-    file = File.join(dir, rspec ? "sample_spec.rb" : "sample.rb")
-    File.write(file, code)
-    ruby = [RbConfig.ruby, "-I", File.join(DocsSamples::ROOT, "lib"), "-r", File.join(DocsSamples::ROOT, "spec/docs/elided.rb")]
-    cmd = rspec ? [*ruby, DocsSamples::RSPEC, "--no-color", "--order", "defined", file] : [*ruby, file]
-    Open3.capture3(DocsSamples::ENV_BASE.merge(env), "timeout", "60", *cmd, chdir: dir)
+    own = script(block, blocks.reject { |b| b.directives[:setup] && !b.equal?(block) })
+    own.match?(BROKER_URL) || own.match?(/\bmq\b/) ? %i[rabbitmq memory] : [:memory]
   end
 
-  def with_vhost
+  # The script with every broker URL it prints pointed at url instead.
+  def self.on_broker(code, url) = code.gsub(BROKER_URL, url)
+
+  # One run of a script on one transport, in a directory of its own, with
+  # nothing of this process's broker or database choice: the URLs a sample
+  # prints are the ones it uses (rewritten to a private vhost, or to
+  # memory://), and DATABASE_URL is the suite's PostgreSQL for the samples
+  # that name it. result waits for the run, and makes it now if no worker
+  # has taken it.
+  class Run
+    attr_reader :block, :transport
+
+    def initialize(block, code, transport)
+      @block = block
+      @code = code
+      @transport = transport
+      @rspec = code.match?(/^\s*RSpec\.describe\b/)
+      @lock = Mutex.new
+      @result = nil
+    end
+
+    def rspec? = @rspec
+
+    def result = @lock.synchronize { @result ||= execute }
+
+    # For a worker: run it unless it has been run (or is running).
+    def prefetch
+      return unless @lock.try_lock
+
+      begin
+        @result ||= execute
+      ensure
+        @lock.unlock
+      end
+    end
+
+    private
+
+    def execute
+      env = {}
+      env["DOCS_SAMPLE_RAISES"] = "1" if block.directives[:raises]
+      Dir.mktmpdir("acemq-docs") do |dir|
+        env.merge!(DocsSamples.rails_env(dir)) if block.directives[:rails]
+        case transport
+        when :rabbitmq
+          DocsSamples.with_vhost do |vhost|
+            url = "#{BROKER}/#{vhost}"
+            run(DocsSamples.on_broker(@code, url), env.merge("AMQP_URL" => url), dir)
+          end
+        when :memory
+          # One broker for the whole script: every connection a sample opens
+          # to the URL it prints is a connection to the same one.
+          url = "memory://docs-#{SecureRandom.hex(4)}"
+          run(DocsSamples.on_broker(@code, url), env.merge("AMQP_URL" => url), dir)
+        else
+          run(@code, env, dir)
+        end
+      end
+    end
+
+    def run(code, env, dir)
+      file = File.join(dir, rspec? ? "sample_spec.rb" : "sample.rb")
+      File.write(file, code)
+      ruby = [RbConfig.ruby, "-I", File.join(ROOT, "lib"), "-r", File.join(ROOT, "spec/docs/elided.rb")]
+      cmd = rspec? ? [*ruby, RSPEC, "--no-color", "--order", "defined", file] : [*ruby, file]
+      Open3.capture3(ENV_BASE.merge(env), "timeout", "60", *cmd, chdir: dir)
+    end
+  end
+
+  def self.with_vhost
     vhost = "acemq-docs-#{SecureRandom.hex(4)}"
     system("rabbitmqctl", "add_vhost", vhost, out: File::NULL, err: File::NULL) or raise "cannot add vhost #{vhost}"
     system("rabbitmqctl", "set_permissions", "-p", vhost, "guest", ".*", ".*", ".*", out: File::NULL, err: File::NULL)
@@ -129,6 +193,31 @@ RSpec.describe "the samples in README.md and docs/" do
     system("rabbitmqctl", "delete_vhost", vhost, out: File::NULL, err: File::NULL) if vhost
   end
 
+  # Most of a run is waiting (a broker, a Rails boot, a script's handlers
+  # going quiet), so the runs of the examples about to run are made a few at
+  # a time (DOCS_SAMPLES_JOBS, default 4) while the examples wait for theirs.
+  def self.prefetch(runs)
+    queue = Queue.new
+    runs.each { |r| queue << r }
+    queue.close
+    Integer(ENV.fetch("DOCS_SAMPLES_JOBS", 4)).times.map do
+      Thread.new do
+        while (run = queue.pop)
+          run.prefetch
+        end
+      end
+    end
+  end
+end
+
+RSpec.describe "the samples in README.md and docs/" do
+  before(:context) do
+    runs = self.class.descendant_filtered_examples.filter_map { |e| e.metadata[:docs_run] }
+    @workers = DocsSamples.prefetch(runs)
+  end
+
+  after(:context) { @workers&.each(&:kill) }
+
   DocsSamples::PAGES.each do |page|
     blocks = DocsSamples.blocks(page)
     describe page do
@@ -136,37 +225,15 @@ RSpec.describe "the samples in README.md and docs/" do
         next it("#{block.label} (skipped: #{block.skip})") { skip(block.skip) } if block.skip
 
         code = DocsSamples.script(block, blocks)
-        # A block that talks to a broker only through its page's setup talks
-        # to one all the same.
-        transports = code.match?(DocsSamples::BROKER_URL) ? %i[rabbitmq memory] : [:as_printed]
-        rspec = code.match?(/^\s*RSpec\.describe\b/)
+        transports = DocsSamples.transports(block, blocks, code)
         transports.each do |transport|
-          it "#{block.label} runs as printed#{transport == :as_printed ? '' : " on #{transport}"}" do
-            env = {}
-            env["DOCS_SAMPLE_RAISES"] = "1" if block.directives[:raises]
-            Dir.mktmpdir("acemq-docs") do |dir|
-              env.merge!(DocsSamples.rails_env(dir)) if block.directives[:rails]
-              out, err, status = case transport
-                                 when :rabbitmq
-                                   with_vhost do |vhost|
-                                     url = "#{DocsSamples::BROKER}/#{vhost}"
-                                     run_sample(DocsSamples.on_broker(code, url), env: env.merge("AMQP_URL" => url),
-                                                                                  dir: dir, rspec: rspec)
-                                   end
-                                 when :memory
-                                   # One broker for the whole script: every connection a sample
-                                   # opens to the URL it prints is a connection to the same one.
-                                   url = "memory://docs-#{SecureRandom.hex(4)}"
-                                   run_sample(DocsSamples.on_broker(code, url), env: env.merge("AMQP_URL" => url),
-                                                                                dir: dir, rspec: rspec)
-                                 else
-                                   run_sample(code, env: env, dir: dir, rspec: rspec)
-                                 end
-              expect(status.exitstatus).to eq(0), "#{block.label} exited #{status.exitstatus}:\n#{err}\n#{out}"
-              expect(err).not_to include("docs-sample: handler raised"), "#{block.label}: #{err}"
-              if rspec
-                expect(out).to match(/^[1-9]\d* examples?, 0 failures/), "#{block.label} ran no examples:\n#{out}"
-              end
+          run = DocsSamples::Run.new(block, code, transport)
+          it "#{block.label} runs as printed#{transport == :as_printed ? '' : " on #{transport}"}", docs_run: run do
+            out, err, status = run.result
+            expect(status.exitstatus).to eq(0), "#{block.label} exited #{status.exitstatus}:\n#{err}\n#{out}"
+            expect(err).not_to include("docs-sample: handler raised"), "#{block.label}: #{err}"
+            if run.rspec?
+              expect(out).to match(/^[1-9]\d* examples?, 0 failures/), "#{block.label} ran no examples:\n#{out}"
             end
           end
         end

@@ -277,6 +277,15 @@ impl Connection {
         }
     }
 
+    /// Is RabbitMQ blocking publishers on this connection (a memory or disk
+    /// alarm)? A publish meanwhile waits, up to the confirm timeout, for the
+    /// block to lift, then fails with [`ErrorKind::Blocked`](crate::ErrorKind::Blocked)
+    /// unsent. Consumers on another connection are not blocked: that is why
+    /// a runner publishes on a connection of its own.
+    pub fn is_blocked(&self) -> bool {
+        self.inner.backend.blocked()
+    }
+
     /// Is it closed?
     pub fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::Acquire)

@@ -33,6 +33,10 @@ pub enum ErrorKind {
     Store,
     /// A handler's result could not be used.
     Handler,
+    /// The broker is blocking publishers on this connection (a memory or
+    /// disk alarm) and did not lift it within the publish's deadline.
+    /// Nothing was sent.
+    Blocked,
 }
 
 /// The crate's error: a [`ErrorKind`] and a lowercase message.

@@ -241,6 +241,10 @@ impl RbConnection {
         self.inner.is_closed()
     }
 
+    fn is_blocked(&self) -> bool {
+        self.inner.is_blocked()
+    }
+
     fn origin(&self) -> String {
         self.inner.origin().to_owned()
     }
@@ -297,6 +301,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_peek", method!(RbConnection::peek, 2))?;
     class.define_method("close", method!(RbConnection::close, 0))?;
     class.define_method("closed?", method!(RbConnection::is_closed, 0))?;
+    class.define_method("blocked?", method!(RbConnection::is_blocked, 0))?;
     class.define_method("origin", method!(RbConnection::origin, 0))?;
     class.define_method("memory?", method!(RbConnection::is_memory, 0))?;
     Ok(())

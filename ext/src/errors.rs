@@ -36,6 +36,7 @@ error_class!(PUBLISH_NACKED, "PublishNacked");
 error_class!(TIMEOUT, "TimeoutError");
 error_class!(ENCODING_ERROR, "EncodingError");
 error_class!(STORE_ERROR, "StoreError");
+error_class!(BLOCKED, "Blocked");
 
 /// Make sure every class exists now, at require time, rather than at the
 /// first error.
@@ -43,7 +44,7 @@ pub fn init(ruby: &Ruby) -> Result<(), Error> {
     for l in [
         &ERROR, &CONFIGURATION_ERROR, &INVALID_URL, &CONNECTION_FAILED, &AUTHENTICATION_FAILED, &CONNECTION_CLOSED,
         &BROKER_ERROR, &NOT_FOUND, &PRECONDITION_FAILED, &ACCESS_REFUSED, &UNROUTABLE, &PUBLISH_NACKED, &TIMEOUT,
-        &ENCODING_ERROR, &STORE_ERROR,
+        &ENCODING_ERROR, &STORE_ERROR, &BLOCKED,
     ] {
         Lazy::force(l, ruby);
     }
@@ -67,6 +68,7 @@ pub fn to_ruby(ruby: &Ruby, e: acemq::Error) -> Error {
         ErrorKind::Encoding => &ENCODING_ERROR,
         ErrorKind::InvalidArgument => &CONFIGURATION_ERROR,
         ErrorKind::Store => &STORE_ERROR,
+        ErrorKind::Blocked => &BLOCKED,
         _ => &ERROR,
     };
     let class = ruby.get_inner(class);

@@ -74,5 +74,9 @@ module AceMQ
     class EncodingError < Error; end
     # An idempotency or outbox store, or its SQL connection, failed.
     class StoreError < Error; end
+    # RabbitMQ blocked publishing on the connection (a memory or disk alarm)
+    # for longer than confirm_timeout. Consumers keep running on their own
+    # connection; the block lifts when the alarm clears.
+    class Blocked < Error; end
   end
 end

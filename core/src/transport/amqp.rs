@@ -52,6 +52,22 @@ pub(crate) struct AmqpBackend {
 pub(crate) struct AmqpConfirm {
     confirm: PublisherConfirm,
     timeout: Duration,
+    /// To tell a confirm held back by a broker alarm from one that is lost.
+    conn: Arc<lapin::Connection>,
+}
+
+/// How often a publish waiting for the broker to lift a block looks again.
+const BLOCKED_POLL: Duration = Duration::from_millis(25);
+
+fn blocked_error(waited: Duration, sent: bool) -> Error {
+    Error::new(
+        ErrorKind::Blocked,
+        format!(
+            "RabbitMQ is blocking publishers on this connection (a memory or disk alarm) and did not lift it within {waited:?}: {}; \
+             it lifts when the alarm clears (consumers draining queues, disk freed), and consumers on their own connection keep running",
+            if sent { "the message was sent and may be stored once the block lifts" } else { "the message was not sent" }
+        ),
+    )
 }
 
 fn endpoint_of(url: &str) -> String {
@@ -186,7 +202,30 @@ impl AmqpBackend {
         Ok(())
     }
 
+    /// Whether the broker is blocking publishers on this connection now.
+    pub(crate) fn blocked(&self) -> bool {
+        self.current().status().blocked()
+    }
+
+    /// Wait, up to the confirm timeout, for the broker to lift a block on
+    /// this connection: a publish sent into a block sits in the socket
+    /// unconfirmed, so it is better not sent, and said so.
+    async fn unblocked(&self) -> Result<()> {
+        if !self.blocked() {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
+        while self.blocked() {
+            if start.elapsed() >= self.confirm_timeout {
+                return Err(blocked_error(self.confirm_timeout, false));
+            }
+            tokio::time::sleep(BLOCKED_POLL).await;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<AmqpConfirm> {
+        self.unblocked().await?;
         self.check_exchange(exchange).await?;
         let ch = self.publish_channel().await?;
         let confirm = ch
@@ -199,7 +238,7 @@ impl AmqpBackend {
             )
             .await
             .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")))?;
-        Ok(AmqpConfirm { confirm, timeout: self.confirm_timeout })
+        Ok(AmqpConfirm { confirm, timeout: self.confirm_timeout, conn: self.current() })
     }
 
     /// Send many on the publishing channel, in order, without waiting for
@@ -211,6 +250,9 @@ impl AmqpBackend {
         /// Publishes queued before waiting for them to be written: bounds the
         /// memory lapin holds in frames and the cost of re-polling.
         const WINDOW: usize = 256;
+        if let Err(e) = self.unblocked().await {
+            return items.iter().map(|_| Err(e.clone())).collect();
+        }
         // A message to a missing exchange fails here, unsent; the rest go.
         let mut missing: std::collections::HashMap<&str, Error> = std::collections::HashMap::new();
         for (exchange, ..) in items {
@@ -276,7 +318,12 @@ impl AmqpBackend {
                 }
             })
             .await;
-            out.extend(done.into_iter().flatten().map(|r| r.map(|confirm| AmqpConfirm { confirm, timeout: self.confirm_timeout })));
+            let conn = self.current();
+            out.extend(
+                done.into_iter()
+                    .flatten()
+                    .map(|r| r.map(|confirm| AmqpConfirm { confirm, timeout: self.confirm_timeout, conn: conn.clone() })),
+            );
         }
         out
     }
@@ -526,6 +573,7 @@ fn connect_error(e: &lapin::Error, endpoint: &str) -> Error {
 impl AmqpConfirm {
     pub(crate) async fn wait(self) -> Result<()> {
         match tokio::time::timeout(self.timeout, self.confirm).await {
+            Err(_) if self.conn.status().blocked() => Err(blocked_error(self.timeout, true)),
             Err(_) => Err(Error::new(
                 ErrorKind::Timeout,
                 format!("the broker did not confirm the publish within {:?}; it may or may not have been stored", self.timeout),

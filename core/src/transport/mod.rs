@@ -230,6 +230,11 @@ impl Backend {
             a.close().await;
         }
     }
+
+    /// The broker is blocking publishers on this connection (never on memory://).
+    pub(crate) fn blocked(&self) -> bool {
+        matches!(self, Backend::Amqp(a) if a.blocked())
+    }
 }
 
 pub(crate) enum Reader {

@@ -28,12 +28,33 @@ pub struct ConnectionOptions {
     pub connect_timeout: Duration,
     /// How long to wait for a publish confirm before reporting a timeout.
     pub confirm_timeout: Duration,
+    /// The AMQP heartbeat to ask for, in whole seconds (the broker's own,
+    /// 60 s on RabbitMQ, when None). Either side closes a connection that
+    /// has been silent for two of them. Heartbeats are sent by the I/O
+    /// thread, so a handler that runs long does not hold them up. A
+    /// `heartbeat=` in the URL's query wins.
+    pub heartbeat: Option<Duration>,
 }
 
 impl Default for ConnectionOptions {
     fn default() -> Self {
-        ConnectionOptions { origin: None, connect_timeout: Duration::from_secs(5), confirm_timeout: Duration::from_secs(30) }
+        ConnectionOptions {
+            origin: None,
+            connect_timeout: Duration::from_secs(5),
+            confirm_timeout: Duration::from_secs(30),
+            heartbeat: None,
+        }
     }
+}
+
+/// `url` with `heartbeat` in its query, unless the query names one already.
+fn with_heartbeat(url: &str, heartbeat: Option<Duration>) -> String {
+    let Some(h) = heartbeat else { return url.to_owned() };
+    if !url.starts_with("amqp") || url.contains("heartbeat=") {
+        return url.to_owned();
+    }
+    let secs = h.as_secs().max(1);
+    format!("{url}{}heartbeat={secs}", if url.contains('?') { '&' } else { '?' })
 }
 
 /// Where and how to publish one message.
@@ -118,7 +139,8 @@ impl Connection {
     pub async fn open_with(url: &str, options: ConnectionOptions) -> Result<Connection> {
         let origin = options.origin.unwrap_or_else(default_origin);
         crate::limits::short("origin", &origin)?;
-        let backend = Backend::open(url, &origin, options.connect_timeout, options.confirm_timeout).await?;
+        let dialled = with_heartbeat(url, options.heartbeat);
+        let backend = Backend::open(&dialled, &origin, options.connect_timeout, options.confirm_timeout).await?;
         Ok(Connection {
             inner: Arc::new(Inner {
                 backend,

@@ -68,7 +68,14 @@ pub(crate) fn outgoing(
 
 impl RbConnection {
     /// Options left nil take core's defaults.
-    fn open(ruby: &Ruby, url: String, origin: Option<String>, connect_timeout: Option<f64>, confirm_timeout: Option<f64>) -> Result<Self, Error> {
+    fn open(
+        ruby: &Ruby,
+        url: String,
+        origin: Option<String>,
+        connect_timeout: Option<f64>,
+        confirm_timeout: Option<f64>,
+        heartbeat: Option<f64>,
+    ) -> Result<Self, Error> {
         let defaults = ConnectionOptions::default();
         let options = ConnectionOptions {
             origin,
@@ -80,6 +87,7 @@ impl RbConnection {
                 Some(s) => seconds(ruby, "confirm_timeout", s)?,
                 None => defaults.confirm_timeout,
             },
+            heartbeat: heartbeat.map(|s| seconds(ruby, "heartbeat", s)).transpose()?,
         };
         let conn = gvl::block_on(ruby, acemq::Connection::open_with(&url, options))?.rb(ruby)?;
         Ok(RbConnection { inner: conn })
@@ -288,7 +296,7 @@ impl RbConnection {
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("Connection", ruby.class_object())?;
-    class.define_singleton_method("_open", function!(RbConnection::open, 4))?;
+    class.define_singleton_method("_open", function!(RbConnection::open, 5))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 7))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;

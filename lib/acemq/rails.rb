@@ -39,7 +39,8 @@ module AceMQ
           @publisher = nil if @publisher&.closed?
           @publisher ||= AMQP::Connection.open(config.url, origin: "#{config.origin}:publish",
                                                             connect_timeout: config.connect_timeout,
-                                                            confirm_timeout: config.confirm_timeout)
+                                                            confirm_timeout: config.confirm_timeout,
+                                                            heartbeat: config.heartbeat)
         end
       end
 

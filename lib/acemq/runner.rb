@@ -31,11 +31,11 @@ module AceMQ
       @supervisor = AMQP::NativeSupervisor._new(
         config.shutdown_timeout && Float(config.shutdown_timeout), config.recovery_bound && Float(config.recovery_bound),
         config.max_restarts && Integer(config.max_restarts), config.restart_window && Float(config.restart_window),
-        Float(config.heartbeat || 1)
+        Float(config.check_interval || 1)
       )
       @slots = []
       # Signals arrive on a pipe: a trap handler may not take a lock, and
-      # the main loop waits on the pipe with the heartbeat as its timeout.
+      # the main loop waits on the pipe with the check interval as its timeout.
       @signal_in, @signal_out = IO.pipe
       @stopping = false
     end
@@ -70,13 +70,15 @@ module AceMQ
       check_pool
       @consume = AMQP::Connection.open(@config.url, origin: "#{@config.origin}:consume",
                                                     connect_timeout: @config.connect_timeout,
-                                                    confirm_timeout: @config.confirm_timeout)
+                                                    confirm_timeout: @config.confirm_timeout,
+                                                    heartbeat: @config.heartbeat)
       # Publishing on a connection of its own: RabbitMQ blocks publishing
       # connections under a memory or disk alarm, and the consumers must keep
       # draining (which is what clears the alarm) while it does.
       @publish = AMQP::Connection.open(@config.url, origin: "#{@config.origin}:publish",
                                                     connect_timeout: @config.connect_timeout,
-                                                    confirm_timeout: @config.confirm_timeout)
+                                                    confirm_timeout: @config.confirm_timeout,
+                                                    heartbeat: @config.heartbeat)
       AceMQ::Rails.publisher = @publish
       @consumers.each do |klass|
         klass.topology.apply(@consume)
@@ -177,7 +179,7 @@ module AceMQ
 
     def loop_until_stopped
       loop do
-        ready = IO.select([@signal_in], nil, nil, Float(@config.heartbeat || 1))
+        ready = IO.select([@signal_in], nil, nil, Float(@config.check_interval || 1))
         signals = ready ? @signal_in.read_nonblock(4096, exception: false).to_s.split("\n") : []
         return shutdown if signals.any? { |sig| %w[TERM INT].include?(sig) }
 

@@ -69,4 +69,29 @@ RSpec.describe "surviving the broker going away and coming back" do
       db.close
     end
   end
+
+  it "keeps its connection through a handler that runs three heartbeat intervals" do
+    hb_origin = unique("heartbeat")
+    conn = AceMQ::AMQP::Connection.open(AMQP_URL, origin: hb_origin, heartbeat: 1)
+    AceMQ::AMQP::Topology.new.queue(queue).apply(conn)
+    done = Queue.new
+    sub = conn.consume(queue) do |m|
+      sleep 3.5 if m.payload["slow"] # the I/O thread keeps heartbeating meanwhile
+      done << m
+      AceMQ::AMQP::Ack.accept
+    end
+    conn.publish({ "slow" => true }, to: queue)
+    conn.publish({ "n" => 2 }, to: queue)
+    first = eventually(timeout: 10) { done.pop(true) rescue nil }
+    second = eventually(timeout: 10) { done.pop(true) rescue nil }
+    expect([first.payload, second.payload]).to eq([{ "slow" => true }, { "n" => 2 }])
+    expect(first.delivery).not_to be_redelivered
+    expect(sub.failure).to be_nil # the subscription never lost its channel
+    listing = `rabbitmqctl list_connections client_properties timeout 2>/dev/null`
+    mine = listing.lines.select { |l| l.include?(%({"connection_name","#{hb_origin}"})) }
+    expect(mine.size).to eq(1)
+    expect(mine.first.split("\t").last.to_i).to eq(1) # the heartbeat it asked for
+    sub.cancel
+    conn.close
+  end
 end

@@ -9,11 +9,15 @@ module AceMQ
       # Open a connection. A broker that is down raises ConnectionFailed after
       # connect_timeout seconds rather than hanging the boot.
       # connect_timeout: (default 5 s) and confirm_timeout: (default 30 s)
-      # are the engine's defaults when left out.
-      def self.open(url = ENV.fetch("AMQP_URL", "memory://"), origin: nil, connect_timeout: nil, confirm_timeout: nil)
+      # are the engine's defaults when left out. heartbeat: is the AMQP
+      # heartbeat in seconds (default: the broker's, 60 s on RabbitMQ); it is
+      # sent by the engine's I/O thread, so a long handler does not stop it.
+      def self.open(url = ENV.fetch("AMQP_URL", "memory://"), origin: nil, connect_timeout: nil, confirm_timeout: nil,
+                    heartbeat: nil)
         raise ConfigurationError, "Connection.open needs a URL string, got #{url.inspect}" unless url.is_a?(String)
 
-        _open(url, origin&.to_s, connect_timeout && Float(connect_timeout), confirm_timeout && Float(confirm_timeout))
+        _open(url, origin&.to_s, connect_timeout && Float(connect_timeout), confirm_timeout && Float(confirm_timeout),
+              heartbeat && Float(heartbeat))
       end
 
       # Publish payload as JSON and return once the broker has confirmed it.

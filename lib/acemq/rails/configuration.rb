@@ -14,10 +14,12 @@ module AceMQ
       # Health endpoint: port (nil: none; 0: any free port), host (default
       # 0.0.0.0 so a probe from outside the container reaches it).
       attr_accessor :health_port, :health_host
-      # A file touched on every heartbeat while the runner is live, and
+      # A file touched on every check while the runner is live, and
       # removed when it stops: for an exec probe (`find FILE -mmin -1`).
       attr_accessor :health_file
       # Seconds between the runner's checks of its consumers (default 1).
+      attr_accessor :check_interval
+      # The AMQP heartbeat in seconds (default: the broker's, 60 s).
       attr_accessor :heartbeat
       # Seconds a subscription may be without a channel before it counts as
       # failed and is restarted (default 60), and the restart budget: at
@@ -38,7 +40,7 @@ module AceMQ
       def initialize
         @shutdown_timeout = 25
         @health_host = "0.0.0.0"
-        @heartbeat = 1
+        @check_interval = 1
         @outbox_interval = 1
       end
 

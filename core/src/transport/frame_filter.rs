@@ -312,11 +312,14 @@ struct Frames {
     /// Channels whose next content header is to be marked: a basic.deliver,
     /// basic.get-ok or basic.return on them had its strings repaired.
     marks: Vec<(u16, Notes)>,
+    /// The walker's stack, kept between frames so that a clean message
+    /// costs no allocation.
+    levels: Vec<Level>,
 }
 
 impl Frames {
     fn new(client_frame_max: u32) -> Self {
-        Frames { mode: Mode::Boundary, server_frame_max: None, client_frame_max, marks: Vec::new() }
+        Frames { mode: Mode::Boundary, server_frame_max: None, client_frame_max, marks: Vec::new(), levels: Vec::new() }
     }
 
     /// The frame_max lapin enforces on what it reads, negotiated as lapin
@@ -457,7 +460,7 @@ impl Frames {
                     // A table that cannot be read at its top level is left
                     // as it is: nothing of the same length would make it
                     // readable, and only the broker writes these.
-                    let _ = walk_table(p, pos + 4, end, what, &mut edits, &mut notes);
+                    let _ = walk_table(p, pos + 4, end, what, &mut self.levels, &mut edits, &mut notes);
                     pos = end;
                 }
             }
@@ -531,7 +534,7 @@ impl Frames {
                 }
                 Prop::Table => {
                     let (start, end) = (pos + 4, pos + need);
-                    let broken = walk_table(p, start, end, "header", &mut edits, &mut notes).err();
+                    let broken = walk_table(p, start, end, "header", &mut self.levels, &mut edits, &mut notes).err();
                     headers = Some((start, end, broken));
                 }
                 Prop::Octet | Prop::Timestamp => {}
@@ -749,10 +752,12 @@ fn walk_table(
     start: usize,
     end: usize,
     what: &str,
+    stack: &mut Vec<Level>,
     edits: &mut Vec<(usize, u8)>,
     notes: &mut Notes,
 ) -> Result<(), usize> {
-    let mut stack = vec![Level {
+    stack.clear();
+    stack.push(Level {
         table: true,
         pos: start,
         end,
@@ -762,7 +767,7 @@ fn walk_table(
         index: 0,
         edits_mark: 0,
         notes_mark: notes.mark(),
-    }];
+    });
     'walk: while let Some(level) = stack.last_mut() {
         if level.pos == level.end {
             stack.pop();
@@ -782,7 +787,7 @@ fn walk_table(
                 }
                 label = Label::Key(pos + 1, len);
                 if repair_utf8(src, pos + 1, pos + 1 + len, edits) {
-                    let name = path(src, &stack, label, what);
+                    let name = path(src, stack, label, what);
                     notes.push(format!("{what} name {name}: not UTF-8"));
                 }
                 pos += 1 + len;
@@ -820,7 +825,7 @@ fn walk_table(
                 let depth = level.depth + 1;
                 if depth > MAX_HEADER_DEPTH {
                     edits.push((pos - 1, b'S'));
-                    let at = path(src, &stack, label, what);
+                    let at = path(src, stack, label, what);
                     notes.push(format!(
                         "{what} {at}: nested deeper than {MAX_HEADER_DEPTH} levels, kept as a long string of its raw bytes"
                     ));
@@ -843,7 +848,7 @@ fn walk_table(
         // This table or array cannot be read: the smallest one holding the
         // problem becomes a long string of its raw bytes, undoing whatever
         // was repaired inside it (the raw bytes are the point).
-        let entry = path(src, &stack, label, what);
+        let entry = path(src, stack, label, what);
         let level = stack.pop().expect("the level being walked");
         if stack.is_empty() {
             notes.push(format!(
@@ -855,7 +860,7 @@ fn walk_table(
         edits.truncate(level.edits_mark);
         notes.reset(level.notes_mark);
         edits.push((level.tag_at, b'S'));
-        let container = path(src, &stack, level.label, what);
+        let container = path(src, stack, level.label, what);
         let kind = if level.table { "table" } else { "array" };
         notes.push(format!("{what} {entry}: {failure}; the {kind} {container} kept as a long string of its raw bytes"));
     }

@@ -1,0 +1,76 @@
+# frozen_string_literal: true
+
+# The runner the drill kills: the guide's PaymentsConsumer shape on
+# PostgreSQL through the shipped ActiveRecord store, charging each order id
+# into a table. `acemq run -r drill/charge_app.rb`, everything set by the
+# environment (spec/fixtures/runner_ar_app.rb is its model; this one adds a
+# health endpoint and file, and takes its claim timeout from the drill).
+require "active_record"
+require "acemq"
+require "acemq/rails/active_record_idempotency_store"
+
+ActiveRecord::Base.establish_connection(ENV.fetch("DATABASE_URL"))
+ActiveRecord::Base.logger = nil
+
+class DrillCharge < ActiveRecord::Base
+  self.table_name = ENV.fetch("CHARGES_TABLE")
+end
+
+class DrillPaymentsConsumer < AceMQ::Rails::Consumer
+  queue ENV.fetch("QUEUE")
+  concurrency Integer(ENV.fetch("CONCURRENCY", "2"))
+  prefetch Integer(ENV["PREFETCH"]) if ENV["PREFETCH"]
+  # A claim left by a killed runner is taken over after this long, so the
+  # drill does not wait the default five minutes for it.
+  STORE = AceMQ::Rails::ActiveRecordIdempotencyStore.new(table: ENV.fetch("IDEMPOTENCY_TABLE"),
+                                                         claim_timeout: Float(ENV.fetch("CLAIM_TIMEOUT", "1")))
+  # Room for a redelivery to wait out a dead runner's claim (retried as in
+  # progress until it goes stale) and a broker restart, with attempts left.
+  retries max_attempts: 10, initial_delay: 0.25, max_delay: 1
+  idempotent store: STORE
+
+  # A charge takes this long inside its transaction (a payment gateway's
+  # round trip), so a kill usually lands in the middle of one.
+  WORK = Float(ENV.fetch("WORK_SECONDS", "0"))
+
+  # The guide's transaction: the charge and the confirm commit together, so
+  # a runner killed after the commit has nothing left to do twice, and one
+  # killed before it has rolled back. The log lines (with the wall clock)
+  # are how the drill times a takeover.
+  def call(message)
+    order = message.payload.fetch("order_id")
+    log("start", order)
+    ActiveRecord::Base.transaction do
+      DrillCharge.create!(order_id: order, pid: Process.pid)
+      sleep WORK if WORK.positive?
+      STORE.confirm(message.envelope.id)
+    end
+    log("charged", order)
+    accept
+  end
+
+  private
+
+  def log(what, order)
+    File.open(ENV.fetch("LOG"), "a") { |f| f.puts("#{what} #{order} #{format('%.6f', Time.now.to_f)}") }
+  end
+end
+
+AceMQ::Rails.configure do |c|
+  c.url = ENV.fetch("AMQP_URL")
+  c.origin = ENV.fetch("ORIGIN")
+  c.check_interval = 0.2
+  c.shutdown_timeout = 5
+  c.connect_timeout = 2
+  c.health_port = 0
+  c.health_host = "127.0.0.1"
+  c.health_file = ENV["HEALTH_FILE"]
+end
+
+# An orphan (the drill gone without reaping it) stops itself as a TERM
+# would, rather than consuming for ever.
+DRILL_PARENT = Process.ppid
+Thread.new do
+  sleep 0.5 while Process.ppid == DRILL_PARENT
+  Process.kill("TERM", Process.pid)
+end

@@ -1,0 +1,107 @@
+# frozen_string_literal: true
+
+# `rake drill`: faults on a private RabbitMQ node, with runners charging
+# through the shipped ActiveRecord store on PostgreSQL, and the accounting
+# after each: nothing lost, nothing charged twice.
+#
+#   ruby drill/run.rb                      # every phase
+#   DRILL_PHASES=kill,poison ruby drill/run.rb
+#   DRILL_SEED=1234 ruby drill/run.rb      # the same victims again
+#
+# Exits 0 when every phase passed, 1 with the reasons otherwise. Every wait
+# is bounded; DRILL_LIMIT (default 300 s) bounds the whole run.
+require_relative "support"
+require_relative "node"
+require_relative "phases"
+
+module Drill
+  # How long a dead runner's claim holds its message back. Short, so the
+  # drill sees takeovers; long enough that a live handler slowed down by a
+  # busy machine (its connection cut under it) is never taken over.
+  CLAIM_TIMEOUT = 2
+  # Each charge holds its transaction open this long: the runners keep a
+  # backlog, and a kill or a cut connection lands mid-transaction.
+  WORK_SECONDS = 0.01
+
+  # Raised in the main thread when the drill outlives DRILL_LIMIT. Not a
+  # StandardError, so no phase can take it for one of its own failures and
+  # carry on.
+  class Overrun < Exception; end # rubocop:disable Lint/InheritException
+  PHASES = { "kill" => KillRunners, "close" => CloseConnections, "restart" => RestartBroker,
+             "relays" => KillRelays, "poison" => PoisonFlood }.freeze
+
+  def self.main
+    $stdout.sync = true
+    names = ENV.fetch("DRILL_PHASES", PHASES.keys.join(",")).split(",").map(&:strip)
+    unknown = names - PHASES.keys
+    abort "drill: unknown phase(s) #{unknown.join(', ')}: choose from #{PHASES.keys.join(', ')}" unless unknown.empty?
+
+    seed = Integer(ENV.fetch("DRILL_SEED", Random.new_seed % 100_000))
+    limit = Float(ENV.fetch("DRILL_LIMIT", "300"))
+    t0 = now
+    results = []
+    node = nil
+    db = nil
+    main = Thread.current
+    # The whole drill is bounded: a phase stuck past the limit is
+    # interrupted, cleanup runs, and CI gets a failure rather than a hang.
+    watchdog = Thread.new do
+      sleep limit
+      main.raise(Overrun, "the drill ran past DRILL_LIMIT (#{limit.round}s)")
+    end
+    trap("TERM") { main.raise(Interrupt) }
+    begin
+      node = Node.new
+      say "drill: seed #{seed}; private node #{node.name} on 127.0.0.1:#{node.port}; PostgreSQL " \
+          "#{DATABASE_URL.sub(%r{//[^@]*@}, '//')}; claim timeout #{CLAIM_TIMEOUT}s"
+      up = node.start
+      say format("drill: node up in %.1fs", up)
+      db = Database.new
+      rng = Random.new(seed)
+      tag = "#{Process.pid}#{SecureRandom.hex(2)}"
+      names.each do |name|
+        r = PHASES.fetch(name).new(node: node, db: db, rng: rng, tag: tag).call
+        results << r
+        say line(r)
+      end
+    rescue Failure, Overrun, Interrupt => e
+      results << Result.new(phase: "drill", failure: e.is_a?(Interrupt) ? "interrupted" : e.message, seconds: now - t0)
+      say "drill: #{results.last.failure}"
+    ensure
+      watchdog.kill
+      Children.reap_all
+      begin
+        db&.drop_all
+      rescue PG::Error => e
+        warn "drill: dropping tables: #{e.message}"
+      end
+      node&.destroy
+    end
+    summary(results, now - t0, seed)
+    results.all?(&:ok?) && results.size == names.size ? 0 : 1
+  end
+
+  def self.line(r)
+    figures = "#{r.messages.to_i} messages, #{r.faults} faults, #{r.lost || '?'} lost, #{r.doubled || '?'} doubled"
+    figures += ", #{r.wire_dups} duplicates on the wire" if r.wire_dups
+    figures += ", #{r.recovery}" if r.recovery && r.recovery != "-"
+    figures += "; #{r.notes}" if r.notes
+    format("%-6s %-26s %s (%.1fs)", r.ok? ? "ok" : "FAILED", r.phase, figures, r.seconds.to_f) +
+      (r.ok? ? "" : "\n       #{r.failure}")
+  end
+
+  def self.summary(results, seconds, seed)
+    say ""
+    row = "%-26s %8s %6s %5s %7s %9s  %-9s %-7s %s"
+    say format(row, "phase", "messages", "faults", "lost", "doubled", "wire dups", "recovery", "time", "result")
+    results.each do |r|
+      say format(row, r.phase, r.messages.to_i, r.faults.to_i, r.lost || "?", r.doubled || "?", r.wire_dups || "-",
+                 r.worst ? format("%.2fs", r.worst) : "-", format("%.1fs", r.seconds.to_f), r.ok? ? "ok" : "FAILED")
+    end
+    failed = results.reject(&:ok?)
+    say format("drill: %s in %.1fs (seed %d)", failed.empty? ? "passed" : "FAILED", seconds, seed)
+    failed.each { |r| say "  #{r.phase}: #{r.failure}" }
+  end
+end
+
+exit Drill.main if $PROGRAM_NAME == __FILE__

@@ -1,0 +1,276 @@
+# frozen_string_literal: true
+
+$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+require "acemq"
+require "bunny"
+require "json"
+require "logger"
+require "pg"
+require "rbconfig"
+require "securerandom"
+require_relative "../spec/support/runner_helpers"
+
+# What the drill's phases share: bounded polling, child processes reaped by
+# pid, PostgreSQL tables named per run, a publisher that survives a broker
+# going away, and Bunny for reading queues as any other client would.
+module Drill
+  ROOT = RunnerHelpers::ROOT
+  DATABASE_URL = ENV.fetch("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+
+  # A phase that lost or doubled something, or a wait that ran out.
+  class Failure < StandardError; end
+
+  def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+  # Poll until the block returns truthy; raise Failure naming what was
+  # awaited after limit seconds. Every wait in the drill goes through here.
+  def self.eventually(limit, what, interval: 0.05)
+    deadline = now + limit
+    loop do
+      value = yield
+      return value if value
+      raise Failure, "timed out after #{limit}s waiting for #{what}" if now > deadline
+
+      sleep interval
+    end
+  end
+
+  def self.alive?(pid)
+    Process.kill(0, pid)
+    true
+  rescue Errno::ESRCH
+    false
+  rescue Errno::EPERM
+    true
+  end
+
+  def self.say(line) = $stdout.puts(line)
+
+  # Every child the drill starts, so cleanup can kill exactly those.
+  module Children
+    @pids = []
+    @lock = Mutex.new
+
+    def self.add(pid) = @lock.synchronize { @pids << pid }
+    def self.forget(pid) = @lock.synchronize { @pids.delete(pid) }
+
+    def self.reap_all
+      @lock.synchronize { @pids.dup }.each do |pid|
+        Process.kill("KILL", pid)
+        Process.wait(pid)
+      rescue Errno::ESRCH, Errno::ECHILD
+        nil
+      ensure
+        forget(pid)
+      end
+    end
+  end
+
+  # An `acemq run` process (RunnerHelpers::RunnerProcess: its output, its
+  # handler log, its health endpoint, wait with a limit).
+  class Runner
+    attr_reader :process, :started_at
+    attr_accessor :killed_at
+
+    def self.spawn(env, app: File.join(__dir__, "charge_app.rb"))
+      dir = Dir.mktmpdir("acemq-drill-runner")
+      output = File.join(dir, "runner.out")
+      log = File.join(dir, "handled.log")
+      pid = Process.spawn({ "LOG" => log }.merge(env), RbConfig.ruby, "-I", File.join(ROOT, "lib"), RunnerHelpers::EXE,
+                          "run", "-r", app, out: output, err: %i[child out])
+      Children.add(pid)
+      new(RunnerHelpers::RunnerProcess.new(pid: pid, log: log, output: output), dir, env["ORIGIN"])
+    end
+
+    attr_reader :origin
+
+    def initialize(process, dir, origin)
+      @process = process
+      @origin = origin
+      @dir = dir
+      @started_at = Drill.now
+      @status = nil
+    end
+
+    def pid = @process.pid
+    def text = @process.text
+    def handled = @process.handled
+
+    def running?
+      text.include?("acemq: running")
+    end
+
+    # Wait until it logs that it runs; fail with its output if it died first.
+    def await_running(limit = 30)
+      Drill.eventually(limit, "runner #{pid} to boot") do
+        running? || (exited? && raise(Failure, "runner #{pid} died while booting:\n#{text}"))
+      end
+      self
+    end
+
+    # The exit status once it has exited (nil while it runs).
+    def exited?
+      @status ||= @process.wait(0)
+    end
+
+    def kill9
+      @killed_at = Drill.now
+      @process.signal("KILL")
+      @status = @process.wait(10) or raise Failure, "runner #{pid} survived kill -9"
+      Children.forget(pid)
+      @status
+    end
+
+    # TERM and wait for the drain: the status (0 is a clean stop).
+    def stop(limit = 15)
+      @process.signal("TERM")
+      @status = @process.wait(limit)
+      unless @status
+        kill9
+        raise Failure, "runner #{pid} did not stop within #{limit}s of TERM:\n#{text.lines.last(20).join}"
+      end
+      Children.forget(pid)
+      @status
+    end
+
+    def health(path) = @process.health(path)
+
+    def cleanup = FileUtils.rm_rf(@dir)
+  end
+
+  # PostgreSQL through the pg gem: the drill's own tables, dropped at the end.
+  class Database
+    def initialize
+      @conn = PG.connect(DATABASE_URL)
+      @conn.set_notice_processor { |_| }
+      @tables = []
+    end
+
+    attr_reader :conn
+
+    def exec(sql, params = []) = @conn.exec_params(sql, params)
+    def value(sql, params = []) = exec(sql, params).getvalue(0, 0)
+
+    # A charges table (with when, by which runner, on the database's clock)
+    # and the idempotency table of the guide's migration, for one phase.
+    def charge_tables(prefix)
+      charges = "#{prefix}_charges"
+      keys = "#{prefix}_idem"
+      exec("CREATE TABLE #{charges} (id bigserial PRIMARY KEY, order_id varchar(64) NOT NULL, pid integer, " \
+           "charged_at timestamptz NOT NULL DEFAULT clock_timestamp())")
+      exec("CREATE TABLE #{keys} (message_id varchar(255) PRIMARY KEY, state varchar(16) NOT NULL, " \
+           "claimed_by varchar(64), recorded_at timestamp NOT NULL, expires_at timestamp NOT NULL)")
+      @tables.push(charges, keys)
+      [charges, keys]
+    end
+
+    def track(table) = @tables << table
+
+    # { order_id => times charged }
+    def charge_counts(charges)
+      exec("SELECT order_id, COUNT(*) FROM #{charges} GROUP BY order_id").values.to_h { |o, n| [o, Integer(n)] }
+    end
+
+    def charged(charges) = Integer(value("SELECT COUNT(DISTINCT order_id) FROM #{charges}"))
+
+    # { order_id => epoch seconds of its (first) charge }
+    def charge_times(charges)
+      exec("SELECT order_id, EXTRACT(EPOCH FROM MIN(charged_at)) FROM #{charges} GROUP BY order_id")
+        .values.to_h { |o, t| [o, Float(t)] }
+    end
+
+    def drop_all
+      @tables.uniq.each { |t| exec("DROP TABLE IF EXISTS #{t}") }
+    ensure
+      @conn.close
+    end
+  end
+
+  # Bunny on the private node, for publishing and reading queues as any
+  # other client would. Only in phases that leave the broker alone: a
+  # session that loses its broker raises in the thread that opened it.
+  class Broker
+    def initialize(url)
+      @url = url
+    end
+
+    def session
+      @session ||= Bunny.new(@url, logger: Logger.new(nil), automatically_recover: false, connection_timeout: 2).tap(&:start)
+    end
+
+    def channel
+      @channel = session.create_channel if @channel.nil? || !@channel.open?
+      @channel
+    end
+
+    # Every message left in queue, taken off it: [[properties, body], ...].
+    def take_all(queue, limit: 100_000)
+      got = []
+      loop do
+        delivery, props, body = channel.basic_get(queue, manual_ack: false)
+        break unless delivery
+
+        got << [props, body]
+        break if got.size >= limit
+      end
+      got
+    end
+
+    def close
+      @session&.close
+    rescue StandardError
+      nil
+    end
+  end
+
+  # The drill's publisher: each order once, retried with the same envelope
+  # (so the same message id) until the broker confirms it. A publish that
+  # raised while the broker was away may still have been stored: the retry
+  # is then a duplicate, which is what the idempotent consumer is for.
+  class Publisher
+    attr_reader :retries, :published
+
+    def initialize(url, origin)
+      @mq = AceMQ::AMQP::Connection.open(url, origin: origin, connect_timeout: 1, confirm_timeout: 5)
+      @retries = 0
+      @published = 0
+    end
+
+    attr_reader :mq
+
+    def publish(payload, to:, exchange: "", deadline:)
+      envelope = AceMQ::AMQP::Envelope.new(type: "drill.order.v1")
+      begin
+        @mq.publish(payload, to: to, exchange: exchange, envelope: envelope)
+        @published += 1
+      rescue AceMQ::AMQP::Error => e
+        raise Failure, "publisher: #{e.class}: #{e.message} (gave up at the phase deadline)" if Drill.now > deadline
+
+        @retries += 1
+        sleep 0.1
+        retry
+      end
+    end
+
+    # Publish orders in a thread, `rate` a second until #hurry, then the
+    # rest at once; returns the thread. The rate keeps messages arriving
+    # while the faults happen; hurrying after the last one keeps the phase
+    # short.
+    def pace(orders, to:, rate:, deadline:, exchange: "")
+      @hurry = false
+      Thread.new do
+        Thread.current.report_on_exception = false
+        t0 = Drill.now
+        orders.each_with_index do |order, i|
+          ahead = t0 + i.fdiv(rate) - Drill.now
+          sleep ahead if ahead.positive? && !@hurry
+          publish({ "order_id" => order }, to: to, exchange: exchange, deadline: deadline)
+        end
+      end
+    end
+
+    def hurry = (@hurry = true)
+
+    def close = @mq.close
+  end
+end

@@ -137,15 +137,23 @@ impl Connection {
 
     /// Open `url` with `options`.
     pub async fn open_with(url: &str, options: ConnectionOptions) -> Result<Connection> {
+        Self::open_any(&[url], options).await
+    }
+
+    /// Open the first of `urls` that answers: the nodes of a cluster, in the
+    /// order to try them. When the connection is lost later, the next one
+    /// in the list is dialled first, and so on round. One URL is the same
+    /// as [`Connection::open_with`].
+    pub async fn open_any(urls: &[&str], options: ConnectionOptions) -> Result<Connection> {
         let origin = options.origin.unwrap_or_else(default_origin);
         crate::limits::short("origin", &origin)?;
-        let dialled = with_heartbeat(url, options.heartbeat);
+        let dialled: Vec<String> = urls.iter().map(|u| with_heartbeat(u, options.heartbeat)).collect();
         let backend = Backend::open(&dialled, &origin, options.connect_timeout, options.confirm_timeout).await?;
         Ok(Connection {
             inner: Arc::new(Inner {
                 backend,
                 origin,
-                url: url.to_owned(),
+                url: urls.join(" "),
                 closed: AtomicBool::new(false),
                 pid: std::process::id(),
                 applied: Default::default(),

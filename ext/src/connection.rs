@@ -70,7 +70,7 @@ impl RbConnection {
     /// Options left nil take core's defaults.
     fn open(
         ruby: &Ruby,
-        url: String,
+        urls: Vec<String>,
         origin: Option<String>,
         connect_timeout: Option<f64>,
         confirm_timeout: Option<f64>,
@@ -89,7 +89,8 @@ impl RbConnection {
             },
             heartbeat: heartbeat.map(|s| seconds(ruby, "heartbeat", s)).transpose()?,
         };
-        let conn = gvl::block_on(ruby, acemq::Connection::open_with(&url, options))?.rb(ruby)?;
+        let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+        let conn = gvl::block_on(ruby, acemq::Connection::open_any(&urls, options))?.rb(ruby)?;
         Ok(RbConnection { inner: conn })
     }
 

@@ -24,7 +24,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 pub(crate) struct AmqpBackend {
-    url: String,
+    /// Every address it may dial, in the order given (the nodes of a
+    /// cluster, or one broker).
+    urls: Vec<String>,
+    /// The same without their passwords, for messages.
+    endpoints: Vec<String>,
+    /// The address of the current connection.
+    at: std::sync::atomic::AtomicUsize,
     /// Shown as the connection's name in `rabbitmqctl list_connections` and
     /// the management UI, so an operator can tell whose connection it is.
     origin: String,
@@ -45,7 +51,6 @@ pub(crate) struct AmqpBackend {
     known_exchanges: std::sync::Mutex<std::collections::HashSet<String>>,
     publish: tokio::sync::Mutex<Option<Channel>>,
     confirm_timeout: Duration,
-    endpoint: String,
 }
 
 /// The outcome of a publish that has been sent and not yet confirmed.
@@ -95,11 +100,13 @@ pub(crate) fn map_error(e: &lapin::Error, context: &str) -> Error {
 }
 
 impl AmqpBackend {
-    pub(crate) async fn connect(url: &str, origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Self> {
-        let endpoint = endpoint_of(url);
-        let conn = dial(url, origin, &endpoint, connect_timeout).await?;
+    pub(crate) async fn connect(urls: &[String], origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Self> {
+        let endpoints: Vec<String> = urls.iter().map(|u| endpoint_of(u)).collect();
+        let (at, conn) = dial_any(urls, &endpoints, origin, 0, connect_timeout).await?;
         Ok(AmqpBackend {
-            url: url.to_owned(),
+            urls: urls.to_vec(),
+            endpoints,
+            at: std::sync::atomic::AtomicUsize::new(at),
             origin: origin.to_owned(),
             conn: Mutex::new(Arc::new(conn)),
             redial: tokio::sync::Mutex::new(()),
@@ -108,8 +115,12 @@ impl AmqpBackend {
             known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
             publish: tokio::sync::Mutex::new(None),
             confirm_timeout,
-            endpoint,
         })
+    }
+
+    /// Where the current connection goes, for messages.
+    fn endpoint(&self) -> &str {
+        &self.endpoints[self.at.load(std::sync::atomic::Ordering::Acquire).min(self.endpoints.len() - 1)]
     }
 
     fn current(&self) -> Arc<lapin::Connection> {
@@ -127,14 +138,20 @@ impl AmqpBackend {
             return Ok(c);
         }
         if self.closed.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(Error::closed(format!("the connection to {} is closed: open a new one", self.endpoint)));
+            return Err(Error::closed(format!("the connection to {} is closed: open a new one", self.endpoint())));
         }
         let _one_at_a_time = self.redial.lock().await;
         let c = self.current();
         if c.status().connected() {
             return Ok(c);
         }
-        let fresh = Arc::new(dial(&self.url, &self.origin, &self.endpoint, self.connect_timeout).await?);
+        // The next address first: the one that was lost is the likeliest to
+        // be down (a node stopped, failed over), and the others are the
+        // same cluster.
+        let start = (self.at.load(std::sync::atomic::Ordering::Acquire) + 1) % self.urls.len();
+        let (at, fresh) = dial_any(&self.urls, &self.endpoints, &self.origin, start, self.connect_timeout).await?;
+        self.at.store(at, std::sync::atomic::Ordering::Release);
+        let fresh = Arc::new(fresh);
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         // What was known of the old broker may not hold for this one.
         self.known().clear();
@@ -405,6 +422,32 @@ pub(crate) async fn get(ch: &Channel, queue: &str) -> Result<Option<RawDelivery>
             props: from_basic_properties(&d.properties),
         }
     }))
+}
+
+/// Dial each address in turn from `start`, each within `connect_timeout`,
+/// and return the first that answers with its index. A refused login is
+/// reported as that (the same user is refused everywhere); otherwise what
+/// each address said.
+async fn dial_any(
+    urls: &[String],
+    endpoints: &[String],
+    origin: &str,
+    start: usize,
+    connect_timeout: Duration,
+) -> Result<(usize, lapin::Connection)> {
+    let mut failures = Vec::new();
+    for i in 0..urls.len() {
+        let at = (start + i) % urls.len();
+        match dial(&urls[at], origin, &endpoints[at], connect_timeout).await {
+            Ok(c) => return Ok((at, c)),
+            Err(e) if urls.len() == 1 || matches!(e.kind(), ErrorKind::AuthenticationFailed) => return Err(e),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    Err(Error::new(
+        ErrorKind::ConnectionFailed,
+        format!("could not connect to any of {} addresses: {}", urls.len(), failures.join("; ")),
+    ))
 }
 
 async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration) -> Result<lapin::Connection> {

@@ -118,32 +118,51 @@ pub(crate) fn redacted(url: &str) -> String {
     }
 }
 
+/// An `amqp://` URL lapin can parse, or the error that says what to write.
+fn check_amqp_url(url: &str) -> Result<()> {
+    if url.starts_with("amqps://") {
+        return Err(Error::new(
+            ErrorKind::InvalidUrl,
+            "amqps:// is not supported by this build (it is compiled without TLS): use amqp:// on a trusted network, or terminate TLS in a local proxy",
+        ));
+    }
+    if !url.starts_with("amqp://") {
+        let scheme = url.split("://").next().filter(|s| *s != url).unwrap_or("(none)");
+        return Err(Error::new(
+            ErrorKind::InvalidUrl,
+            format!("unknown URL scheme {scheme:?} in {:?}: use amqp://user:pass@host:5672/vhost or memory://", redacted(url)),
+        ));
+    }
+    if url.parse::<lapin::uri::AMQPUri>().is_err() {
+        return Err(Error::new(
+            ErrorKind::InvalidUrl,
+            format!("cannot parse {:?} as an AMQP URL: use amqp://user:pass@host:5672/vhost", redacted(url)),
+        ));
+    }
+    Ok(())
+}
+
 impl Backend {
-    pub(crate) async fn open(url: &str, origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Backend> {
-        if let Some(rest) = url.strip_prefix("memory://") {
-            let name = rest.trim_end_matches('/');
-            return Ok(Backend::Memory(MemoryBroker::named(if name.is_empty() { "default" } else { name })));
+    pub(crate) async fn open(urls: &[String], origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Backend> {
+        let Some(first) = urls.first() else {
+            return Err(Error::new(ErrorKind::InvalidUrl, "Connection.open needs at least one URL"));
+        };
+        if urls.len() == 1 {
+            if let Some(rest) = first.strip_prefix("memory://") {
+                let name = rest.trim_end_matches('/');
+                return Ok(Backend::Memory(MemoryBroker::named(if name.is_empty() { "default" } else { name })));
+            }
         }
-        if url.starts_with("amqps://") {
-            return Err(Error::new(
-                ErrorKind::InvalidUrl,
-                "amqps:// is not supported by this build (it is compiled without TLS): use amqp:// on a trusted network, or terminate TLS in a local proxy",
-            ));
+        for url in urls {
+            if url.starts_with("memory://") {
+                return Err(Error::new(
+                    ErrorKind::InvalidUrl,
+                    "memory:// cannot be one of several addresses: it is one in-process broker; give it alone",
+                ));
+            }
+            check_amqp_url(url)?;
         }
-        if !url.starts_with("amqp://") {
-            let scheme = url.split("://").next().filter(|s| *s != url).unwrap_or("(none)");
-            return Err(Error::new(
-                ErrorKind::InvalidUrl,
-                format!("unknown URL scheme {scheme:?} in {:?}: use amqp://user:pass@host:5672/vhost or memory://", redacted(url)),
-            ));
-        }
-        if url.parse::<lapin::uri::AMQPUri>().is_err() {
-            return Err(Error::new(
-                ErrorKind::InvalidUrl,
-                format!("cannot parse {:?} as an AMQP URL: use amqp://user:pass@host:5672/vhost", redacted(url)),
-            ));
-        }
-        Ok(Backend::Amqp(Arc::new(amqp::AmqpBackend::connect(url, origin, connect_timeout, confirm_timeout).await?)))
+        Ok(Backend::Amqp(Arc::new(amqp::AmqpBackend::connect(urls, origin, connect_timeout, confirm_timeout).await?)))
     }
 
     pub(crate) async fn apply(&self, topology: &Topology) -> Result<()> {

@@ -12,11 +12,17 @@ module AceMQ
       # are the engine's defaults when left out. heartbeat: is the AMQP
       # heartbeat in seconds (default: the broker's, 60 s on RabbitMQ); it is
       # sent by the engine's I/O thread, so a long handler does not stop it.
+      #
+      # Several URLs (the nodes of a cluster) are tried in order; when the
+      # connection is lost, the next one is dialled first.
       def self.open(url = ENV.fetch("AMQP_URL", "memory://"), origin: nil, connect_timeout: nil, confirm_timeout: nil,
                     heartbeat: nil)
-        raise ConfigurationError, "Connection.open needs a URL string, got #{url.inspect}" unless url.is_a?(String)
+        urls = url.is_a?(Array) ? url : [url]
+        unless !urls.empty? && urls.all?(String)
+          raise ConfigurationError, "Connection.open needs a URL string or an Array of them, got #{url.inspect}"
+        end
 
-        _open(url, origin&.to_s, connect_timeout && Float(connect_timeout), confirm_timeout && Float(confirm_timeout),
+        _open(urls, origin&.to_s, connect_timeout && Float(connect_timeout), confirm_timeout && Float(confirm_timeout),
               heartbeat && Float(heartbeat))
       end
 

@@ -19,6 +19,7 @@ require "rbconfig"
 #   <!-- sample: after=step1 --> run the named block (and its own after=) first
 #   <!-- sample: rails -->       run inside spec/dummy's Rails application
 #   <!-- sample: raises -->      its handlers raise on purpose
+#   <!-- sample: rabbitmq -->    on RabbitMQ only: what it shows memory:// has not (several nodes)
 #   <!-- sample: skip REASON --> not run, and why
 module DocsSamples
   ROOT = File.expand_path("../..", __dir__)
@@ -68,7 +69,7 @@ module DocsSamples
     d = {}
     d[:skip] = text.sub(/\Askip\s*/, "") if text.start_with?("skip")
     text.scan(/(\w+)=(\S+)/) { |key, value| d[key.to_sym] = value }
-    %w[setup rails raises].each { |flag| d[flag.to_sym] = true if text.split.include?(flag) }
+    %w[setup rails raises rabbitmq].each { |flag| d[flag.to_sym] = true if text.split.include?(flag) }
     d
   end
 
@@ -110,6 +111,7 @@ module DocsSamples
   # difference to it, and a Rails boot is most of a run); the rest as printed.
   def self.transports(block, blocks, code)
     return [:as_printed] unless code.match?(BROKER_URL)
+    return [:rabbitmq] if block.directives[:rabbitmq] # what it shows is the broker's (several nodes, alarms)
 
     own = script(block, blocks.reject { |b| b.directives[:setup] && !b.equal?(block) })
     own.match?(BROKER_URL) || own.match?(/\bmq\b/) ? %i[rabbitmq memory] : [:memory]

@@ -29,6 +29,10 @@ module Drill
         run
       rescue Failure, AceMQ::AMQP::Error, PG::Error, Bunny::Exception => e
         @result.failure = "#{e.class.name.split('::').last}: #{e.message}"
+      rescue StandardError => e
+        # Not a finding of the drill's but a fault in it (or a library
+        # that does not load): still a failure, with where it happened.
+        @result.failure = "#{e.class}: #{e.message} (at #{e.backtrace&.first})"
       ensure
         @result.seconds = Drill.now - t
         teardown

@@ -12,7 +12,9 @@ module Drill
     MESSAGES = 2000
     RUNNERS = 3
     KILLS = 6
-    RATE = 250 # messages a second: the publishing outlasts the kills
+    # Messages a second until the last kill (then the rest at once): slow
+    # enough that the publishing outlasts the kills on a busy machine.
+    RATE = 150
 
     def run
       queue = "drill-#{tag}-kill"
@@ -30,8 +32,13 @@ module Drill
       victims = []
       KILLS.times do |k|
         at(t0, 0.8 + k, feed)
-        live = @runners.reject(&:exited?).select(&:running?)
-        victim = live.sample(random: rng) or fail!("no runner left to kill")
+        # Two running at least, so one is left consuming: on a busy machine
+        # a replacement can take longer to boot than the kills are apart.
+        live = Drill.eventually(30, "two runners running to choose a victim from") do
+          up = @runners.reject(&:exited?).select(&:running?)
+          up.size >= 2 && up
+        end
+        victim = live.sample(random: rng)
         wall = Time.now.to_f
         victim.kill9
         victims << [victim, wall]
@@ -66,7 +73,7 @@ module Drill
     MESSAGES = 2000
     RUNNERS = 2
     CLOSES = 3
-    RATE = 200
+    RATE = 130
 
     def run
       queue = "drill-#{tag}-close"
@@ -166,7 +173,7 @@ module Drill
   class KillRelays < Phase
     TITLE = "kill -9 outbox relays"
     ROWS = 2000
-    BURST = 50 # rows per transaction, one every PACE seconds until the kills are done
+    BURST = 25 # rows per transaction, one every PACE seconds until the kills are done
     PACE = 0.3
     BATCH = 25
     KILLS = 6

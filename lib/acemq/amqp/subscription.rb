@@ -146,7 +146,13 @@ module AceMQ
       # call_many returns one result per message: an Ack, or the
       # StandardError its handler raised.
       def handle_many(deliveries)
-        results = @handler.call_many(deliveries.map { |d| Message.from_native(d) })
+        results = begin
+          @handler.call_many(deliveries.map { |d| Message.from_native(d) })
+        rescue StandardError => e
+          # Whatever failed for the batch as a whole failed for each of its
+          # messages: each is retried, none is left unsettled.
+          Array.new(deliveries.size, e)
+        end
         deliveries.each_with_index { |d, i| settle_result(d[0], results[i]) }
       end
 

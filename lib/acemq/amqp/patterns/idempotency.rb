@@ -44,8 +44,9 @@ module AceMQ
 
         # The middleware: app is the guarded handler.
         def call(message, app)
-          key = @key.call(message)
+          key, why = key_of(message)
           verdict, detail, error_class = @guard._before(@store, key)
+          detail = why if why
           verdict == "run" ? run(message, app, detail) : without_running(message, key, verdict, detail, error_class)
         end
 
@@ -57,8 +58,11 @@ module AceMQ
         # its key was forgotten). The subscription acknowledges only after
         # this returns, so the keys are facts before any delivery is settled.
         def call_many(messages, app)
-          keys = messages.map { |m| @key.call(m) }
-          verdicts = @guard._before_many(@store, keys)
+          found = messages.map { |m| key_of(m) }
+          keys = found.map(&:first)
+          verdicts = @guard._before_many(@store, keys).each_with_index.map do |v, i|
+            (why = found[i][1]) ? [v[0], why, v[2]] : v
+          end
           results = Array.new(messages.size)
           settled = []
           pending = verdicts.each_with_index.select { |(verdict, _, _), _| verdict == "run" }.map { |(_, key, _), i| [i, key] }
@@ -95,6 +99,25 @@ module AceMQ
         def inspect = "#<AceMQ::AMQP::Patterns::Idempotency store=#{@store.class}>"
 
         private
+
+        # The key, or nil and why it could not be had. A key: function that
+        # raises, or a key that is not UTF-8 text, is the same as a missing
+        # key — the same function does the same next time — so the guard
+        # rejects it as fatal, with this reason instead of "missing". Raised
+        # out of the guard instead, it would be retried up the whole ladder,
+        # and in a batch it would end the handler thread.
+        def key_of(message)
+          key = @key.call(message)
+          if key.is_a?(String) && !key.dup.force_encoding(Encoding::UTF_8).valid_encoding?
+            return [nil, "idempotency key is not UTF-8 text (#{key.b.inspect[0, 60]}): make key: return text; " \
+                         "the same key: finds the same bytes on every retry"]
+          end
+
+          [key, nil]
+        rescue StandardError => e
+          [nil, "idempotency key: raised #{e.class}: #{e.message.to_s[0, 200]}; the same key: raises again on " \
+                "every retry, so the message is rejected: make key: return nil or text for every message"]
+        end
 
         def run(message, app, key)
           finished = false

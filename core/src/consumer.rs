@@ -200,6 +200,13 @@ impl Consumer {
         self.link.down_for()
     }
 
+    /// How many times the subscription has lost its channel and subscribed
+    /// again by itself (0 on `memory://`): what a runner logs, since nothing
+    /// else says a broker restart happened.
+    pub fn resubscriptions(&self) -> u64 {
+        self.link.resubscriptions()
+    }
+
     /// Why the broker ended the subscription, if it did.
     pub fn failure(&self) -> Option<Error> {
         self.link.failure()

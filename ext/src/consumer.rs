@@ -172,6 +172,10 @@ impl RbConsumer {
         self.inner.down_for().map(|d| d.as_secs_f64())
     }
 
+    fn resubscriptions(&self) -> u64 {
+        self.inner.resubscriptions()
+    }
+
     fn failure(&self) -> Option<String> {
         self.inner.failure().map(|e| e.to_string())
     }
@@ -192,6 +196,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("_errors", method!(RbConsumer::take_errors, 0))?;
     class.define_method("_failure", method!(RbConsumer::failure, 0))?;
     class.define_method("_down_for", method!(RbConsumer::down_for, 0))?;
+    class.define_method("_resubscriptions", method!(RbConsumer::resubscriptions, 0))?;
     class.define_method("_inflight", method!(RbConsumer::inflight_count, 0))?;
     class.define_method("queue", method!(RbConsumer::queue, 0))?;
     Ok(())

@@ -200,7 +200,9 @@ module AceMQ
           next
         end
         sub = slot[:subscription]
-        verdict, after, reason = @supervisor._observe(slot[:index], sub.ended, sub.dead_workers, sub.down_for,
+        down_for = sub.down_for
+        say_channel(slot, sub, down_for)
+        verdict, after, reason = @supervisor._observe(slot[:index], sub.ended, sub.dead_workers, down_for,
                                                       sub.failure)
         case verdict
         when "restart"
@@ -220,9 +222,34 @@ module AceMQ
       nil
     end
 
+    # One line when a subscription loses its channel and one when it has it
+    # back: the engine subscribes again by itself, and without these the log
+    # of a runner through a broker restart says nothing at all.
+    def say_channel(slot, sub, down_for)
+      name = slot[:klass].name
+      lost = "acemq: #{name} lost its channel (#{sub.failure || 'connection closed'})"
+      if down_for
+        unless slot[:down]
+          slot[:down] = true
+          @logger.warn("#{lost}; subscribing again")
+        end
+        return
+      end
+      again = sub.resubscriptions
+      return if again == (slot[:resubscriptions] || 0) && !slot[:down]
+
+      # A loss shorter than a check is seen only by the count.
+      @logger.warn(lost) unless slot[:down]
+      @logger.info("acemq: #{name} subscribed again")
+      slot[:down] = false
+      slot[:resubscriptions] = again
+    end
+
     def restart(slot)
       slot[:subscription] = subscribe(slot)
       slot[:restart_at] = nil
+      slot[:down] = false
+      slot[:resubscriptions] = 0
       @supervisor._restarted(slot[:index])
       @logger.info("acemq: #{slot[:klass].name} subscribed again")
     rescue AMQP::Error => e
@@ -293,6 +320,7 @@ module AceMQ
       def ended = nil
       def dead_workers = 0
       def down_for = Time.now - @since
+      def resubscriptions = 0
       def queue = "(none)"
       def stop_taking = nil
       def drain(_deadline) = 0

@@ -383,6 +383,7 @@ impl AmqpBackend {
             supervisor: Mutex::new(None),
             failure: Arc::new(Mutex::new(None)),
             down_since: Arc::new(Mutex::new(None)),
+            resubscribed: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         };
         let task = supervise(
             self.clone(),
@@ -394,6 +395,7 @@ impl AmqpBackend {
             consumer.stopped.clone(),
             consumer.failure.clone(),
             consumer.down_since.clone(),
+            consumer.resubscribed.clone(),
         );
         *consumer.supervisor.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::runtime::handle().spawn(task));
         Ok(consumer)
@@ -514,6 +516,7 @@ async fn supervise(
     stopped: Arc<std::sync::atomic::AtomicBool>,
     failure: Arc<Mutex<Option<Error>>>,
     down_since: Arc<Mutex<Option<std::time::Instant>>>,
+    resubscribed: Arc<std::sync::atomic::AtomicU64>,
 ) {
     use std::sync::atomic::Ordering::Acquire;
     let record = |e: Error| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -576,6 +579,7 @@ async fn supervise(
                 Ok((generation, fresh)) => {
                     *current.lock().unwrap_or_else(|p| p.into_inner()) = generation;
                     *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    resubscribed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     subscribed_at = std::time::Instant::now();
                     stream = fresh;
                     continue 'subscription;
@@ -704,6 +708,8 @@ pub(crate) struct AmqpConsumer {
     /// subscribed): what tells a broker that is restarting from a consumer
     /// that will never subscribe again.
     pub(crate) down_since: Arc<Mutex<Option<std::time::Instant>>>,
+    /// How many times it has subscribed again after losing its channel.
+    pub(crate) resubscribed: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// One channel's worth of a subscription.

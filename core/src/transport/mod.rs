@@ -88,6 +88,14 @@ impl Link {
         }
     }
 
+    /// How many times the subscription has subscribed again after a loss.
+    pub(crate) fn resubscriptions(&self) -> u64 {
+        match self {
+            Link::Amqp(c) => c.resubscribed.load(std::sync::atomic::Ordering::Relaxed),
+            Link::Memory { .. } => 0,
+        }
+    }
+
     /// How long the subscription has been without a channel, if it is.
     pub(crate) fn down_for(&self) -> Option<std::time::Duration> {
         match self {

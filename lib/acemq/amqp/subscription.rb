@@ -92,6 +92,9 @@ module AceMQ
       # nil while subscribed.
       def down_for = @native._down_for
 
+      # How many times it lost its channel and subscribed again by itself.
+      def resubscriptions = @native._resubscriptions
+
       def cancelled? = @cancelled
 
       # Counters so far: accepted, retried, dead_lettered.

@@ -196,12 +196,7 @@ impl RbConnection {
         if let Some(p) = prefetch {
             options.prefetch = p;
         }
-        let RetryPolicy { max_attempts: default_attempts, initial_delay: default_initial, max_delay: default_max } = options.retry;
-        options.retry = RetryPolicy::new(
-            max_attempts.unwrap_or(default_attempts),
-            initial_delay.map(|s| seconds(ruby, "initial_delay", s)).transpose()?.unwrap_or(default_initial),
-            max_delay.map(|s| seconds(ruby, "max_delay", s)).transpose()?.unwrap_or(default_max),
-        );
+        options.retry = retry_policy(ruby, max_attempts, initial_delay, max_delay)?;
         let conn = &rb_self.inner;
         let consumer = gvl::block_on(ruby, conn.consumer(&queue, options))?.rb(ruby)?;
         Ok(RbConsumer::new(consumer))
@@ -295,7 +290,30 @@ impl RbConnection {
     }
 }
 
+/// The retry ladder from what Ruby gave, nil being core's default.
+fn retry_policy(
+    ruby: &Ruby,
+    max_attempts: Option<u32>,
+    initial_delay: Option<f64>,
+    max_delay: Option<f64>,
+) -> Result<RetryPolicy, Error> {
+    let RetryPolicy { max_attempts: default_attempts, initial_delay: default_initial, max_delay: default_max } =
+        RetryPolicy::default();
+    Ok(RetryPolicy::new(
+        max_attempts.unwrap_or(default_attempts),
+        initial_delay.map(|s| seconds(ruby, "initial_delay", s)).transpose()?.unwrap_or(default_initial),
+        max_delay.map(|s| seconds(ruby, "max_delay", s)).transpose()?.unwrap_or(default_max),
+    ))
+}
+
+/// Core's check of a retry ladder, for a declaration (a consumer class's
+/// `retries`) to fail where it is written rather than when it subscribes.
+fn check_retries(ruby: &Ruby, max_attempts: Option<u32>, initial_delay: Option<f64>, max_delay: Option<f64>) -> Result<(), Error> {
+    retry_policy(ruby, max_attempts, initial_delay, max_delay)?.validate().rb(ruby)
+}
+
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
+    amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
     let class = amqp.define_class("Connection", ruby.class_object())?;
     class.define_singleton_method("_open", function!(RbConnection::open, 5))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 7))?;

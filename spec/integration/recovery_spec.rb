@@ -9,14 +9,6 @@ require "sqlite3"
 # connection's name, which is its origin). lapin does not recover on its
 # own; AceMQ dials again on the next use and subscribes again by itself.
 RSpec.describe "surviving the broker going away and coming back" do
-  def broker_closes(origin)
-    listing = `rabbitmqctl list_connections pid client_properties 2>/dev/null`
-    pids = listing.lines.select { |l| l.include?(%({"connection_name","#{origin}"})) }.map { |l| l.split("\t").first }
-    raise "no connection named #{origin}" if pids.empty?
-
-    pids.each { |pid| system("rabbitmqctl", "close_connection", pid, "spec: the broker went away", out: File::NULL) }
-  end
-
   let(:origin) { unique("recovery") }
   let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL, origin: origin) }
   let(:queue) { unique("recover") }
@@ -30,7 +22,7 @@ RSpec.describe "surviving the broker going away and coming back" do
     mq.publish({ "n" => 1 }, to: queue)
     expect(eventually { got.pop(true) rescue nil }).to eq(1)
 
-    broker_closes(origin)
+    broker_closes_connections(origin)
     # The first publish after the cut may fail while the connection is dialled
     # again; the caller sees an error, never a silent loss.
     eventually(timeout: 10) do
@@ -55,7 +47,7 @@ RSpec.describe "surviving the broker going away and coming back" do
       5.times { |n| add.call(n) }
       expect(relay.sweep).to eq(5)
 
-      broker_closes(origin)
+      broker_closes_connections(origin)
       5.times { |n| add.call(5 + n) }
       relay.start
       eventually(timeout: 15) { store.backlog[:count].zero? }

@@ -28,6 +28,17 @@ module AceMQSpecHelpers
   def memory_url
     "memory://#{unique('broker')}"
   end
+
+  # The shared broker closes every connection whose name starts with origin
+  # (its origin): how the specs make the broker go away without stopping it.
+  def broker_closes_connections(origin)
+    listing = `rabbitmqctl list_connections pid client_properties 2>/dev/null`
+    pids = listing.lines.select { |l| l.include?(%({"connection_name","#{origin})) }.map { |l| l.split("\t").first }
+    raise "no connection named #{origin}*" if pids.empty?
+
+    pids.each { |pid| system("rabbitmqctl", "close_connection", pid, "spec: the broker went away", out: File::NULL) }
+    pids.size
+  end
 end
 
 AMQP_URL = AceMQSpecHelpers::AMQP_URL unless defined?(AMQP_URL)

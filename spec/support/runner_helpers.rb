@@ -72,14 +72,4 @@ module RunnerHelpers
     @bunny&.close
     @bunny = nil
   end
-
-  # The broker closes every connection whose name starts with origin.
-  def broker_closes_connections(origin)
-    listing = `rabbitmqctl list_connections pid client_properties 2>/dev/null`
-    pids = listing.lines.select { |l| l.include?(%({"connection_name","#{origin})) }.map { |l| l.split("\t").first }
-    raise "no connection named #{origin}*" if pids.empty?
-
-    pids.each { |pid| system("rabbitmqctl", "close_connection", pid, "spec: the broker went away", out: File::NULL) }
-    pids.size
-  end
 end

@@ -76,11 +76,10 @@ module AceMQ
           return setting(:retries) if options.empty?
 
           policy = AMQP::RetryPolicy.from(options)
-          if policy.max_attempts&.zero?
-            raise AMQP::ConfigurationError, "#{self}: retries max_attempts must be at least 1 (1 means no retry)"
-          end
-          if [policy.initial_delay, policy.max_delay].compact.any?(&:negative?)
-            raise AMQP::ConfigurationError, "#{self}: retries delays must be zero or more seconds"
+          begin
+            AMQP._check_retries(policy.max_attempts, policy.initial_delay, policy.max_delay)
+          rescue AMQP::ConfigurationError => e
+            raise AMQP::ConfigurationError, "#{self}: retries: #{e.message}"
           end
 
           set(:retries, policy)

@@ -46,7 +46,9 @@ module AceMQ
       boot
       trap_signals
       loop_until_stopped
-    rescue AMQP::ConfigurationError, AMQP::ConnectionError => e
+    rescue AMQP::ConfigurationError, AMQP::Error => e
+      # Anything of ours at boot (a pool too small, a broker down, a queue
+      # declared with other arguments elsewhere) is a reason, not a crash.
       @supervisor._fail(e.message)
       @logger.error("acemq: cannot start: #{e.message}")
       shutdown

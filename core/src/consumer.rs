@@ -394,7 +394,8 @@ impl Consumer {
     /// has gone (somebody deleted the DLQ) is declared again and the copy
     /// retried once. If the copy still fails, the original is requeued:
     /// nothing is acknowledged into nothing.
-    async fn copy_then_ack(&self, raw: RawDelivery, target: &str) -> Result<()> {
+    async fn copy_then_ack(&self, mut raw: RawDelivery, target: &str) -> Result<()> {
+        crate::limits::fit_copy(&mut raw.props);
         let backend = self.conn.backend();
         let mut result = async { backend.send("", target, &raw.body, &raw.props).await?.wait().await }.await;
         if matches!(&result, Err(e) if *e.kind() == ErrorKind::Unroutable) {

@@ -150,6 +150,38 @@ fn value(v: &Value, depth: usize) -> Result<usize> {
     })
 }
 
+/// Make a copy the engine sends (a retry, a dead letter, a replay) fit in
+/// one frame. The engine's own headers are small and bounded; what can make
+/// a copy too large is the original's own headers, already near the limit
+/// when it arrived. Without this the copy is refused, the original put back,
+/// and the same happens every second for ever. So the largest application
+/// headers are dropped from the copy, their names kept in
+/// `x-acemq-dropped-headers`, and the body is kept as it was.
+pub fn fit_copy(props: &mut Props) {
+    if properties(props).is_ok() {
+        return;
+    }
+    let mut droppable: Vec<(usize, String)> = props
+        .headers
+        .iter()
+        .filter(|(k, _)| !k.starts_with("x-acemq-"))
+        .map(|(k, v)| (k.len() + value(v, 1).unwrap_or(usize::MAX / 2), k.clone()))
+        .collect();
+    droppable.sort_by(|a, b| b.0.cmp(&a.0));
+    let mut dropped = Vec::new();
+    for (_, name) in droppable {
+        props.headers.remove(&name);
+        dropped.push(name);
+        if properties(props).is_ok() {
+            break;
+        }
+    }
+    if !dropped.is_empty() {
+        let names = bounded(&dropped.join(", "), 1024);
+        props.headers.insert("x-acemq-dropped-headers".into(), Value::from(format!("too large for one frame: {names}")));
+    }
+}
+
 /// `text` cut to at most `max` bytes on a character boundary, with a marker
 /// saying how much there was, or `text` itself when it fits.
 pub fn bounded(text: &str, max: usize) -> String {
@@ -207,6 +239,24 @@ mod tests {
         p.headers.clear();
         p.headers.insert("big".into(), Value::from("x".repeat(200_000)));
         assert!(properties(&p).unwrap_err().to_string().contains("one AMQP frame"));
+    }
+
+    #[test]
+    fn a_copy_too_large_for_a_frame_drops_its_largest_application_headers() {
+        let mut p = Props::default();
+        p.headers.insert("huge".into(), Value::from("x".repeat(MAX_PROPERTIES - 100)));
+        p.headers.insert("small".into(), Value::from("kept"));
+        p.headers.insert("x-acemq-reason".into(), Value::from("r".repeat(MAX_REASON)));
+        fit_copy(&mut p);
+        assert!(properties(&p).is_ok());
+        assert!(!p.headers.contains_key("huge"));
+        assert_eq!(p.headers["small"], "kept");
+        assert!(p.headers["x-acemq-dropped-headers"].as_str().unwrap().contains("huge"));
+        let mut fine = Props::default();
+        fine.headers.insert("a".into(), Value::from(1));
+        let before = fine.clone();
+        fit_copy(&mut fine);
+        assert_eq!(fine, before, "a copy that fits is left alone");
     }
 
     #[test]

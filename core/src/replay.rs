@@ -48,6 +48,9 @@ pub struct DeadLetter {
     pub body: Vec<u8>,
 }
 
+/// Failures kept in `x-acemq-history`, newest last.
+const MAX_HISTORY: usize = 10;
+
 /// Header recording when a message was last replayed.
 pub const REPLAYED_AT_HEADER: &str = "x-acemq-replayed-at";
 
@@ -77,6 +80,11 @@ fn revived(mut raw: RawDelivery) -> RawDelivery {
         _ => Vec::new(),
     };
     history.push(Value::Object(entry));
+    // The newest failures are the ones worth reading; a message replayed
+    // over and over must not grow its headers past a frame.
+    if history.len() > MAX_HISTORY {
+        history.drain(..history.len() - MAX_HISTORY);
+    }
     h.insert(HISTORY_HEADER.into(), Value::Array(history));
     h.insert(ATTEMPT_HEADER.into(), Value::from(1));
     h.insert(REPLAYED_AT_HEADER.into(), Value::from(crate::envelope::now_secs()));
@@ -152,7 +160,8 @@ impl Connection {
                     continue;
                 }
                 let tag = raw.tag;
-                let copy = revived(raw);
+                let mut copy = revived(raw);
+                crate::limits::fit_copy(&mut copy.props);
                 backend.send("", queue, &copy.body, &copy.props).await?.wait().await?;
                 reader.ack(tag).await?;
                 report.replayed += 1;

@@ -101,4 +101,25 @@ RSpec.describe "interop with Bunny" do
     expect(props[:headers]["x-acemq-reason"]).to eq("keep my bytes")
     ch.close
   end
+
+  it "dead-letters a message whose headers fill a frame, dropping the largest from the copy, once" do
+    ch = @bunny.create_channel
+    big = { "bulk" => "x" * (127 * 1024), "tenant" => "acme" }
+    ch.default_exchange.publish(JSON.generate("n" => 2), routing_key: queue, message_id: "m-big", headers: big)
+    ch.default_exchange.publish(JSON.generate("n" => 3), routing_key: queue, message_id: "m-after")
+    calls = Hash.new(0)
+    sub = mq.consume(queue) do |m|
+      calls[m.payload["n"]] += 1
+      m.payload["n"] == 2 ? AceMQ::AMQP::Ack.reject("too big to keep") : AceMQ::AMQP::Ack.accept
+    end
+    eventually { sub.stats[:dead_lettered] == 1 && sub.stats[:accepted] == 1 }
+    sub.cancel
+    _, props, body = eventually { ch.basic_get("#{queue}.dlq", manual_ack: false).then { |d, p, b| d && [d, p, b] } }
+    expect(body).to eq(JSON.generate("n" => 2))
+    expect(props[:headers]).not_to include("bulk")
+    expect(props[:headers]).to include("tenant" => "acme", "x-acemq-reason" => "too big to keep")
+    expect(props[:headers]["x-acemq-dropped-headers"]).to include("bulk")
+    expect(calls[2]).to eq(1) # dead-lettered once, not put back every second
+    ch.close
+  end
 end

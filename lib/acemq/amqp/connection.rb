@@ -169,7 +169,9 @@ module AceMQ
         when Hash then value.each { |k, v| (bad = formless(k) || formless(v)) and return bad } && nil
         when Array then value.each { |v| (bad = formless(v)) and return bad } && nil
         when String, Symbol, Integer, Float, true, false, nil then nil
-        else value.method(:to_json).owner.name&.start_with?("JSON::Ext::Generator") ? value : nil
+        # Written as its to_s whatever defines to_json (json's own fallback,
+        # or ActiveSupport's, which defers to it inside JSON.generate).
+        else JSON.generate([value]) == JSON.generate([value.to_s]) ? value : nil
         end
       end
     end

@@ -250,11 +250,12 @@ module ActiveRecordStoresSpec
       config = @ar_config
       pid, out = spawn_child do |o|
         ActiveRecord::Base.establish_connection(config)
-        never, = IO.pipe
+        never, held = IO.pipe # held: the write end, kept open (a collected IO closes, and read returns)
         Patterns.idempotent(build_store.call) do |_m|
           o.puts("started")
           never.read # until SIGKILL
         end.call(message)
+        held.close
       end
       expect(read_line(out)).to eq("started")
       Process.kill(:KILL, pid)
@@ -317,7 +318,7 @@ module ActiveRecordStoresSpec
       queue_name = queue
       pid, out = spawn_child do |o|
         ActiveRecord::Base.establish_connection(config)
-        never, = IO.pipe
+        never, held = IO.pipe # held: the write end, kept open (a collected IO closes, and read returns)
         conn = AceMQ::AMQP::Connection.open(AMQP_URL)
         conn.consume(queue_name, &Patterns.idempotent(build_store.call) do |m|
           o.puts("started #{m.envelope.id}")
@@ -325,6 +326,7 @@ module ActiveRecordStoresSpec
         end)
         o.puts("consuming")
         never.read
+        held.close
       end
       expect(read_line(out)).to eq("consuming")
       envelope = mq.publish({ "order_id" => "K-1" }, to: queue)

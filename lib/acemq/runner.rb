@@ -224,34 +224,24 @@ module AceMQ
       nil
     end
 
-    # One line when a subscription loses its channel and one when it has it
-    # back: the engine subscribes again by itself, and without these the log
-    # of a runner through a broker restart says nothing at all.
+    # A loss that outlasts a check gets a line when it starts and one when it
+    # ends; a short one is reported by the subscription itself, through the
+    # consumer's on_error (the log), when it has subscribed again.
     def say_channel(slot, sub, down_for)
       name = slot[:klass].name
-      lost = "acemq: #{name} lost its channel (#{sub.failure || 'connection closed'})"
-      if down_for
-        unless slot[:down]
-          slot[:down] = true
-          @logger.warn("#{lost}; subscribing again")
-        end
-        return
+      if down_for && !slot[:down]
+        slot[:down] = true
+        @logger.warn("acemq: #{name} lost its channel (#{sub.failure || 'connection closed'}); subscribing again")
+      elsif down_for.nil? && slot[:down]
+        slot[:down] = false
+        @logger.info("acemq: #{name} subscribed again")
       end
-      again = sub.resubscriptions
-      return if again == (slot[:resubscriptions] || 0) && !slot[:down]
-
-      # A loss shorter than a check is seen only by the count.
-      @logger.warn(lost) unless slot[:down]
-      @logger.info("acemq: #{name} subscribed again")
-      slot[:down] = false
-      slot[:resubscriptions] = again
     end
 
     def restart(slot)
       slot[:subscription] = subscribe(slot)
       slot[:restart_at] = nil
       slot[:down] = false
-      slot[:resubscriptions] = 0
       @supervisor._restarted(slot[:index])
       @logger.info("acemq: #{slot[:klass].name} subscribed again")
     rescue AMQP::Error => e
@@ -322,7 +312,6 @@ module AceMQ
       def ended = nil
       def dead_workers = 0
       def down_for = Time.now - @since
-      def resubscriptions = 0
       def queue = "(none)"
       def stop_taking = nil
       def drain(_deadline) = 0

@@ -18,7 +18,8 @@ RSpec.describe "surviving the broker going away and coming back" do
 
   it "keeps a subscription consuming and a publisher publishing" do
     got = Queue.new
-    sub = mq.consume(queue) { |m| got << m.payload["n"]; AceMQ::AMQP::Ack.accept }
+    errors = Queue.new
+    sub = mq.consume(queue, on_error: ->(e) { errors << e }) { |m| got << m.payload["n"]; AceMQ::AMQP::Ack.accept }
     mq.publish({ "n" => 1 }, to: queue)
     expect(eventually { got.pop(true) rescue nil }).to eq(1)
 
@@ -32,6 +33,11 @@ RSpec.describe "surviving the broker going away and coming back" do
     end
     expect(eventually(timeout: 10) { got.pop(true) rescue nil }).to eq(2)
     expect(sub).to be_alive
+    # Not silent: on_error heard that it lost its channel and came back.
+    error = eventually(timeout: 5) { errors.pop(true) rescue nil }
+    expect(error).to be_a(AceMQ::AMQP::ConnectionClosed)
+    expect(error.message).to include("lost its channel and subscribed again (1 time so far)")
+    expect(sub.resubscriptions).to eq(1)
     sub.cancel
   end
 

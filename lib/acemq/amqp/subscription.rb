@@ -21,6 +21,7 @@ module AceMQ
         @batch = handler.respond_to?(:call_many) ? batch : 1
         @on_error = on_error
         @queue = native.queue
+        @resubscribed = 0
         @cancelled = false
         @threads = Array.new(concurrency) do |i|
           Thread.new do
@@ -119,12 +120,28 @@ module AceMQ
         loop do
           deliveries = @batch > 1 ? @native._next_many(@batch, POLL) : @native._next(POLL)
           break if deliveries == false
-          next report(@native._errors) if deliveries.nil?
+          if deliveries.nil?
+            report(@native._errors)
+            note_resubscriptions
+            next
+          end
 
           @batch > 1 ? handle_many(deliveries) : handle(deliveries)
           break if @close_after_handler
         end
         finish if @close_after_handler
+      end
+
+      # The engine subscribes again by itself after a lost channel; on_error
+      # hears of it (once per loss, from whichever thread looks first, when
+      # the subscription is next idle), so a broker restart is not silent.
+      def note_resubscriptions
+        n = @native._resubscriptions
+        return if n <= @resubscribed
+
+        @resubscribed = n
+        @on_error&.call(ConnectionClosed.new("#{@queue}: the subscription lost its channel and subscribed again " \
+                                             "(#{n} #{n == 1 ? 'time' : 'times'} so far): #{failure || 'connection closed'}"))
       end
 
       # Wait for every other handler thread, then close.

@@ -257,75 +257,12 @@ module IdempotencySQLSpec
     end
   end
 
-  # The guide's ActiveRecord store, as written, on ActiveRecord 6.1 and SQLite.
+  # The guide's ActiveRecord store, as written, on ActiveRecord 6.1 and
+  # SQLite: the one copy of it, spec/dummy's (SeedApp loads it).
   module AR
     def self.load(path)
-      require "active_record"
-      require "socket"
+      SeedApp.load!
       ActiveRecord::Base.establish_connection(adapter: "sqlite3", database: path)
-      ActiveRecord::Migration.verbose = false
-      return if defined?(AR::ActiveRecordIdempotencyStore)
-
-      module_eval(<<~RUBY, __FILE__, __LINE__ + 1)
-        class ApplicationRecord < ActiveRecord::Base
-          self.abstract_class = true
-        end
-
-        class CreateAcemqIdempotency < ActiveRecord::Migration[6.1]
-          def change
-            create_table :acemq_idempotency, id: false do |t|
-              t.string   :message_id,  null: false, limit: 255, primary_key: true
-              t.string   :state,       null: false, limit: 16
-              t.string   :claimed_by,  limit: 64
-              t.datetime :recorded_at, null: false
-              t.datetime :expires_at,  null: false
-            end
-
-            add_index :acemq_idempotency, :expires_at, name: "acemq_idempotency_expiry"
-          end
-        end
-
-        class HandledMessage < ApplicationRecord
-          self.table_name = "acemq_idempotency"
-          self.primary_key = "message_id"
-        end
-
-        class ActiveRecordIdempotencyStore
-          CLAIMED = "CLAIMED"
-          CONFIRMED = "CONFIRMED"
-          RETENTION = 24 * 3600
-          CLAIM_TIMEOUT = 300
-
-          def initialize(worker: "\#{Socket.gethostname}:\#{Process.pid}")
-            @worker = worker
-          end
-
-          def first_time?(key)
-            now = Time.now.utc
-            HandledMessage.create!(message_id: key.to_s, state: CLAIMED, claimed_by: @worker,
-                                   recorded_at: now, expires_at: now + RETENTION)
-            true
-          rescue ActiveRecord::RecordNotUnique
-            taken = HandledMessage.where(message_id: key.to_s, state: CLAIMED)
-                                  .where(recorded_at: ...(now - CLAIM_TIMEOUT))
-                                  .update_all(claimed_by: @worker, recorded_at: now,
-                                              expires_at: now + RETENTION)
-            taken.positive?
-          end
-
-          def confirm(key)
-            HandledMessage.where(message_id: key.to_s).update_all(state: CONFIRMED)
-            nil
-          end
-
-          def forget(key)
-            HandledMessage.where(message_id: key.to_s, state: CLAIMED, claimed_by: @worker).delete_all
-            nil
-          end
-
-          def purge_expired = HandledMessage.where(expires_at: ...Time.now.utc).delete_all
-        end
-      RUBY
     end
   end
 
@@ -335,8 +272,8 @@ module IdempotencySQLSpec
     after { ActiveRecord::Base.remove_connection }
 
     it "works with Patterns.idempotent as written: one charge, retries run, confirmed rows" do
-      AR::CreateAcemqIdempotency.new.migrate(:up)
-      store = AR::ActiveRecordIdempotencyStore.new
+      ::CreateAcemqIdempotency.new.migrate(:up)
+      store = ::ActiveRecordIdempotencyStore.new
       runs = 0
       handler = Patterns.idempotent(store) { runs += 1; runs == 1 ? Ack.retry("first try fails") : Ack.accept }
 
@@ -344,14 +281,14 @@ module IdempotencySQLSpec
       expect(handler.call(IdempotencySQLSpec.message("ar-1"))).to be_accept
       expect(handler.call(IdempotencySQLSpec.message("ar-1"))).to be_accept
       expect(runs).to eq(2)
-      expect(AR::HandledMessage.find("ar-1").state).to eq("CONFIRMED")
+      expect(::HandledMessage.find("ar-1").state).to eq("CONFIRMED")
       expect(store.purge_expired).to eq(0)
     end
 
     it "drives our store over the raw_connection (results_as_hash) beside the migration's table" do
       raw = ActiveRecord::Base.connection.raw_connection
       expect(raw.results_as_hash).to be(true)
-      AR::CreateAcemqIdempotency.new.migrate(:up)
+      ::CreateAcemqIdempotency.new.migrate(:up)
       store = Patterns::SQLIdempotencyStore.new(connection: raw, table: "acemq_idempotency_keys")
       store.create_schema
 

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "acemq/amqp/sql/source"
+
 module AceMQ
   module AMQP
     # The SQL seam, three methods wide. The stores' SQL is the engine's; what
@@ -155,6 +157,8 @@ module AceMQ
       # a store operation is one statement or two, and a connect per message
       # is slower than the work. SQL.per_thread is that callable, written once.
       class PerCall
+        include Source
+
         def initialize(callable)
           @callable = callable
         end
@@ -182,9 +186,6 @@ module AceMQ
           SQL.connect(conn)
         end
 
-        def dialect = checkout.dialect
-        def execute(sql, params) = checkout.execute(sql, params)
-        def query(sql, params) = checkout.query(sql, params)
 
         def inspect = "#<AceMQ::AMQP::SQL::PerCall #{@callable.inspect}>"
       end

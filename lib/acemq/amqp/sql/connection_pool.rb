@@ -16,6 +16,8 @@ module AceMQ
       # (BEGIN … COMMIT: a batch claim, a relay's claim) holds one connection
       # from its BEGIN to its end.
       class ConnectionPool
+        include Source
+
         METHODS = %i[with_connection connection active_connection? release_connection].freeze
 
         def self.pool?(obj) = METHODS.all? { |m| obj.respond_to?(m) }
@@ -33,8 +35,6 @@ module AceMQ
           @dialect ||= @pool.with_connection { |c| SQL.connect(c.raw_connection).dialect }
         end
 
-        def execute(sql, params) = checkout.execute(sql, params)
-        def query(sql, params) = checkout.query(sql, params)
 
         # The block with one of the pool's connections (the thread's own, if
         # it holds one) for all of its statements: SQLOutboxStore#add uses it,

@@ -17,6 +17,8 @@ module AceMQ
       # operation (checkout), so an operation's statements, its BEGIN and its
       # COMMIT included, run on one connection.
       class PerThread
+        include Source
+
         @ids = 0
         @ids_lock = Mutex.new
 
@@ -48,9 +50,6 @@ module AceMQ
           adapter
         end
 
-        def dialect = checkout.dialect
-        def execute(sql, params) = checkout.execute(sql, params)
-        def query(sql, params) = checkout.query(sql, params)
 
         # How many connections are open for live threads of this process.
         def size

@@ -15,6 +15,8 @@ module AceMQ
       # not yet begun (it begins lazily, at the first statement), so that a
       # row added first thing in ActiveRecord::Base.transaction is in it.
       class RawConnection
+        include Source
+
         def initialize(owner)
           @owner = owner
         end
@@ -30,9 +32,6 @@ module AceMQ
           SQL.connect(raw)
         end
 
-        def dialect = checkout.dialect
-        def execute(sql, params) = checkout.execute(sql, params)
-        def query(sql, params) = checkout.query(sql, params)
 
         def inspect = "#<AceMQ::AMQP::SQL::RawConnection #{@owner.class}>"
       end

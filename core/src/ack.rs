@@ -74,6 +74,17 @@ pub enum Outcome {
         /// A description of the value, e.g. `nil` or `"ok" (String)`.
         what: String,
     },
+    /// Not now, and not the message's fault: another handler holds its
+    /// idempotency claim. It goes round the ladder without spending an
+    /// attempt, for at most `up_to` (the store's claim timeout, after which
+    /// the claim is taken over and the message runs); past that it is an
+    /// ordinary retry. The idempotent guard is what produces it.
+    Wait {
+        /// Why, kept on the copy as `x-acemq-reason`.
+        reason: String,
+        /// How long waiting may go on in all.
+        up_to: std::time::Duration,
+    },
 }
 
 /// What the consumer does on the broker for one delivery.
@@ -94,6 +105,14 @@ pub enum Settlement {
         reason: String,
         /// The error class, when an error caused it.
         error_class: Option<String>,
+    },
+    /// Copy to a rung without counting an attempt (see [`Outcome::Wait`]),
+    /// then acknowledge; a retry once `up_to` has passed since the first wait.
+    Wait {
+        /// Why.
+        reason: String,
+        /// How long waiting may go on in all.
+        up_to: std::time::Duration,
     },
 }
 
@@ -118,6 +137,7 @@ impl Outcome {
                 reason: format!("handler returned {what}, not an Ack: return Ack.accept, Ack.retry(reason) or Ack.reject(reason)"),
                 error_class: None,
             },
+            Outcome::Wait { reason, up_to } => Settlement::Wait { reason, up_to },
         }
     }
 }

@@ -106,7 +106,7 @@ struct Inner {
     pid: u32,
     /// The type each main queue was applied with here, so a consumer of it
     /// declares its DLQ and rungs alike.
-    applied: std::sync::Mutex<std::collections::HashMap<String, QueueType>>,
+    applied: std::sync::Mutex<std::collections::HashMap<String, (QueueType, Option<u64>)>>,
 }
 
 /// A connection to RabbitMQ (`amqp://`) or to an in-process broker (`memory://`).
@@ -207,14 +207,21 @@ impl Connection {
         self.inner.backend.apply(topology).await?;
         let mut applied = self.inner.applied.lock().unwrap_or_else(|p| p.into_inner());
         for q in topology.queues.iter().filter(|q| q.dead_letter_queue) {
-            applied.insert(q.name.clone(), q.queue_type);
+            let limit = q.declared_arguments().get("x-delivery-limit").and_then(serde_json::Value::as_u64);
+            applied.insert(q.name.clone(), (q.queue_type, limit));
         }
         Ok(())
     }
 
     /// The type `queue` was applied with on this connection, if it was.
     pub(crate) fn applied_type(&self, queue: &str) -> Option<QueueType> {
-        self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).get(queue).copied()
+        self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).get(queue).map(|a| a.0)
+    }
+
+    /// The `x-delivery-limit` `queue` was applied with on this connection,
+    /// if it was and has one.
+    pub(crate) fn applied_delivery_limit(&self, queue: &str) -> Option<u64> {
+        self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).get(queue).and_then(|a| a.1)
     }
 
     /// The envelope a publish with `options` carries: the given envelope (its

@@ -17,13 +17,33 @@ use crate::wire::{
 };
 use serde_json::Value;
 use std::future::Future;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// How long a delivery whose copy could not be made waits before it goes
 /// back to its queue.
 const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
+
+/// The handler deadline when none is given: well inside RabbitMQ's default
+/// `consumer_timeout` (30 minutes), so the broker never closes a channel
+/// over a slow handler before the consumer has settled its delivery.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(25 * 60);
+
+/// RabbitMQ's default `consumer_timeout`.
+pub const DEFAULT_BROKER_CONSUMER_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// The error class a delivery settled by its deadline carries
+/// (`x-acemq-error-class`).
+pub const TIMEOUT_CLASS: &str = "HandlerTimeout";
+
+/// When the first wait began (seconds since the epoch), on a copy waiting for
+/// another handler's idempotency claim ([`Outcome::Wait`]).
+pub const WAITING_SINCE_HEADER: &str = "x-acemq-waiting-since";
+
+/// How many times a copy has waited so far.
+pub const WAITS_HEADER: &str = "x-acemq-waits";
 
 /// How to consume.
 #[derive(Debug, Clone)]
@@ -37,6 +57,20 @@ pub struct ConsumeOptions {
     /// The type of the queue, which its DLQ and rungs take. None: what this
     /// connection applied for it in a topology, else classic.
     pub queue_type: Option<QueueType>,
+    /// The handler deadline: a delivery not settled this long after it was
+    /// handed out is settled by the consumer as a retry (reason and
+    /// [`TIMEOUT_CLASS`] on the copy), and whatever its handler returns
+    /// later is discarded (counted as `abandoned`). The handler is not
+    /// interrupted: nothing is killed mid-write. Default [`DEFAULT_TIMEOUT`].
+    pub timeout: Duration,
+    /// The broker's `consumer_timeout`, which `timeout` must be shorter than
+    /// (RabbitMQ closes the whole channel of a consumer holding a delivery
+    /// longer). Default RabbitMQ's own, [`DEFAULT_BROKER_CONSUMER_TIMEOUT`].
+    pub broker_consumer_timeout: Duration,
+    /// The idempotency store's claim timeout, when the handler is guarded
+    /// (the Ruby consumer fills it from the handler's store): `timeout` must
+    /// not be longer, or a handler still running has its claim taken over.
+    pub claim_timeout: Option<Duration>,
 }
 
 impl Default for ConsumeOptions {
@@ -52,7 +86,15 @@ impl ConsumeOptions {
     /// and the default retry ladder.
     pub fn with_concurrency(concurrency: usize) -> Self {
         let prefetch = u16::try_from(concurrency.saturating_mul(2)).unwrap_or(u16::MAX).max(32);
-        ConsumeOptions { prefetch, concurrency, retry: RetryPolicy::default(), queue_type: None }
+        ConsumeOptions {
+            prefetch,
+            concurrency,
+            retry: RetryPolicy::default(),
+            queue_type: None,
+            timeout: DEFAULT_TIMEOUT,
+            broker_consumer_timeout: DEFAULT_BROKER_CONSUMER_TIMEOUT,
+            claim_timeout: None,
+        }
     }
 }
 
@@ -62,6 +104,26 @@ pub struct Delivery {
     /// The message, for the handler.
     pub message: Message,
     raw: RawDelivery,
+    watch: Arc<Watched>,
+}
+
+/// A delivery handed out and not settled yet, as its deadline watch sees it.
+#[derive(Debug)]
+struct Watched {
+    id: u64,
+    deadline: Instant,
+    /// Set by whoever settles it first: its handler, or the deadline.
+    settled: AtomicBool,
+}
+
+/// The deliveries handed out, each with a copy of what the deadline needs
+/// to settle it without its handler.
+#[derive(Default)]
+struct InFlight {
+    next_id: AtomicU64,
+    watched: Mutex<HashMap<u64, (Arc<Watched>, RawDelivery)>>,
+    watching: AtomicBool,
+    closed: AtomicBool,
 }
 
 impl Delivery {
@@ -92,6 +154,9 @@ struct Counters {
     accepted: AtomicU64,
     retried: AtomicU64,
     dead_lettered: AtomicU64,
+    waited: AtomicU64,
+    timed_out: AtomicU64,
+    abandoned: AtomicU64,
 }
 
 /// A snapshot of a consumer's counters.
@@ -103,6 +168,15 @@ pub struct ConsumerStats {
     pub retried: u64,
     /// Copied to the DLQ (rejected, exhausted, or undecodable).
     pub dead_lettered: u64,
+    /// Copied to a rung without spending an attempt, waiting for another
+    /// handler's idempotency claim ([`Outcome::Wait`]).
+    pub waited: u64,
+    /// Settled by the handler deadline (as retries) because their handler
+    /// had not finished.
+    pub timed_out: u64,
+    /// Settlements discarded because the deadline had settled the delivery
+    /// first: handlers that finished after their timeout.
+    pub abandoned: u64,
 }
 
 /// A pull consumer on one queue.
@@ -114,6 +188,8 @@ pub struct Consumer {
     counters: Counters,
     stopped: AtomicBool,
     background: Background,
+    inflight: InFlight,
+    warnings: Vec<String>,
 }
 
 /// Settlements running on the runtime (see [`Consumer::settle_later`]):
@@ -139,6 +215,14 @@ impl Consumer {
         if options.concurrency == 0 {
             return Err(Error::invalid("concurrency must be at least 1"));
         }
+        crate::checks::handler_timeout(options.timeout, options.broker_consumer_timeout, options.claim_timeout)?;
+        let warnings: Vec<String> = [
+            crate::checks::delivery_limit(queue, conn.applied_delivery_limit(queue), &options.retry),
+            crate::checks::ladder_and_claim(queue, &options.retry, options.claim_timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         let link = conn.backend().subscribe(queue, options.prefetch).await?;
         let consumer = Consumer {
             conn,
@@ -148,6 +232,8 @@ impl Consumer {
             counters: Counters::default(),
             stopped: AtomicBool::new(false),
             background: Background::default(),
+            inflight: InFlight::default(),
+            warnings,
         };
         if let Err(e) = consumer.declare_ladder().await {
             consumer.close().await;
@@ -179,6 +265,12 @@ impl Consumer {
         &self.queue
     }
 
+    /// What the startup checks ([`crate::checks`]) found questionable in
+    /// its settings: each says what to change. Empty when nothing was.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
     /// The options it was opened with.
     pub fn options(&self) -> &ConsumeOptions {
         &self.options
@@ -190,6 +282,9 @@ impl Consumer {
             accepted: self.counters.accepted.load(Ordering::Relaxed),
             retried: self.counters.retried.load(Ordering::Relaxed),
             dead_lettered: self.counters.dead_lettered.load(Ordering::Relaxed),
+            waited: self.counters.waited.load(Ordering::Relaxed),
+            timed_out: self.counters.timed_out.load(Ordering::Relaxed),
+            abandoned: self.counters.abandoned.load(Ordering::Relaxed),
         }
     }
 
@@ -233,7 +328,10 @@ impl Consumer {
     pub fn next_blocking(self: &Arc<Self>, timeout: Duration) -> Next {
         match self.link.queue().pop_blocking(timeout) {
             Pop::Item(raw) => match decode(&self.queue, &raw) {
-                Ok(message) => Next::Delivery(Box::new(Delivery { message, raw })),
+                Ok(message) => {
+                    self.watch_deadlines();
+                    Next::Delivery(Box::new(self.hand_out(message, raw)))
+                }
                 Err(undecodable) => {
                     self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
                     Next::Empty
@@ -256,7 +354,7 @@ impl Consumer {
 
     async fn understand(&self, raw: RawDelivery) -> Option<Delivery> {
         match decode(&self.queue, &raw) {
-            Ok(message) => Some(Delivery { message, raw }),
+            Ok(message) => Some(self.hand_out(message, raw)),
             Err(undecodable) => {
                 let _ = self.dead_letter(raw, &undecodable.reason, None).await;
                 None
@@ -270,22 +368,139 @@ impl Consumer {
     /// original is acknowledged, so a crash in between duplicates and never
     /// loses. If the copy cannot be made the original goes back to the queue
     /// and the error is returned.
+    ///
+    /// A delivery its deadline has settled already (see
+    /// [`ConsumeOptions::timeout`]) is not settled again: the outcome is
+    /// discarded and counted as `abandoned`.
     pub async fn settle(&self, delivery: Delivery, outcome: Outcome) -> Result<()> {
-        match outcome.settlement() {
+        if !self.claim(&delivery) {
+            return Ok(());
+        }
+        let attempt = delivery.message.envelope.attempt;
+        self.settle_raw(delivery.raw, attempt, outcome.settlement()).await
+    }
+
+    /// The settlement's rules, for a delivery already claimed by whoever
+    /// settles it (its handler, or its deadline).
+    async fn settle_raw(&self, raw: RawDelivery, attempt: u32, settlement: Settlement) -> Result<()> {
+        match settlement {
             Settlement::Accept => {
-                self.accept(delivery);
+                self.link.ack(raw.tag);
+                self.counters.accepted.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
-            Settlement::Retry { reason, error_class } => {
-                let attempt = delivery.message.envelope.attempt;
-                if attempt >= self.options.retry.max_attempts {
-                    let reason = format!("retries exhausted after {attempt} attempts: {reason}");
-                    self.dead_letter(delivery.raw, &reason, error_class.as_deref()).await
-                } else {
-                    self.retry(delivery.raw, attempt, &reason, error_class.as_deref()).await
+            Settlement::Retry { reason, error_class } => self.retry_or_exhaust(raw, attempt, &reason, error_class.as_deref()).await,
+            Settlement::Reject { reason, error_class } => self.dead_letter(raw, &reason, error_class.as_deref()).await,
+            Settlement::Wait { reason, up_to } => self.wait(raw, attempt, &reason, up_to).await,
+        }
+    }
+
+    /// A retry, or past `max_attempts` a dead letter saying so.
+    async fn retry_or_exhaust(&self, raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>) -> Result<()> {
+        if attempt >= self.options.retry.max_attempts {
+            let reason = format!("retries exhausted after {attempt} attempts: {reason}");
+            self.dead_letter(raw, &reason, error_class).await
+        } else {
+            self.retry(raw, attempt, reason, error_class).await
+        }
+    }
+
+    /// A copy whose key another handler has claimed goes round the ladder
+    /// without spending an attempt: the other handler may be alive and about
+    /// to confirm (then it is a duplicate), or dead (then its claim expires
+    /// after `up_to` and the message runs). Each wait takes the next longer
+    /// rung. Past `up_to` since the first wait — a handler running longer
+    /// than its claim — it is an ordinary retry; and with no rungs at all
+    /// (`max_attempts` 1) there is nowhere to wait.
+    async fn wait(&self, mut raw: RawDelivery, attempt: u32, reason: &str, up_to: Duration) -> Result<()> {
+        let max = self.options.retry.max_attempts;
+        let now = now_secs();
+        let h = &raw.props.headers;
+        let since = h.get(WAITING_SINCE_HEADER).and_then(Value::as_u64).unwrap_or(now);
+        let waits = h.get(WAITS_HEADER).and_then(Value::as_u64).unwrap_or(0);
+        let waited = Duration::from_secs(now.saturating_sub(since));
+        if max <= 1 || waited > up_to {
+            let reason = if max <= 1 { reason.to_owned() } else { format!("{reason}; waited {}s, longer than the claim timeout", waited.as_secs()) };
+            return self.retry_or_exhaust(raw, attempt, &reason, None).await;
+        }
+        let step = u32::try_from(u64::from(attempt).saturating_add(waits)).unwrap_or(u32::MAX).clamp(1, max - 1);
+        let rung = rung_name(&self.queue, self.options.retry.delay_after(step));
+        self.failure_headers(&mut raw, reason, None);
+        let h = &mut raw.props.headers;
+        h.insert(WAITING_SINCE_HEADER.into(), Value::from(since));
+        h.insert(WAITS_HEADER.into(), Value::from(waits + 1));
+        h.insert(ATTEMPT_HEADER.into(), Value::from(attempt));
+        self.copy_then_ack(raw, &rung).await?;
+        self.counters.waited.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A delivery just taken off the queue, watched by its deadline.
+    fn hand_out(&self, message: Message, raw: RawDelivery) -> Delivery {
+        let watch = Arc::new(Watched {
+            id: self.inflight.next_id.fetch_add(1, Ordering::Relaxed),
+            deadline: Instant::now() + self.options.timeout,
+            settled: AtomicBool::new(false),
+        });
+        self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
+        Delivery { message, raw, watch }
+    }
+
+    /// Take the right to settle `delivery`: false when its deadline settled
+    /// it already, and then what its handler produced is discarded.
+    fn claim(&self, delivery: &Delivery) -> bool {
+        if delivery.watch.settled.swap(true, Ordering::AcqRel) {
+            self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&delivery.watch.id);
+        true
+    }
+
+    /// Keep the handler deadline ([`ConsumeOptions::timeout`]): a task on
+    /// the runtime settles, as a retry, every delivery handed out longer
+    /// ago than that. Started by the first delivery a shared consumer hands
+    /// out (a [`ConsumerHandle`], [`Consumer::next_blocking`]); a pull
+    /// consumer used through [`Consumer::next`] starts it by calling this.
+    /// It ends when the consumer is closed or dropped.
+    pub fn watch_deadlines(self: &Arc<Self>) {
+        if self.inflight.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let tick = (self.options.timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        crate::runtime::handle().spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(this) = weak.upgrade() else { return };
+                if this.inflight.closed.load(Ordering::Acquire) {
+                    return;
                 }
+                this.expire(Instant::now());
             }
-            Settlement::Reject { reason, error_class } => self.dead_letter(delivery.raw, &reason, error_class.as_deref()).await,
+        });
+    }
+
+    /// Settle, as retries, the deliveries whose deadline has passed.
+    fn expire(self: &Arc<Self>, now: Instant) {
+        let expired: Vec<RawDelivery> = {
+            let mut watched = self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner());
+            let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline <= now).map(|(id, _)| *id).collect();
+            due.into_iter()
+                .filter_map(|id| watched.remove(&id))
+                .filter(|(w, _)| !w.settled.swap(true, Ordering::AcqRel))
+                .map(|(_, raw)| raw)
+                .collect()
+        };
+        for raw in expired {
+            self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+            let attempt = crate::wire::envelope_of(&raw.props).attempt;
+            let reason = format!(
+                "the handler did not finish within its timeout of {}: settled as a retry; what it returns later is discarded",
+                crate::checks::human(self.options.timeout)
+            );
+            let settlement = Settlement::Retry { reason, error_class: Some(TIMEOUT_CLASS.into()) };
+            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement).await });
         }
     }
 
@@ -303,7 +518,12 @@ impl Consumer {
             self.accept(delivery);
             return;
         }
-        self.in_background(move |this| async move { this.settle(delivery, outcome).await });
+        if !self.claim(&delivery) {
+            return;
+        }
+        let attempt = delivery.message.envelope.attempt;
+        let settlement = outcome.settlement();
+        self.in_background(move |this| async move { this.settle_raw(delivery.raw, attempt, settlement).await });
     }
 
     /// Run a settlement on the runtime, counted (close waits for it) and
@@ -349,6 +569,9 @@ impl Consumer {
     /// coalesced with its neighbours. The same as settling with
     /// `Outcome::Ack(Ack::Accept)`, callable from outside the runtime.
     pub fn accept(&self, delivery: Delivery) {
+        if !self.claim(&delivery) {
+            return;
+        }
         self.link.ack(delivery.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
     }
@@ -375,6 +598,8 @@ impl Consumer {
         let rung = rung_name(&self.queue, delay);
         self.failure_headers(&mut raw, reason, error_class);
         raw.props.headers.insert(ATTEMPT_HEADER.into(), Value::from(attempt + 1));
+        raw.props.headers.remove(WAITING_SINCE_HEADER);
+        raw.props.headers.remove(WAITS_HEADER);
         self.copy_then_ack(raw, &rung).await?;
         self.counters.retried.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -443,6 +668,12 @@ impl Consumer {
         // Settlements still in flight finish first: their acknowledgements
         // must go out on this subscription's channel.
         let _ = tokio::time::timeout(Duration::from_secs(30), self.background_idle()).await;
+        // What is still handed out goes back to the queue with the
+        // subscription; a handler settling one later is discarded.
+        self.inflight.closed.store(true, Ordering::Release);
+        for (w, _) in self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, v)| v) {
+            w.settled.store(true, Ordering::Release);
+        }
         self.link.close().await;
     }
 }
@@ -461,6 +692,7 @@ impl ConsumerHandle {
         Fut: Future<Output = Outcome> + Send + 'static,
     {
         let consumer = Arc::new(consumer);
+        consumer.watch_deadlines();
         let handler = Arc::new(handler);
         let tasks = (0..consumer.options.concurrency)
             .map(|_| {
@@ -468,8 +700,30 @@ impl ConsumerHandle {
                 let h = handler.clone();
                 tokio::spawn(async move {
                     while let Some(d) = c.next().await {
-                        let outcome = h(d.message.clone()).await;
-                        c.settle_later(d, outcome);
+                        // The handler runs as a task of its own: past its
+                        // deadline this worker goes on to the next delivery
+                        // and the handler is left to finish (never dropped
+                        // mid-await), its outcome discarded.
+                        let mut running = tokio::spawn(h(d.message.clone()));
+                        let deadline = tokio::time::Instant::from_std(d.watch.deadline);
+                        tokio::select! {
+                            done = &mut running => match done {
+                                Ok(outcome) => c.settle_later(d, outcome),
+                                Err(e) => c.settle_later(d, Outcome::Raised {
+                                    class: "panic".into(),
+                                    message: format!("the handler panicked: {e}"),
+                                    fatal: false,
+                                }),
+                            },
+                            _ = tokio::time::sleep_until(deadline) => {
+                                let c = c.clone();
+                                tokio::spawn(async move {
+                                    if let Ok(outcome) = running.await {
+                                        c.settle_later(d, outcome);
+                                    }
+                                });
+                            }
+                        }
                     }
                 })
             })

@@ -31,6 +31,7 @@
 //! and demos without RabbitMQ.
 
 pub mod ack;
+pub mod checks;
 pub mod connection;
 pub mod consumer;
 pub mod envelope;

@@ -393,3 +393,57 @@ async fn publishing_and_consuming_survive_the_broker_closing_the_connection() {
     assert!(tokio::time::timeout(Duration::from_millis(500), again.next()).await.is_err());
     again.close().await;
 }
+
+/// The handler deadline: a push consumer whose handler overruns has its
+/// delivery retried by the consumer, goes on to the next message, and the
+/// late outcome is discarded.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_past_its_timeout_is_retried_and_its_late_outcome_discarded() {
+    for mq in transports().await {
+        let q = unique("deadline");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let options = ConsumeOptions { timeout: Duration::from_millis(300), ..short_ladder(3) };
+        let handle = mq
+            .consume(&q, options, move |m| {
+                let log = log.clone();
+                async move {
+                    let slow = m.payload["slow"] == true && m.envelope.attempt == 1;
+                    log.lock().unwrap().push((m.payload["n"].as_i64().unwrap(), m.envelope.attempt));
+                    if slow {
+                        tokio::time::sleep(Duration::from_millis(1500)).await;
+                    }
+                    Outcome::Ack(Ack::accept())
+                }
+            })
+            .await
+            .unwrap();
+        mq.publish(&json!({"n": 1, "slow": true}), &q, PublishOptions::default()).await.unwrap();
+        mq.publish(&json!({"n": 2}), &q, PublishOptions::default()).await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while handle.consumer().stats().abandoned < 1 {
+            assert!(std::time::Instant::now() < deadline, "{:?} {:?}", seen.lock().unwrap(), handle.consumer().stats());
+            wait_for_ladder(&mq).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut got = seen.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, vec![(1, 1), (1, 2), (2, 1)]);
+        let s = handle.consumer().stats();
+        assert_eq!((s.accepted, s.retried, s.timed_out, s.abandoned), (2, 1, 1, 1), "{s:?}");
+        handle.cancel().await;
+        mq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timeout_past_the_brokers_consumer_timeout_is_refused() {
+    let mq = Connection::open(&format!("memory://{}", unique("t"))).await.unwrap();
+    let q = unique("deadline");
+    mq.apply(&Topology::new().queue(&q)).await.unwrap();
+    let options = ConsumeOptions { timeout: Duration::from_secs(3600), ..Default::default() };
+    let e = mq.consumer(&q, options).await.err().expect("refused");
+    assert_eq!(*e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("consumer_timeout (30m)"), "{e}");
+}

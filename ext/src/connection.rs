@@ -6,12 +6,18 @@ use crate::errors::IntoRuby;
 use crate::gvl;
 use acemq::topology::{BindingSpec, ExchangeSpec, QueueSpec};
 use acemq::{ConnectionOptions, ConsumeOptions, Envelope, ExchangeKind, JsonMessage, PublishOptions, RetryPolicy, Topology};
-use magnus::{function, method, prelude::*, Error, RArray, RModule, RString, Ruby};
+use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, RString, Ruby};
 use std::time::Duration;
 
 #[magnus::wrap(class = "AceMQ::AMQP::Connection", free_immediately, size)]
 pub struct RbConnection {
     pub(crate) inner: acemq::Connection,
+}
+
+/// `options[:name]`, None when absent or nil.
+fn opt<T: magnus::TryConvert>(options: &RHash, name: &str) -> Result<Option<T>, Error> {
+    let ruby = Ruby::get_with(*options);
+    options.lookup::<_, Option<T>>(ruby.to_symbol(name))
 }
 
 pub(crate) fn seconds(ruby: &Ruby, what: &str, secs: f64) -> Result<Duration, Error> {
@@ -179,26 +185,32 @@ impl RbConnection {
         gvl::block_on(ruby, conn.apply(&t))?.rb(ruby)
     }
 
-    fn consumer(
-        ruby: &Ruby,
-        rb_self: &Self,
-        queue: String,
-        prefetch: Option<u16>,
-        concurrency: usize,
-        max_attempts: Option<u32>,
-        initial_delay: Option<f64>,
-        max_delay: Option<f64>,
-        queue_type: Option<String>,
-    ) -> Result<RbConsumer, Error> {
-        // What Ruby leaves nil is core's default.
-        let mut options = ConsumeOptions::with_concurrency(concurrency);
-        options.queue_type = queue_type.map(|t| acemq::QueueType::parse(&t)).transpose().rb(ruby)?;
-        if let Some(p) = prefetch {
-            options.prefetch = p;
+    /// A pull consumer. `options` holds what the caller named, by name
+    /// (prefetch, concurrency, max_attempts, initial_delay, max_delay,
+    /// queue_type, timeout, consumer_timeout, claim_timeout; seconds as
+    /// floats); what is missing or nil is core's default.
+    fn consumer(ruby: &Ruby, rb_self: &Self, queue: String, options: RHash) -> Result<RbConsumer, Error> {
+        let concurrency: usize = opt(&options, "concurrency")?.unwrap_or(1);
+        let mut o = ConsumeOptions::with_concurrency(concurrency);
+        o.queue_type = opt::<String>(&options, "queue_type")?.map(|t| acemq::QueueType::parse(&t)).transpose().rb(ruby)?;
+        if let Some(p) = opt(&options, "prefetch")? {
+            o.prefetch = p;
         }
-        options.retry = retry_policy(ruby, max_attempts, initial_delay, max_delay)?;
+        o.retry = retry_policy(ruby, opt(&options, "max_attempts")?, opt(&options, "initial_delay")?, opt(&options, "max_delay")?)?;
+        if let Some(t) = opt::<f64>(&options, "consumer_timeout")? {
+            o.broker_consumer_timeout = seconds(ruby, "consumer_timeout", t)?;
+        }
+        if let Some(t) = opt::<f64>(&options, "claim_timeout")? {
+            o.claim_timeout = Some(seconds(ruby, "claim_timeout", t)?);
+        }
+        match opt::<f64>(&options, "timeout")? {
+            Some(t) => o.timeout = seconds(ruby, "timeout", t)?,
+            // Unnamed, a guarded handler's deadline is its claim's, when
+            // that is the shorter: past it the claim could be taken over.
+            None => o.timeout = o.claim_timeout.map_or(o.timeout, |c| c.min(o.timeout)),
+        }
         let conn = &rb_self.inner;
-        let consumer = gvl::block_on(ruby, conn.consumer(&queue, options))?.rb(ruby)?;
+        let consumer = gvl::block_on(ruby, conn.consumer(&queue, o))?.rb(ruby)?;
         Ok(RbConsumer::new(consumer))
     }
 
@@ -319,7 +331,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_publish", method!(RbConnection::publish, 7))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
-    class.define_private_method("_consumer", method!(RbConnection::consumer, 7))?;
+    class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;
     class.define_private_method("_queue_depth", method!(RbConnection::queue_depth, 1))?;
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;

@@ -18,7 +18,9 @@ pub struct RbConsumer {
 
 impl RbConsumer {
     pub(crate) fn new(consumer: Consumer) -> Self {
-        RbConsumer { inner: Arc::new(consumer), inflight: Mutex::new(HashMap::new()) }
+        let inner = Arc::new(consumer);
+        inner.watch_deadlines();
+        RbConsumer { inner, inflight: Mutex::new(HashMap::new()) }
     }
 
     fn hand_out(&self, ruby: &Ruby, d: Delivery) -> Result<Value, Error> {
@@ -102,6 +104,7 @@ impl RbConsumer {
         reason: Option<String>,
         error_class: Option<String>,
         fatal: bool,
+        wait: Option<f64>,
     ) -> Result<Option<RArray>, Error> {
         let Some(delivery) = rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag) else {
             return Err(Error::new(
@@ -119,6 +122,10 @@ impl RbConsumer {
             ("reject", None) => Outcome::Ack(Ack::reject(reason)),
             ("retry", Some(class)) => Outcome::Raised { class, message: reason, fatal: false },
             ("reject", Some(class)) => Outcome::Raised { class, message: reason, fatal: true },
+            ("wait", _) => Outcome::Wait {
+                reason,
+                up_to: crate::connection::seconds(ruby, "wait", wait.unwrap_or(0.0))?,
+            },
             ("raised", class) => Outcome::Raised { class: class.unwrap_or_else(|| "StandardError".into()), message: reason, fatal },
             (_, _) => Outcome::NotAnAck { what: reason },
         };
@@ -162,9 +169,30 @@ impl RbConsumer {
         gvl::block_on(ruby, async move { consumer.close().await })
     }
 
-    fn stats(&self) -> (u64, u64, u64) {
-        let s = self.inner.stats();
-        (s.accepted, s.retried, s.dead_lettered)
+    fn stats(ruby: &Ruby, rb_self: &Self) -> Result<magnus::RHash, Error> {
+        let s = rb_self.inner.stats();
+        let h = ruby.hash_new();
+        for (name, n) in [
+            ("accepted", s.accepted),
+            ("retried", s.retried),
+            ("dead_lettered", s.dead_lettered),
+            ("waited", s.waited),
+            ("timed_out", s.timed_out),
+            ("abandoned", s.abandoned),
+        ] {
+            h.aset(ruby.to_symbol(name), n)?;
+        }
+        Ok(h)
+    }
+
+    /// What the startup checks found questionable (strings; empty when nothing).
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings().to_vec()
+    }
+
+    /// The handler deadline, in seconds.
+    fn timeout(&self) -> f64 {
+        self.inner.options().timeout.as_secs_f64()
     }
 
     /// Seconds the subscription has been without a channel, nil while subscribed.
@@ -189,7 +217,9 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeConsumer", ruby.class_object())?;
     class.define_method("_next", method!(RbConsumer::next, 1))?;
     class.define_method("_next_many", method!(RbConsumer::next_many, 2))?;
-    class.define_method("_settle", method!(RbConsumer::settle, 5))?;
+    class.define_method("_settle", method!(RbConsumer::settle, 6))?;
+    class.define_method("_warnings", method!(RbConsumer::warnings, 0))?;
+    class.define_method("_timeout", method!(RbConsumer::timeout, 0))?;
     class.define_method("_stop", method!(RbConsumer::stop, 0))?;
     class.define_method("_close", method!(RbConsumer::close, 0))?;
     class.define_method("_stats", method!(RbConsumer::stats, 0))?;

@@ -78,5 +78,10 @@ module AceMQ
     # for longer than confirm_timeout. Consumers keep running on their own
     # connection; the block lifts when the alarm clears.
     class Blocked < Error; end
+    # Not raised: what a startup check found questionable in a consumer's
+    # settings (a quorum queue's delivery limit below max_attempts, an
+    # idempotent consumer with no retries to wait on), handed to on_error
+    # when the consumer starts. The message says what to change.
+    class ConfigurationWarning < Error; end
   end
 end

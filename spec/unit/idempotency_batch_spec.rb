@@ -26,7 +26,7 @@ RSpec.describe "Patterns.idempotent in batches" do
     results = once.call_many(batch)
     expect(results[0]).to be_accept                              # a duplicate of a confirmed key
     expect(results[1]).to be_accept                              # ran
-    expect(results[2]).to be_retry                               # the same key again in one batch: in progress
+    expect(results[2]).to be_wait                                # the same key again in one batch: in progress
     expect(results[3]).to be_retry                               # the handler's own retry
     expect(results[4]).to be_a(ArgumentError)                    # raised: handed back, key forgotten
     expect(results[5]).to be_reject

@@ -40,6 +40,10 @@ pub enum Before {
     InProgress {
         /// The retry's reason.
         reason: String,
+        /// The store's claim timeout: the message waits (without spending
+        /// attempts) at most this long. None for a store whose claims do not
+        /// expire: an ordinary retry.
+        wait: Option<std::time::Duration>,
     },
     /// Settle with this outcome without running the handler: a missing key
     /// (a fatal reject) or a failing store (a retry).
@@ -53,7 +57,8 @@ impl Before {
         match self {
             Before::Run { .. } => None,
             Before::Duplicate => Some(Outcome::Ack(Ack::Accept)),
-            Before::InProgress { reason } => Some(Outcome::Ack(Ack::retry(reason.clone()))),
+            Before::InProgress { reason, wait: Some(up_to) } => Some(Outcome::Wait { reason: reason.clone(), up_to: *up_to }),
+            Before::InProgress { reason, wait: None } => Some(Outcome::Ack(Ack::retry(reason.clone()))),
             Before::Settle(o) => Some(o.clone()),
         }
     }
@@ -184,8 +189,9 @@ impl Guard {
                 bump(&self.in_progress);
                 Before::InProgress {
                     reason: format!(
-                        "idempotency key {key:?} is claimed by a handler that has not finished; retrying so that it runs if that handler died (its claim expires after the claim timeout)"
+                        "idempotency key {key:?} is claimed by a handler that has not finished; waiting (without spending an attempt) so that it runs if that handler died (its claim expires after the claim timeout)"
                     ),
+                    wait: store.claim_timeout(),
                 }
             }
             Err(e) => {

@@ -128,6 +128,10 @@ impl InMemoryIdempotencyStore {
 }
 
 impl IdempotencyStore for InMemoryIdempotencyStore {
+    fn claim_timeout(&self) -> Option<Duration> {
+        Some(Duration::from_millis(u64::try_from(self.claim_timeout).unwrap_or(0)))
+    }
+
     fn first_time(&self, key: &str) -> Result<bool> {
         let now = self.clock.now_millis();
         let mut keys = self.lock();

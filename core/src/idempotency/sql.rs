@@ -255,6 +255,10 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
 }
 
 impl<C: ConnectionSource> IdempotencyStore for SqlIdempotencyStore<C> {
+    fn claim_timeout(&self) -> Option<Duration> {
+        Some(self.options.claim_timeout)
+    }
+
     /// The INSERT (and any takeover) commits on its own only if the
     /// connection is not inside a transaction: give the store a connection
     /// outside the handler's transaction, or the claim rolls back with the work.

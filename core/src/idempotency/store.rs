@@ -56,6 +56,14 @@ pub trait IdempotencyStore {
         true
     }
 
+    /// How long a claim lives before another worker may take it over, for a
+    /// store whose claims expire. The guard lets a message whose key is
+    /// claimed wait that long without spending its attempts (a handler that
+    /// died holding the claim is taken over then, and the message runs).
+    fn claim_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// [`first_time`](Self::first_time) for several keys, in order. A store
     /// that can claim them in one transaction (the SQL store) overrides this:
     /// one commit for a whole prefetch batch instead of one per message. The
@@ -84,6 +92,7 @@ macro_rules! forward {
             fn supports_confirm(&self) -> bool { (**self).supports_confirm() }
             fn supports_forget(&self) -> bool { (**self).supports_forget() }
             fn supports_confirmed(&self) -> bool { (**self).supports_confirmed() }
+            fn claim_timeout(&self) -> Option<std::time::Duration> { (**self).claim_timeout() }
             fn first_time_many(&self, keys: &[&str]) -> Result<Vec<bool>> { (**self).first_time_many(keys) }
             fn confirm_many(&self, keys: &[&str]) -> Result<()> { (**self).confirm_many(keys) }
         }

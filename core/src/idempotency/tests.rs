@@ -283,7 +283,7 @@ fn step_by_step_as_the_extension_drives_it() {
     // Claimed and not confirmed: somebody is (or was) working on it. Retried,
     // not accepted, so a handler that died does not take the message with it.
     match guard.before(dyn_store, Some("m-1")) {
-        Before::InProgress { reason } => assert!(reason.contains("has not finished"), "{reason}"),
+        Before::InProgress { reason, .. } => assert!(reason.contains("has not finished"), "{reason}"),
         other => panic!("expected a retry while the claim is live, got {other:?}"),
     }
     guard.after(dyn_store, "m-1", &Outcome::Ack(Ack::Accept)).unwrap();

@@ -42,18 +42,31 @@ fn outcome(kind: &str) -> Outcome {
     }
 }
 
-/// A decision as the Ruby middleware reads it: `[verdict, detail, class]`.
-fn verdict(before: Before) -> (String, Option<String>, Option<String>) {
+/// A decision as the Ruby middleware reads it: `[verdict, detail, class,
+/// wait]`, where wait is how long (seconds) an in-progress message may wait
+/// without spending attempts (the store's claim timeout), else nil.
+type Verdict = (String, Option<String>, Option<String>, Option<f64>);
+
+fn verdict(before: Before) -> Verdict {
+    if let Before::InProgress { reason, wait } = before {
+        return ("in_progress".into(), Some(reason), None, wait.map(|w| w.as_secs_f64()));
+    }
+    let (v, detail, class) = plain_verdict(before);
+    (v, detail, class, None)
+}
+
+fn plain_verdict(before: Before) -> (String, Option<String>, Option<String>) {
     match before {
         Before::Run { key } => ("run".into(), Some(key), None),
         Before::Duplicate => ("duplicate".into(), None, None),
-        Before::InProgress { reason } => ("in_progress".into(), Some(reason), None),
+        Before::InProgress { reason, .. } => ("in_progress".into(), Some(reason), None),
         Before::Settle(Outcome::Ack(Ack::Retry { reason })) => ("retry".into(), Some(reason), None),
         Before::Settle(Outcome::Ack(Ack::Reject { reason })) => ("reject".into(), Some(reason), None),
         Before::Settle(Outcome::Raised { class, message, fatal: true }) => ("reject".into(), Some(message), Some(class)),
         Before::Settle(Outcome::Raised { class, message, fatal: false }) => ("retry".into(), Some(message), Some(class)),
         Before::Settle(Outcome::Ack(Ack::Accept)) => ("duplicate".into(), None, None),
         Before::Settle(Outcome::NotAnAck { what }) => ("reject".into(), Some(what), None),
+        Before::Settle(Outcome::Wait { reason, .. }) => ("retry".into(), Some(reason), None),
     }
 }
 
@@ -64,7 +77,7 @@ impl RbGuard {
 
     /// `["run", key]`, `["duplicate", nil, nil]`, `["retry", reason, nil]` or
     /// `["reject", reason, error_class]`.
-    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value) -> Result<(String, Option<String>, Option<String>), Error> {
+    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value) -> Result<Verdict, Error> {
         let key = super::key(ruby, key)?;
         let before = with_store(ruby, store, |s| rb_self.inner.before(s, key.as_deref()))?;
         Ok(verdict(before))
@@ -86,7 +99,7 @@ impl RbGuard {
 
     /// `_before` for a batch: the keys claimed together (one transaction on
     /// a SQL store), one decision each, in order.
-    fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray) -> Result<Vec<(String, Option<String>, Option<String>)>, Error> {
+    fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray) -> Result<Vec<Verdict>, Error> {
         let keys: Vec<Option<String>> = keys.into_iter().map(|k| super::key(ruby, k)).collect::<Result<_, _>>()?;
         let refs: Vec<Option<&str>> = keys.iter().map(|k| k.as_deref()).collect();
         let decided = with_store(ruby, store, |s| rb_self.inner.before_many(s, &refs))?;

@@ -40,6 +40,11 @@ impl RbInMemoryStore {
         rb_self.inner.confirmed(&required_key(ruby, key)?).rb(ruby)
     }
 
+    /// Seconds a claim lives before another worker may take it over.
+    fn claim_timeout(&self) -> f64 {
+        acemq::idempotency::IdempotencyStore::claim_timeout(&self.inner).map_or(0.0, |d| d.as_secs_f64())
+    }
+
     fn size(&self) -> usize {
         self.inner.len()
     }
@@ -57,6 +62,7 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_method("forget", method!(RbInMemoryStore::forget, 1))?;
     class.define_method("confirmed?", method!(RbInMemoryStore::confirmed, 1))?;
     class.define_method("size", method!(RbInMemoryStore::size, 0))?;
+    class.define_method("claim_timeout", method!(RbInMemoryStore::claim_timeout, 0))?;
     class.define_method("clear", method!(RbInMemoryStore::clear, 0))?;
     Ok(())
 }

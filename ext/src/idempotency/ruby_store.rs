@@ -63,4 +63,13 @@ impl IdempotencyStore for RbStore<'_> {
     fn supports_confirmed(&self) -> bool {
         self.confirmed
     }
+
+    /// A store answering `claim_timeout` (seconds), as the shipped ones do.
+    fn claim_timeout(&self) -> Option<std::time::Duration> {
+        if !self.obj.respond_to("claim_timeout", false).unwrap_or(false) {
+            return None;
+        }
+        let secs: f64 = self.obj.funcall("claim_timeout", ()).ok()?;
+        std::time::Duration::try_from_secs_f64(secs).ok()
+    }
 }

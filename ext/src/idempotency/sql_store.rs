@@ -150,6 +150,14 @@ impl RbSqlStore {
         }
     }
 
+    /// Seconds a claim lives before another worker may take it over.
+    fn claim_timeout(&self) -> f64 {
+        match &self.inner {
+            Inner::File(s) => s.options().claim_timeout.as_secs_f64(),
+            Inner::Ruby(s) => s.options().claim_timeout.as_secs_f64(),
+        }
+    }
+
     fn worker(&self) -> String {
         match &self.inner {
             Inner::File(s) => s.worker(),
@@ -171,5 +179,6 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_private_method("_schema_sql", method!(RbSqlStore::schema_sql, 1))?;
     class.define_method("table", method!(RbSqlStore::table, 0))?;
     class.define_method("worker", method!(RbSqlStore::worker, 0))?;
+    class.define_method("claim_timeout", method!(RbSqlStore::claim_timeout, 0))?;
     Ok(())
 }

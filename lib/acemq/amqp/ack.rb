@@ -13,12 +13,13 @@ module AceMQ
     # reject. What each does on the broker is decided in the engine, the same
     # for Ruby and Rust consumers.
     class Ack
-      attr_reader :kind, :reason, :error_class
+      attr_reader :kind, :reason, :error_class, :up_to
 
-      def initialize(kind, reason = nil, error_class = nil)
+      def initialize(kind, reason = nil, error_class = nil, up_to = nil)
         @kind = kind
         @reason = reason&.to_s&.dup&.freeze
         @error_class = error_class&.to_s&.dup&.freeze
+        @up_to = up_to
         freeze
       end
       private_class_method :new
@@ -37,16 +38,27 @@ module AceMQ
         new(:reject, reason, error.is_a?(Module) ? error.name : error)
       end
 
+      # Not now, and not the message's fault: another handler holds its
+      # idempotency claim. It goes round the ladder without spending an
+      # attempt, for at most up_to seconds (the store's claim timeout, after
+      # which the claim is taken over and it runs); then it is a retry. The
+      # idempotent guard returns it; a handler has no reason to.
+      def self.wait(reason, up_to:)
+        new(:wait, reason, nil, Float(up_to))
+      end
+
       def accept? = kind == :accept
+      def wait? = kind == :wait
       def retry? = kind == :retry
       def reject? = kind == :reject
 
       def ==(other)
-        other.is_a?(Ack) && other.kind == kind && other.reason == reason && other.error_class == error_class
+        other.is_a?(Ack) && other.kind == kind && other.reason == reason && other.error_class == error_class &&
+          other.up_to == up_to
       end
       alias eql? ==
 
-      def hash = [kind, reason, error_class].hash
+      def hash = [kind, reason, error_class, up_to].hash
 
       def inspect
         reason ? "#<AceMQ::AMQP::Ack #{kind} #{reason.inspect}>" : "#<AceMQ::AMQP::Ack #{kind}>"

@@ -67,7 +67,16 @@ module AceMQ
       # queue_type: (:classic or :quorum) is the type of the queue, which its
       # DLQ and rungs take; by default what this connection applied for the
       # queue in a Topology, else classic.
-      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil, &handler)
+      #
+      # timeout: (seconds) is the handler deadline: a delivery whose handler
+      # has not returned by then is settled as a retry by the engine, and
+      # what the handler returns later is discarded; the handler itself is
+      # not interrupted (its thread is replaced, see Subscription#overdue).
+      # By default 25 minutes, or an idempotent handler's claim_timeout when
+      # that is shorter; it must be shorter than the broker's
+      # consumer_timeout: (RabbitMQ's default, 30 minutes, unless given).
+      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil,
+                  timeout: nil, consumer_timeout: nil, &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
 
         concurrency = Integer(concurrency)
@@ -84,8 +93,12 @@ module AceMQ
         raise ConfigurationError, "batch must be at least 1 (got #{batch})" if batch < 1
 
         policy = RetryPolicy.from(retries)
-        native = _consumer(queue.to_s, prefetch, concurrency, policy.max_attempts, policy.initial_delay,
-                           policy.max_delay, queue_type&.to_s)
+        claim_timeout = handler.respond_to?(:claim_timeout) ? handler.claim_timeout : nil
+        native = _consumer(queue.to_s, { prefetch: prefetch, concurrency: concurrency, max_attempts: policy.max_attempts,
+                                         initial_delay: policy.initial_delay, max_delay: policy.max_delay,
+                                         queue_type: queue_type&.to_s, timeout: timeout && Float(timeout),
+                                         consumer_timeout: consumer_timeout && Float(consumer_timeout),
+                                         claim_timeout: claim_timeout })
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
         Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
       end

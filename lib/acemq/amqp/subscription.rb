@@ -23,12 +23,13 @@ module AceMQ
         @queue = native.queue
         @resubscribed = 0
         @cancelled = false
-        @threads = Array.new(concurrency) do |i|
-          Thread.new do
-            Thread.current.name = "acemq #{@queue} #{i + 1}"
-            work
-          end
-        end
+        @timeout = native._timeout
+        @overdue = []
+        @started = 0
+        @threads = Array.new(concurrency) { start_worker }
+        native._warnings.each { |w| @on_error&.call(ConfigurationWarning.new(w)) }
+        @watch = Thread.new { watch_deadlines }
+        @watch.name = "acemq #{@queue} deadlines"
       end
 
       # Stop taking deliveries, let the handlers in progress finish and
@@ -89,6 +90,14 @@ module AceMQ
       # runner restarts a consumer that lost one.
       def dead_workers = @threads.count { |t| t.status.nil? }
 
+      # Handler threads whose handler ran past the timeout and is still
+      # running: its delivery was settled as a retry by the engine, and what
+      # it returns will be discarded. Each was replaced by a fresh thread.
+      def overdue = @overdue.count(&:alive?)
+
+      # The handler deadline, in seconds.
+      attr_reader :timeout
+
       # Seconds without a channel (the broker unreachable, the queue gone),
       # nil while subscribed.
       def down_for = @native._down_for
@@ -99,10 +108,11 @@ module AceMQ
       def cancelled? = @cancelled
 
       # Counters so far: accepted, retried, dead_lettered.
-      def stats
-        accepted, retried, dead_lettered = @native._stats
-        { accepted: accepted, retried: retried, dead_lettered: dead_lettered }
-      end
+      # Counters so far: accepted, retried, dead_lettered, waited (round the
+      # ladder for another handler's claim, no attempt spent), timed_out
+      # (settled as retries by the handler deadline) and abandoned (results
+      # that came after the deadline, discarded).
+      def stats = @native._stats
 
       # Why the broker ended the subscription, if it did.
       def failure = @native._failure
@@ -116,6 +126,52 @@ module AceMQ
 
       private
 
+      def start_worker
+        n = (@started += 1)
+        Thread.new do
+          Thread.current.name = "acemq #{@queue} #{n}"
+          work
+        end
+      end
+
+      # The engine settles a delivery whose handler runs past the timeout (a
+      # retry) and discards what the handler returns later; the handler is
+      # not interrupted — Thread#raise could land in the middle of a write.
+      # What is left to do here is keep the consumer's capacity: the overdue
+      # thread leaves the pool once its handler returns, and a fresh one
+      # takes its place now. At most `concurrency` overdue threads at once:
+      # past that, handlers are hanging, and more threads would not help.
+      def watch_deadlines
+        tick = (@timeout / 4).clamp(0.05, 1.0)
+        until @stopped || @cancelled
+          sleep tick
+          now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          @threads.dup.each do |t|
+            since = t[:acemq_since]
+            next unless since && now - since > @timeout + tick && t.alive?
+            if @overdue.count(&:alive?) >= @threads.size
+              warn_capacity
+              next
+            end
+
+            t[:acemq_overdue] = true
+            @overdue << t
+            @threads[@threads.index(t)] = start_worker unless @stopped || @cancelled
+          end
+          @overdue.select!(&:alive?)
+        end
+      rescue StandardError => e
+        @on_error&.call(e)
+      end
+
+      def warn_capacity
+        return if @capacity_warned
+
+        @capacity_warned = true
+        @on_error&.call(TimeoutError.new("#{@queue}: #{@overdue.size} handlers are still running past their timeout " \
+                                         "of #{@timeout}s; no more threads are started for it until they return"))
+      end
+
       def work
         loop do
           deliveries = @batch > 1 ? @native._next_many(@batch, POLL) : @native._next(POLL)
@@ -126,8 +182,10 @@ module AceMQ
             next
           end
 
+          Thread.current[:acemq_since] = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           @batch > 1 ? handle_many(deliveries) : handle(deliveries)
-          break if @close_after_handler
+          Thread.current[:acemq_since] = nil
+          break if @close_after_handler || Thread.current[:acemq_overdue]
         end
         finish if @close_after_handler
       end
@@ -178,7 +236,7 @@ module AceMQ
 
       def settle_result(tag, result)
         case result
-        when Ack then settle(tag, result.kind.to_s, result.reason, result.error_class, false)
+        when Ack then settle(tag, result.kind.to_s, result.reason, result.error_class, false, result.up_to)
         when StandardError then settle(tag, "raised", result.message, result.class.name, result.is_a?(FatalError))
         else settle(tag, "not_an_ack", describe(result), nil, false)
         end
@@ -188,8 +246,8 @@ module AceMQ
       # confirmed before the original is acknowledged); what went wrong with
       # earlier ones comes back here. Each of those messages was put back on
       # the queue: say so, and go on.
-      def settle(tag, kind, reason, error_class, fatal)
-        report(@native._settle(tag, kind, reason, error_class, fatal))
+      def settle(tag, kind, reason, error_class, fatal, up_to = nil)
+        report(@native._settle(tag, kind, reason, error_class, fatal, up_to))
       end
 
       # Thread#join re-raises what killed the thread; a subscription being

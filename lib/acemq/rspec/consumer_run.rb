@@ -78,7 +78,8 @@ module AceMQ
                              mark: outcome.mark, previous: settled)
         end
 
-        settle(outcome.message, outcome.mark, attempt: outcome.attempt + 1, previous: settled, timeout: timeout)
+        attempt = settled.waited? ? outcome.attempt : outcome.attempt + 1
+        settle(outcome.message, outcome.mark, attempt: attempt, previous: settled, timeout: timeout)
       end
 
       def stop(deadline)
@@ -136,6 +137,8 @@ module AceMQ
           Outcome.new(kind: :dead_lettered, attempt: letter ? letter[:attempt] : attempt, dead_letter: letter, **common)
         elsif moved[:retried].positive?
           Outcome.new(kind: :retried, attempt: attempt, **common)
+        elsif moved[:waited].positive?
+          Outcome.new(kind: :waited, attempt: attempt, **common)
         elsif duplicate?(message, before.duplicates)
           Outcome.new(kind: :duplicate, attempt: attempt, **common)
         else

@@ -53,7 +53,10 @@ module AceMQ
 
       def accepted? = kind == :accepted || kind == :duplicate
       def duplicate? = kind == :duplicate
-      def retried? = kind == :retried
+      # On a rung: retried, or waited (another handler holds the message's
+      # idempotency claim: no attempt spent).
+      def retried? = kind == :retried || kind == :waited
+      def waited? = kind == :waited
       def dead_lettered? = kind == :dead_lettered
       def waiting? = kind == :waiting
 
@@ -130,6 +133,7 @@ module AceMQ
         when :accepted then "accepted on attempt #{attempt}"
         when :duplicate then "duplicate on attempt #{attempt} (accepted without running the handler)"
         when :retried then "retried after attempt #{attempt}, waiting in rung #{rung}#{because}"
+        when :waited then "waiting in rung #{rung} for another handler's idempotency claim (attempt #{attempt} not spent)"
         when :waiting then "still waiting in rung #{rung} (the clock has not reached the end of its delay)"
         when :dead_lettered then "dead-lettered after attempt #{attempt}#{because}"
         end

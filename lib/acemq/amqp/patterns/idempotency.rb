@@ -17,8 +17,10 @@ module AceMQ
       # - not the first time and confirmed: Ack.accept, handler not run — a
       #   duplicate is the broker doing its job, not an error;
       # - not the first time and only claimed (a handler still running, or one
-      #   that died): Ack.retry, handler not run, so the message comes back
-      #   rather than being dropped with its work undone;
+      #   that died): Ack.wait, handler not run, so the message comes back
+      #   rather than being dropped with its work undone — round the ladder
+      #   without spending attempts, for as long as the claim can live (a
+      #   store with no claim_timeout: Ack.retry);
       # - the first time: the handler runs; if it accepted, the key is
       #   confirmed (when the store answers confirm), otherwise forgotten
       #   (when it answers forget) so the retry really runs. A handler that
@@ -45,9 +47,9 @@ module AceMQ
         # The middleware: app is the guarded handler.
         def call(message, app)
           key, why = key_of(message)
-          verdict, detail, error_class = @guard._before(@store, key)
+          verdict, detail, error_class, wait = @guard._before(@store, key)
           detail = why if why
-          verdict == "run" ? run(message, app, detail) : without_running(message, key, verdict, detail, error_class)
+          verdict == "run" ? run(message, app, detail) : without_running(message, key, verdict, detail, error_class, wait)
         end
 
         # The same for a batch: the keys are claimed together and the
@@ -61,15 +63,15 @@ module AceMQ
           found = messages.map { |m| key_of(m) }
           keys = found.map(&:first)
           verdicts = @guard._before_many(@store, keys).each_with_index.map do |v, i|
-            (why = found[i][1]) ? [v[0], why, v[2]] : v
+            (why = found[i][1]) ? [v[0], why, v[2], v[3]] : v
           end
           results = Array.new(messages.size)
           settled = []
           pending = verdicts.each_with_index.select { |(verdict, _, _), _| verdict == "run" }.map { |(_, key, _), i| [i, key] }
           begin
             messages.each_with_index do |message, i|
-              verdict, detail, error_class = verdicts[i]
-              next results[i] = without_running(message, keys[i], verdict, detail, error_class) unless verdict == "run"
+              verdict, detail, error_class, wait = verdicts[i]
+              next results[i] = without_running(message, keys[i], verdict, detail, error_class, wait) unless verdict == "run"
 
               results[i] = begin
                 app.call(message)
@@ -95,6 +97,12 @@ module AceMQ
         # missing_keys, store_errors, confirmed, forgotten, confirm_errors,
         # forget_errors, abandoned.
         def stats = @guard.stats
+
+        # The store's claim timeout in seconds, nil for a store whose claims
+        # do not expire: a consumer's handler deadline must not be longer.
+        def claim_timeout
+          @store.respond_to?(:claim_timeout) ? Float(@store.claim_timeout) : nil
+        end
 
         def inspect = "#<AceMQ::AMQP::Patterns::Idempotency store=#{@store.class}>"
 
@@ -163,14 +171,14 @@ module AceMQ
           end
         end
 
-        def without_running(message, key, verdict, detail, error_class)
+        def without_running(message, key, verdict, detail, error_class, wait = nil)
           case verdict
           when "duplicate"
             Patterns.instrument(:duplicate, key: key, message: message)
             Ack.accept
           when "in_progress"
             Patterns.instrument(:in_progress, key: key, message: message)
-            Ack.retry(detail)
+            wait ? Ack.wait(detail, up_to: wait) : Ack.retry(detail)
           when "retry"
             Patterns.instrument(:store_error, key: key, message: message, error: detail)
             Ack.retry(detail, error: error_class)
@@ -200,6 +208,9 @@ module AceMQ
 
         # The middleware underneath.
         def guard = @middleware
+
+        # The store's claim timeout (see Idempotency#claim_timeout).
+        def claim_timeout = @middleware.claim_timeout
       end
     end
   end

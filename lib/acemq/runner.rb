@@ -106,7 +106,8 @@ module AceMQ
     def subscribe(slot)
       klass = slot[:klass]
       on_error = ->(error) { @logger.warn("acemq: #{klass.name}: #{error.class}: #{error.message}") }
-      klass.subscribe(@consume, instance: slot[:instance], around: @executor, on_error: on_error)
+      klass.subscribe(@consume, instance: slot[:instance], around: @executor, on_error: on_error,
+                                consumer_timeout: @config.consumer_timeout)
     end
 
     # Every handler thread that touches ActiveRecord holds a connection for

@@ -41,6 +41,26 @@ RSpec.describe AceMQ::Rails::Consumer do
     expect(described_class.consumers).not_to include(base)
   end
 
+  it "takes a handler deadline, bounded by the idempotency claim when none is named" do
+    mq = AceMQ::AMQP::Connection.open("memory://#{SecureRandom.hex(4)}")
+    timed = consumer_class { queue "timed"; timeout 5 }
+    expect(timed.timeout).to eq(5.0)
+    expect(timed.describe).to include(timeout: 5.0)
+    AceMQ::AMQP::Topology.new.queue("timed").queue("guarded").apply(mq)
+    sub = timed.subscribe(mq)
+    expect(sub.timeout).to eq(5.0)
+    sub.cancel
+    store = AceMQ::AMQP::Patterns::InMemoryIdempotencyStore.new(claim_timeout: 90)
+    guarded = consumer_class { queue "guarded"; idempotent store: store }
+    sub = guarded.subscribe(mq, around: ->(&blk) { blk.call }) # through the runner's executor wrapper too
+    expect(sub.timeout).to eq(90.0)
+    sub.cancel
+    expect { consumer_class { queue "x"; timeout 0 } }.to raise_error(AceMQ::AMQP::ConfigurationError, /longer than zero/)
+    late = consumer_class { queue "guarded"; timeout 120; idempotent store: store }
+    expect { late.subscribe(mq) }.to raise_error(AceMQ::AMQP::ConfigurationError, /claim_timeout \(90s\)/)
+    mq.close
+  end
+
   it "refuses settings that cannot work, at class definition, naming the class" do
     expect { consumer_class { concurrency 0 } }.to raise_error(AceMQ::AMQP::ConfigurationError, /concurrency must be at least 1/)
     expect { consumer_class { prefetch 70_000 } }.to raise_error(AceMQ::AMQP::ConfigurationError, /at most 65535/)

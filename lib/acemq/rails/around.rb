@@ -15,6 +15,9 @@ module AceMQ
         if handler.respond_to?(:call_many)
           wrapped.define_singleton_method(:call_many) { |messages| around.call { handler.call_many(messages) } }
         end
+        if handler.respond_to?(:claim_timeout) # the deadline's bound (Connection#consume)
+          wrapped.define_singleton_method(:claim_timeout) { handler.claim_timeout }
+        end
         wrapped
       end
     end

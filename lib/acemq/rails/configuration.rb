@@ -21,6 +21,9 @@ module AceMQ
       attr_accessor :check_interval
       # The AMQP heartbeat in seconds (default: the broker's, 60 s).
       attr_accessor :heartbeat
+      # The broker's consumer_timeout in seconds, when it is not RabbitMQ's
+      # default of 30 minutes: every consumer's timeout must be shorter.
+      attr_accessor :consumer_timeout
       # Seconds a subscription may be without a channel before it counts as
       # failed and is restarted (default 60), and the restart budget: at
       # most max_restarts (5) within restart_window seconds (300), then the

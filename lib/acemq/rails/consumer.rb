@@ -28,7 +28,7 @@ module AceMQ
       # retry ladder have their defaults in core).
       SETTINGS = {
         queue: nil, queue_arguments: nil, queue_type: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
-        bindings: [].freeze, on_error: nil, idempotency: nil
+        bindings: [].freeze, on_error: nil, idempotency: nil, timeout: nil
       }.freeze
 
       class << self
@@ -92,6 +92,17 @@ module AceMQ
           return setting(:concurrency) if count.nil?
 
           set(:concurrency, positive(:concurrency, count))
+        end
+
+        # The handler deadline in seconds: a message whose handler has not
+        # returned by then is retried (the handler is not interrupted; what
+        # it returns later is discarded). Default 25 minutes, or the
+        # idempotency store's claim_timeout when that is shorter; it must be
+        # shorter than the broker's consumer_timeout (config.consumer_timeout).
+        def timeout(seconds = nil)
+          return setting(:timeout) if seconds.nil?
+
+          set(:timeout, positive_seconds(:timeout, seconds))
         end
 
         # Deliveries in flight (default: the engine's, 32 or twice the
@@ -184,16 +195,16 @@ module AceMQ
         # Subscribe `instance` on connection. around: wraps every call (the
         # runner passes the Rails executor); on_error: is the fallback when
         # the class declares none.
-        def subscribe(connection, instance: new, around: nil, on_error: nil)
+        def subscribe(connection, instance: new, around: nil, on_error: nil, consumer_timeout: nil)
           handler = Around.wrap(pipeline(instance), around)
           connection.consume(queue_name, concurrency: concurrency, prefetch: prefetch, retries: retries,
                                          batch: batch, queue_type: queue_type, on_error: self.on_error || on_error,
-                                         &handler)
+                                         timeout: timeout, consumer_timeout: consumer_timeout, &handler)
         end
 
         # Settings as a Hash, for logs and the health endpoint.
         def describe
-          { name: name, queue: queue_name, concurrency: concurrency, prefetch: prefetch, batch: batch,
+          { name: name, queue: queue_name, concurrency: concurrency, prefetch: prefetch, batch: batch, timeout: timeout,
             bindings: bindings.map { |e, _, k| "#{e}/#{k}" }, idempotent: !idempotency.nil? }
         end
 
@@ -214,6 +225,17 @@ module AceMQ
             klass = klass.superclass
           end
           SETTINGS.fetch(key)
+        end
+
+        def positive_seconds(name, value)
+          n = begin
+            Float(value)
+          rescue ArgumentError, TypeError
+            raise AMQP::ConfigurationError, "#{self}: #{name} is a number of seconds, got #{value.inspect}"
+          end
+          raise AMQP::ConfigurationError, "#{self}: #{name} must be longer than zero seconds (got #{n})" unless n.positive?
+
+          n
         end
 
         def positive(name, value)

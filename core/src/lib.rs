@@ -30,6 +30,8 @@
 //! `memory://` opens an in-process broker with the same semantics, for tests
 //! and demos without RabbitMQ.
 
+#![warn(missing_docs)]
+
 pub mod ack;
 pub mod connection;
 pub mod consumer;

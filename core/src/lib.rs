@@ -63,3 +63,15 @@ pub use retry::RetryPolicy;
 pub use topology::{ExchangeKind, QueueType, Topology};
 pub use transport::memory::MemoryBroker;
 pub use transport::Confirm;
+
+/// The crate README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
+
+/// docs/rust.md's samples, compiled as doc tests: a sample on that page that
+/// stops compiling fails `cargo test -p acemq`. Outside the package's
+/// directory, so only for doc tests, never in a build of the crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/rust.md")]
+mod rust_guide {}

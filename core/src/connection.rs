@@ -225,11 +225,18 @@ impl Connection {
     }
 
     /// The envelope a publish with `options` carries: the given envelope (its
-    /// id kept) or a fresh one, the type and headers applied, and this
-    /// connection's origin where it has none. These are the rules for every
-    /// message, the outbox's included.
+    /// id, timestamp and origin kept) or a fresh one, the type and headers
+    /// applied, this connection's origin where it has none, and attempt 1.
+    /// These are the rules for every message, the outbox's and the Ruby
+    /// gem's included.
     pub fn envelope_for(&self, options: &PublishOptions) -> Envelope {
         let mut env = options.envelope.clone().unwrap_or_default();
+        // A publish is a first delivery, whatever envelope it reuses: a
+        // handler that forwards the envelope of its third attempt must not
+        // hand the next queue's consumer a message two retries closer to
+        // its dead-letter queue. Retries and dead letters copy the delivery
+        // itself (consumer.rs), never through here.
+        env.attempt = 1;
         if let Some(k) = &options.kind {
             env.kind = Some(k.clone());
         }

@@ -736,6 +736,46 @@ impl ConsumerHandle {
         &self.consumer
     }
 
+    /// Stop taking deliveries, and nothing else: handlers in progress go on
+    /// and settle. What a shutdown does to every consumer first, before it
+    /// waits for any of them ([`crate::runner::drain`]), so that one slow
+    /// consumer does not keep the others taking work meanwhile.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the consumer is stopped as soon as this is first polled.
+    pub async fn stop_taking(&self) {
+        self.consumer.stop().await;
+    }
+
+    /// Stop, let the handlers in progress finish until `deadline`, then
+    /// close. A handler still running at the deadline is abandoned: its task
+    /// is aborted at its next await, its delivery is never settled, and
+    /// closing the subscription gives the message back to the broker, which
+    /// delivers it again. Never acknowledged unrun, never lost.
+    ///
+    /// A handler that blocks its thread instead of awaiting cannot be
+    /// aborted until it yields; closing does not wait for it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped drain leaves the handlers running and the
+    /// subscription open (stopped). Drain to the end; shorten the deadline
+    /// instead.
+    pub async fn drain(self, deadline: std::time::Instant) -> crate::runner::Drained {
+        self.consumer.stop().await;
+        let mut abandoned = 0;
+        for mut task in self.tasks {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if tokio::time::timeout(left, &mut task).await.is_err() {
+                task.abort();
+                abandoned += 1;
+            }
+        }
+        self.consumer.close().await;
+        crate::runner::Drained { abandoned }
+    }
+
     /// Stop, let the handlers in progress finish and settle, then close.
     pub async fn cancel(self) {
         self.consumer.stop().await;

@@ -16,8 +16,10 @@ pub enum ErrorKind {
     /// The connection or channel is closed.
     Closed,
     /// The broker answered a method with a channel or connection error.
-    /// `reply_code` is the AMQP reply code (404, 406, 403, ...).
-    Broker { reply_code: u16 },
+    Broker {
+        /// The AMQP reply code (404, 406, 403, ...).
+        reply_code: u16,
+    },
     /// The broker negatively acknowledged a publish (nack): it was not stored.
     Nacked,
     /// A mandatory publish matched no queue: the broker returned it. Nothing
@@ -74,13 +76,13 @@ impl Error {
         }
     }
 
-    /// The broker said the exchange or queue does not exist (404).
     /// An argument the engine refuses (a name past 255 bytes, a setting
     /// that cannot work): a bug in the caller, not the broker.
     pub fn is_invalid_argument(&self) -> bool {
         self.kind == ErrorKind::InvalidArgument
     }
 
+    /// The broker said the exchange or queue does not exist (404).
     pub fn is_not_found(&self) -> bool {
         self.reply_code() == Some(404)
     }

@@ -30,6 +30,8 @@
 //! `memory://` opens an in-process broker with the same semantics, for tests
 //! and demos without RabbitMQ.
 
+#![warn(missing_docs)]
+
 pub mod ack;
 pub mod checks;
 pub mod connection;
@@ -62,3 +64,15 @@ pub use retry::RetryPolicy;
 pub use topology::{ExchangeKind, QueueType, Topology};
 pub use transport::memory::MemoryBroker;
 pub use transport::Confirm;
+
+/// The crate README's example, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
+
+/// docs/rust.md's samples, compiled as doc tests: a sample on that page that
+/// stops compiling fails `cargo test -p acemq`. Outside the package's
+/// directory, so only for doc tests, never in a build of the crate.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/rust.md")]
+mod rust_guide {}

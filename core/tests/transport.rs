@@ -447,3 +447,27 @@ async fn a_timeout_past_the_brokers_consumer_timeout_is_refused() {
     assert_eq!(*e.kind(), ErrorKind::InvalidArgument, "{e}");
     assert!(e.to_string().contains("consumer_timeout (30m)"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_publish_keeps_the_envelopes_origin_and_goes_out_as_attempt_one() {
+    // The same rule the Ruby gem gets (spec/integration/wire_spec.rb): an
+    // envelope reused from a delivery on its third attempt is a first
+    // delivery where it is published next.
+    for mq in transports().await {
+        let q = unique("fwd");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let mut env = acemq::Envelope::new().with_type("payment.requested.v1");
+        env.attempt = 3;
+        env.origin = Some("billing@elsewhere".into());
+        let sent = mq.publish(&json!({"n": 1}), &q, PublishOptions { envelope: Some(env.clone()), ..Default::default() }).await.unwrap();
+        assert_eq!((sent.attempt, sent.origin.as_deref()), (1, Some("billing@elsewhere")));
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let d = next(&c).await;
+        assert_eq!(d.message.envelope.id, env.id);
+        assert_eq!(d.message.envelope.attempt, 1);
+        assert_eq!(d.message.envelope.origin.as_deref(), Some("billing@elsewhere"));
+        c.accept(d);
+        c.close().await;
+        mq.close().await;
+    }
+}

@@ -38,9 +38,10 @@ pub(crate) struct Outgoing {
 }
 
 /// What `Connection#publish` hands its native half (the body already JSON,
-/// the id, the type, the timestamp, the headers as JSON), with the envelope
-/// made the way every publish makes it: `envelope_for`, which adds this
-/// connection's origin. The outbox's records are built here too.
+/// the id, the type, the timestamp, the headers as JSON, the envelope's own
+/// origin or nil), with the envelope made the way every publish makes it:
+/// `envelope_for`, which adds this connection's origin where the envelope
+/// has none. The outbox's records are built here too.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn outgoing(
     ruby: &Ruby,
@@ -52,6 +53,7 @@ pub(crate) fn outgoing(
     kind: Option<String>,
     timestamp: u64,
     headers_json: Option<String>,
+    origin: Option<String>,
 ) -> Result<Outgoing, Error> {
     let headers = match headers_json {
         Some(text) => match crate::json::parse(ruby, &text, "headers")? {
@@ -64,6 +66,9 @@ pub(crate) fn outgoing(
     envelope.kind = kind;
     envelope.timestamp = timestamp;
     envelope.headers = headers;
+    // The envelope's own origin, when it has one: envelope_for fills in the
+    // connection's only where it has none (the rule is core's, for both).
+    envelope.origin = origin;
     // The same rules as every publish: the connection's origin where the
     // envelope has none.
     let envelope = conn.envelope_for(&PublishOptions { envelope: Some(envelope), ..Default::default() });
@@ -111,8 +116,9 @@ impl RbConnection {
         kind: Option<String>,
         timestamp: u64,
         headers_json: Option<String>,
+        origin: Option<String>,
     ) -> Result<String, Error> {
-        let out = outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers_json)?;
+        let out = outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers_json, origin)?;
         let conn = &rb_self.inner;
         gvl::block_on(ruby, async {
             conn.send_json(&out.body, &out.exchange, &out.routing_key, &out.envelope).await?.wait().await
@@ -127,9 +133,18 @@ impl RbConnection {
     fn publish_batch(ruby: &Ruby, rb_self: &Self, items: RArray) -> Result<usize, Error> {
         let mut batch = Vec::with_capacity(items.len());
         for item in items.into_iter() {
-            let (body, exchange, routing_key, id, kind, timestamp, headers): (RString, String, String, String, Option<String>, u64, Option<String>) =
-                magnus::TryConvert::try_convert(item)?;
-            batch.push(outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers)?);
+            #[allow(clippy::type_complexity)]
+            let (body, exchange, routing_key, id, kind, timestamp, headers, origin): (
+                RString,
+                String,
+                String,
+                String,
+                Option<String>,
+                u64,
+                Option<String>,
+                Option<String>,
+            ) = magnus::TryConvert::try_convert(item)?;
+            batch.push(outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers, origin)?);
         }
         let conn = &rb_self.inner;
         let messages: Vec<JsonMessage<'_>> = batch
@@ -328,7 +343,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
     let class = amqp.define_class("Connection", ruby.class_object())?;
     class.define_singleton_method("_open", function!(RbConnection::open, 5))?;
-    class.define_private_method("_publish", method!(RbConnection::publish, 7))?;
+    class.define_private_method("_publish", method!(RbConnection::publish, 8))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
     class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;

@@ -23,7 +23,7 @@ pub trait OutboxPublisher: Send + Sync {
     fn publish_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> PublishFuture<'a>;
 }
 
-/// A broker connection publishes a batch the way [`Connection::publish`]
+/// A broker connection publishes a batch the way [`Connection::publish`](crate::Connection::publish)
 /// would publish each record, except that every record is sent before any
 /// confirm is awaited.
 ///

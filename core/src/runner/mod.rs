@@ -32,8 +32,10 @@
 //! ```
 
 mod health;
+mod shutdown;
 
 pub use health::{serve_health, HealthServer};
+pub use shutdown::{drain, Drained, Signal, StopSignals};
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

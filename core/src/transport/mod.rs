@@ -1,7 +1,7 @@
 //! The two transports behind one interface: `amqp://` (RabbitMQ through
 //! lapin) and `memory://` (the in-process broker). Everything above this
 //! module — publish rules, the retry ladder, dead-lettering — is written once
-//! against [`Backend`] and behaves the same on both.
+//! against one private `Backend` and behaves the same on both.
 
 pub(crate) mod amqp;
 mod frame_filter;

@@ -30,8 +30,9 @@ impl RbOutboxRecord {
         kind: Option<String>,
         timestamp: u64,
         headers_json: Option<String>,
+        origin: Option<String>,
     ) -> Result<Self, Error> {
-        let out = crate::connection::outgoing(ruby, &mq.inner, body, exchange, routing_key, id, kind, timestamp, headers_json)?;
+        let out = crate::connection::outgoing(ruby, &mq.inner, body, exchange, routing_key, id, kind, timestamp, headers_json, origin)?;
         // Refused now, in the caller's code, rather than as a row the relay
         // can never send.
         acemq::connection::check_destination(&out.exchange, &out.routing_key, &acemq::wire::props_for(&out.envelope)).rb(ruby)?;
@@ -66,7 +67,7 @@ impl RbOutboxRecord {
 
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let class = patterns.define_class("OutboxRecord", ruby.class_object())?;
-    class.define_singleton_method("_build", function!(RbOutboxRecord::build, 8))?;
+    class.define_singleton_method("_build", function!(RbOutboxRecord::build, 9))?;
     class.define_method("exchange", method!(RbOutboxRecord::exchange, 0))?;
     class.define_method("routing_key", method!(RbOutboxRecord::routing_key, 0))?;
     class.define_method("body", method!(RbOutboxRecord::body, 0))?;

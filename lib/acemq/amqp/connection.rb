@@ -158,7 +158,7 @@ module AceMQ
         env = env.with(type: type) if envelope && type
         env = env.with(headers: env.headers.merge(headers.transform_keys(&:to_s))) if headers && !headers.empty?
         hdrs = env.headers.empty? ? nil : JSON.generate(env.headers)
-        [[encode(payload), exchange.to_s, to.to_s, env.id.to_s, env.type, env.timestamp, hdrs], env]
+        [[encode(payload), exchange.to_s, to.to_s, env.id.to_s, env.type, env.timestamp, hdrs, env.origin], env]
       end
 
       def encode(payload)

@@ -36,6 +36,8 @@ mod handler;
 mod memory;
 
 mod sql;
+mod sql_async;
+mod sql_rules;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -45,7 +47,8 @@ pub use memory::{InMemoryIdempotencyStore, DEFAULT_CLAIM_TIMEOUT, DEFAULT_WINDOW
 // Where the seam lives; re-exported because the stores take it.
 pub use crate::sql::{ConnectionSource, PerCall};
 pub use sql::{SqlIdempotencyOptions, SqlIdempotencyStore, DEFAULT_RETENTION, DEFAULT_TABLE};
-pub use store::IdempotencyStore;
+pub use sql_async::AsyncSqlIdempotencyStore;
+pub use store::{AsyncIdempotencyStore, IdempotencyStore};
 
 #[cfg(test)]
 mod tests;

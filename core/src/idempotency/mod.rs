@@ -7,8 +7,11 @@
 //! is its own committed write, never part of the handler's transaction: a
 //! claim that rolls back with the work is not a claim.
 //!
-//! Stores: [`InMemoryIdempotencyStore`] (one process: specs and development)
-//! and [`SqlIdempotencyStore`] (SQLite or PostgreSQL through the SQL seam).
+//! Stores: [`InMemoryIdempotencyStore`] (one process: specs and development),
+//! [`SqlIdempotencyStore`] (SQLite or PostgreSQL through the blocking SQL
+//! seam, which the Ruby extension drives) and [`AsyncSqlIdempotencyStore`]
+//! (the same table and rules for async Rust services: PostgreSQL natively
+//! with the `postgres` feature, SQLite off the runtime's worker threads).
 //!
 //! ```no_run
 //! use acemq::ack::{Ack, Outcome};

@@ -431,7 +431,8 @@ async fn add_takes_the_services_own_tokio_postgres_transaction() {
         // Committed: both.
         let tx = client.transaction().await.unwrap();
         tx.execute(&format!("INSERT INTO {work} VALUES (3)"), &[]).await.unwrap();
-        store.add(&record(3), &tx).await.unwrap();
+        // Send: a handler can add from a task tokio moves between threads.
+        send(store.add(&record(3), &tx)).await.unwrap();
         tx.commit().await.unwrap();
         let claimed = store.claim(10).await.unwrap();
         assert_eq!(claimed.iter().map(|r| r.envelope.id.as_str()).collect::<Vec<_>>(), ["msg-3"]);
@@ -439,6 +440,11 @@ async fn add_takes_the_services_own_tokio_postgres_transaction() {
         assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), [3]);
         client.batch_execute(&format!("DROP TABLE {work}")).await.unwrap();
     }
+}
+
+#[cfg(feature = "postgres")]
+fn send<F: Future + Send>(f: F) -> F {
+    f
 }
 
 async fn fill(db: &Db, store: &AsyncSqlOutboxStore<Source>, n: usize) {

@@ -11,6 +11,20 @@ use crate::sql::{AsyncConnectionSource, Dialect};
 use std::future::Future;
 use std::sync::Arc;
 
+// Run one rule on a connection lent for the call, naming the table and
+// what to check when it fails.
+macro_rules! call {
+    ($store:expr, $doing:expr, |$k:ident, $c:ident| $rule:expr) => {
+        async move {
+            let inner = &$store.inner;
+            let $k = &inner.keys;
+            let conn = inner.source.connection().await.map_err(|e| $k.failed($doing, e))?;
+            let $c = &conn;
+            $rule.await.map_err(|e| $k.failed($doing, e))
+        }
+    };
+}
+
 /// Idempotency keys in a SQL table, for async code: PostgreSQL through
 /// [`PgConnection`](crate::sql::PgConnection) (feature `postgres`), or SQLite
 /// through [`AsyncSqliteConnection`](crate::sql::AsyncSqliteConnection), whose
@@ -47,20 +61,6 @@ use std::sync::Arc;
 /// // In the consumer: `let outcome = charge.handle(message).await;`
 /// # Ok(()) }
 /// ```
-/// Run one rule on a connection lent for the call, naming the table and
-/// what to check when it fails.
-macro_rules! call {
-    ($store:expr, $doing:expr, |$k:ident, $c:ident| $rule:expr) => {
-        async move {
-            let inner = &$store.inner;
-            let $k = &inner.keys;
-            let conn = inner.source.connection().await.map_err(|e| $k.failed($doing, e))?;
-            let $c = &conn;
-            $rule.await.map_err(|e| $k.failed($doing, e))
-        }
-    };
-}
-
 pub struct AsyncSqlIdempotencyStore<S> {
     inner: Arc<Inner<S>>,
 }

@@ -4,10 +4,16 @@
 //! both drive a [`Guard`]: [`Guard::before`] says whether to run the handler,
 //! the handler runs (Rust future or Ruby block, on the caller's thread), and
 //! [`Guard::after`] settles the key from the handler's outcome.
+//!
+//! The decisions are written once, as async code over
+//! [`AsyncIdempotencyStore`]: `before_async` and the rest await a store over
+//! PostgreSQL without blocking the task; `before` and the rest run the same
+//! code over a blocking store, whose answers are ready at once.
 
-use super::store::IdempotencyStore;
+use super::store::{AsyncIdempotencyStore, IdempotencyStore};
 use crate::ack::{Ack, Outcome};
 use crate::error::Result;
+use crate::sql::blocking::run;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The error class of the outcome for a message with no key. Fatal, because
@@ -138,7 +144,7 @@ impl Guard {
     ///   duplicate the store exists to prevent;
     /// - not the first time: [`Before::Duplicate`];
     /// - the first time: [`Before::Run`], and the key is now claimed.
-    pub fn before(&self, store: &dyn IdempotencyStore, key: Option<&str>) -> Before {
+    pub async fn before_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: Option<&str>) -> Before {
         let key = match key {
             Some(k) if !k.is_empty() => k,
             _ => {
@@ -150,12 +156,12 @@ impl Guard {
                 });
             }
         };
-        match store.first_time(key) {
+        match store.first_time_async(key).await {
             Ok(true) => {
                 bump(&self.runs);
                 Before::Run { key: key.to_string() }
             }
-            Ok(false) => self.not_first(store, key),
+            Ok(false) => self.not_first(store, key).await,
             Err(e) => {
                 bump(&self.store_errors);
                 Before::Settle(Outcome::Ack(Ack::retry(format!(
@@ -175,12 +181,12 @@ impl Guard {
     /// it is taken over and runs. A store that cannot say what is confirmed
     /// (one answering only `first_time?`) gets the seed's two-state rule:
     /// not first is a duplicate.
-    fn not_first(&self, store: &dyn IdempotencyStore, key: &str) -> Before {
-        if !(store.supports_confirm() && store.supports_confirmed()) {
+    async fn not_first<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str) -> Before {
+        if !(store.can_confirm() && store.answers_confirmed()) {
             bump(&self.duplicates);
             return Before::Duplicate;
         }
-        match store.confirmed(key) {
+        match store.confirmed_async(key).await {
             Ok(true) => {
                 bump(&self.duplicates);
                 Before::Duplicate
@@ -191,7 +197,7 @@ impl Guard {
                     reason: format!(
                         "idempotency key {key:?} is claimed by a handler that has not finished; waiting (without spending an attempt) so that it runs if that handler died (its claim expires after the claim timeout)"
                     ),
-                    wait: store.claim_timeout(),
+                    wait: store.claim_expiry(),
                 }
             }
             Err(e) => {
@@ -212,24 +218,24 @@ impl Guard {
     /// later finds its key confirmed. A process that dies part way through a
     /// batch leaves the unrun keys claimed: their redeliveries are retried
     /// (in progress) until the claim is stale, then run — later, never twice.
-    pub fn before_many(&self, store: &dyn IdempotencyStore, keys: &[Option<&str>]) -> Vec<Before> {
+    pub async fn before_many_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, keys: &[Option<&str>]) -> Vec<Before> {
         let mut out: Vec<Option<Before>> = vec![None; keys.len()];
         let mut present: Vec<(usize, &str)> = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             match key {
                 Some(k) if !k.is_empty() => present.push((i, k)),
-                _ => out[i] = Some(self.before(store, None)),
+                _ => out[i] = Some(self.before_async(store, None).await),
             }
         }
         let claim: Vec<&str> = present.iter().map(|(_, k)| *k).collect();
-        match store.first_time_many(&claim) {
+        match store.first_time_many_async(&claim).await {
             Ok(firsts) => {
                 for ((i, key), first) in present.iter().zip(firsts) {
                     out[*i] = Some(if first {
                         bump(&self.runs);
                         Before::Run { key: key.to_string() }
                     } else {
-                        self.not_first(store, key)
+                        self.not_first(store, key).await
                     });
                 }
             }
@@ -248,12 +254,12 @@ impl Guard {
     /// [`after`](Self::after) for a batch: the accepted keys are confirmed
     /// together ([`IdempotencyStore::confirm_many`]), the others forgotten
     /// one by one. Returns the first error; the outcomes stand either way.
-    pub fn after_many(&self, store: &dyn IdempotencyStore, settled: &[(&str, &Outcome)]) -> Result<()> {
+    pub async fn after_many_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, settled: &[(&str, &Outcome)]) -> Result<()> {
         let accepted: Vec<&str> =
             settled.iter().filter(|(_, o)| matches!(o, Outcome::Ack(Ack::Accept))).map(|(k, _)| *k).collect();
         let mut first_error = None;
-        if !accepted.is_empty() && store.supports_confirm() {
-            match store.confirm_many(&accepted) {
+        if !accepted.is_empty() && store.can_confirm() {
+            match store.confirm_many_async(&accepted).await {
                 Ok(()) => self.confirmed.fetch_add(accepted.len() as u64, Ordering::Relaxed),
                 Err(e) => {
                     self.confirm_errors.fetch_add(accepted.len() as u64, Ordering::Relaxed);
@@ -264,7 +270,7 @@ impl Guard {
         }
         for (key, outcome) in settled {
             if !matches!(outcome, Outcome::Ack(Ack::Accept)) {
-                if let Err(e) = self.release(store, key) {
+                if let Err(e) = self.release(store, key).await {
                     first_error.get_or_insert(e);
                 }
             }
@@ -283,30 +289,72 @@ impl Guard {
     ///   (confirm inside the handler's own transaction to close that gap);
     /// - forget failed: the row stays CLAIMED until the claim timeout, and a
     ///   redelivery before then is settled as a duplicate without running.
-    pub fn after(&self, store: &dyn IdempotencyStore, key: &str, outcome: &Outcome) -> Result<()> {
+    pub async fn after_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str, outcome: &Outcome) -> Result<()> {
         if matches!(outcome, Outcome::Ack(Ack::Accept)) {
-            if !store.supports_confirm() {
+            if !store.can_confirm() {
                 return Ok(());
             }
-            store.confirm(key).map(|()| bump(&self.confirmed)).inspect_err(|_| bump(&self.confirm_errors))
+            store.confirm_async(key).await.map(|()| bump(&self.confirmed)).inspect_err(|_| bump(&self.confirm_errors))
         } else {
-            self.release(store, key)
+            self.release(store, key).await
         }
     }
 
     /// The handler never produced an outcome (its future was dropped, it
     /// panicked, its Ruby thread was killed): forget the key, because the
     /// message was not handled and will be redelivered.
-    pub fn abandon(&self, store: &dyn IdempotencyStore, key: &str) -> Result<()> {
+    pub async fn abandon_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str) -> Result<()> {
         bump(&self.abandoned);
-        self.release(store, key)
+        self.release(store, key).await
     }
 
-    fn release(&self, store: &dyn IdempotencyStore, key: &str) -> Result<()> {
-        if !store.supports_forget() {
+    async fn release<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str) -> Result<()> {
+        if !store.can_forget() {
             return Ok(());
         }
-        store.forget(key).map(|()| bump(&self.forgotten)).inspect_err(|_| bump(&self.forget_errors))
+        store.forget_async(key).await.map(|()| bump(&self.forgotten)).inspect_err(|_| bump(&self.forget_errors))
+    }
+
+    /// Decide whether the handler runs, with a blocking store: exactly
+    /// [`before_async`](Self::before_async), which see.
+    pub fn before(&self, store: &dyn IdempotencyStore, key: Option<&str>) -> Before {
+        run(self.before_async(store, key))
+    }
+
+    /// [`before_many_async`](Self::before_many_async) with a blocking store.
+    pub fn before_many(&self, store: &dyn IdempotencyStore, keys: &[Option<&str>]) -> Vec<Before> {
+        run(self.before_many_async(store, keys))
+    }
+
+    /// [`after_many_async`](Self::after_many_async) with a blocking store.
+    pub fn after_many(&self, store: &dyn IdempotencyStore, settled: &[(&str, &Outcome)]) -> Result<()> {
+        run(self.after_many_async(store, settled))
+    }
+
+    /// [`after_async`](Self::after_async) with a blocking store.
+    pub fn after(&self, store: &dyn IdempotencyStore, key: &str, outcome: &Outcome) -> Result<()> {
+        run(self.after_async(store, key, outcome))
+    }
+
+    /// [`abandon_async`](Self::abandon_async) with a blocking store.
+    pub fn abandon(&self, store: &dyn IdempotencyStore, key: &str) -> Result<()> {
+        run(self.abandon_async(store, key))
+    }
+
+    /// [`abandon`](Self::abandon) from a destructor, where nothing can be
+    /// awaited: the key is forgotten at once by a blocking store, or by a
+    /// task the store spawns ([`AsyncIdempotencyStore::forget_now_or_later`]);
+    /// `forgotten` and `forget_errors` count only what was done at once.
+    pub fn abandon_now_or_later<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: String) {
+        bump(&self.abandoned);
+        if !store.can_forget() {
+            return;
+        }
+        match store.forget_now_or_later(key) {
+            Some(Ok(())) => bump(&self.forgotten),
+            Some(Err(_)) => bump(&self.forget_errors),
+            None => {}
+        }
     }
 
     /// A snapshot of the counters.

@@ -2,7 +2,7 @@
 //! Rust services.
 
 use super::guard::{Before, Guard};
-use super::store::IdempotencyStore;
+use super::store::AsyncIdempotencyStore;
 use crate::ack::Outcome;
 use crate::message::Message;
 use std::future::Future;
@@ -25,11 +25,13 @@ pub fn default_key(message: &Message) -> Option<String> {
 
 /// A handler that runs at most once per key while the store remembers it.
 ///
-/// The store is called synchronously on the task that handles the message.
-/// For a local SQLite file ([`SqliteConnection`](crate::sql::SqliteConnection))
-/// that is a short blocking write per message and acceptable; a store over a
-/// slow network database belongs behind `spawn_blocking` in the handler's
-/// runtime instead.
+/// The store is any [`AsyncIdempotencyStore`]: an
+/// [`AsyncSqlIdempotencyStore`](super::AsyncSqlIdempotencyStore) (PostgreSQL,
+/// or SQLite on tokio's blocking pool) is awaited without blocking the task
+/// that handles the message; a blocking store (every
+/// [`IdempotencyStore`](super::IdempotencyStore), such as the in-memory one or
+/// a [`SqlIdempotencyStore`](super::SqlIdempotencyStore)) is called on that
+/// task, a short blocking write per message for a local SQLite file.
 pub struct Idempotent<S, H> {
     store: S,
     key: KeyFn,
@@ -40,7 +42,7 @@ pub struct Idempotent<S, H> {
 /// Wrap `handler` in the guard: `key` finds the key (default: the envelope id).
 pub fn idempotent<S, H, Fut>(store: S, key: Option<KeyFn>, handler: H) -> Idempotent<S, H>
 where
-    S: IdempotencyStore,
+    S: AsyncIdempotencyStore,
     H: Fn(Message) -> Fut,
     Fut: Future<Output = Outcome>,
 {
@@ -53,7 +55,7 @@ where
 
 impl<S, H, Fut> Idempotent<S, H>
 where
-    S: IdempotencyStore,
+    S: AsyncIdempotencyStore,
     H: Fn(Message) -> Fut,
     Fut: Future<Output = Outcome>,
 {
@@ -90,10 +92,11 @@ where
     /// Cancel safe in the sense that matters: if this future is dropped, or
     /// the handler panics, while the handler runs, the claim is forgotten
     /// (the message was not settled and will be redelivered, and that
-    /// delivery must run).
+    /// delivery must run): at once by a blocking store, by a spawned task by
+    /// the async SQL store (see [`Guard::abandon_now_or_later`]).
     pub async fn handle(&self, message: Message) -> Outcome {
         let key = (self.key)(&message);
-        let key = match self.guard.before(&self.store, key.as_deref()) {
+        let key = match self.guard.before_async(&self.store, key.as_deref()).await {
             Before::Run { key } => key,
             other => return other.outcome_without_running().expect("only Run runs the handler"),
         };
@@ -101,23 +104,23 @@ where
         let outcome = (self.handler)(message).await;
         let key = pending.key.take().expect("the key is taken once");
         // An error here is counted by the guard; the outcome stands (see Guard::after).
-        let _ = self.guard.after(&self.store, &key, &outcome);
+        let _ = self.guard.after_async(&self.store, &key, &outcome).await;
         outcome
     }
 }
 
 /// Forgets the claim if the handler never finishes: dropped mid-await or
 /// unwinding from a panic.
-struct Pending<'a, S: IdempotencyStore> {
+struct Pending<'a, S: AsyncIdempotencyStore> {
     guard: &'a Guard,
     store: &'a S,
     key: Option<String>,
 }
 
-impl<S: IdempotencyStore> Drop for Pending<'_, S> {
+impl<S: AsyncIdempotencyStore> Drop for Pending<'_, S> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
-            let _ = self.guard.abandon(self.store, &key);
+            self.guard.abandon_now_or_later(self.store, key);
         }
     }
 }

@@ -7,8 +7,11 @@
 //! is its own committed write, never part of the handler's transaction: a
 //! claim that rolls back with the work is not a claim.
 //!
-//! Stores: [`InMemoryIdempotencyStore`] (one process: specs and development)
-//! and [`SqlIdempotencyStore`] (SQLite or PostgreSQL through the SQL seam).
+//! Stores: [`InMemoryIdempotencyStore`] (one process: specs and development),
+//! [`SqlIdempotencyStore`] (SQLite or PostgreSQL through the blocking SQL
+//! seam, which the Ruby extension drives) and [`AsyncSqlIdempotencyStore`]
+//! (the same table and rules for async Rust services: PostgreSQL natively
+//! with the `postgres` feature, SQLite off the runtime's worker threads).
 //!
 //! ```no_run
 //! use acemq::ack::{Ack, Outcome};
@@ -36,6 +39,8 @@ mod handler;
 mod memory;
 
 mod sql;
+mod sql_async;
+mod sql_rules;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -45,7 +50,8 @@ pub use memory::{InMemoryIdempotencyStore, DEFAULT_CLAIM_TIMEOUT, DEFAULT_WINDOW
 // Where the seam lives; re-exported because the stores take it.
 pub use crate::sql::{ConnectionSource, PerCall};
 pub use sql::{SqlIdempotencyOptions, SqlIdempotencyStore, DEFAULT_RETENTION, DEFAULT_TABLE};
-pub use store::IdempotencyStore;
+pub use sql_async::AsyncSqlIdempotencyStore;
+pub use store::{AsyncIdempotencyStore, IdempotencyStore};
 
 #[cfg(test)]
 mod tests;

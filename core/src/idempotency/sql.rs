@@ -1,12 +1,14 @@
 //! The SQL store: the claim is an INSERT, SQLite and PostgreSQL alike.
 
-use super::clock::{millis, Clock, SystemClock};
-use crate::sql::ConnectionSource;
+use super::clock::Clock;
+use super::sql_rules::Keys;
+#[cfg(test)]
+use super::sql_rules::Statements;
 use super::store::IdempotencyStore;
 use crate::error::{Error, Result};
-use crate::sql::{Dialect, SqlConnection, SqlValue};
-use once_cell::sync::Lazy;
-use std::sync::Arc;
+use crate::sql::blocking::{run, Blocking};
+use crate::sql::ConnectionSource;
+use crate::sql::{Dialect, SqlConnection};
 use std::time::Duration;
 
 /// The table name when none is given.
@@ -17,9 +19,6 @@ pub const DEFAULT_TABLE: &str = "acemq_idempotency";
 /// a dead-letter queue drained by hand next week, a replay. A day is a
 /// starting point, not an answer.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
-const CLAIMED: &str = "CLAIMED";
-const CONFIRMED: &str = "CONFIRMED";
 
 /// Options for [`SqlIdempotencyStore`].
 #[derive(Debug, Clone, PartialEq)]
@@ -90,10 +89,7 @@ impl Default for SqlIdempotencyOptions {
 ///   at least for the retention and until it is purged.
 pub struct SqlIdempotencyStore<C = Box<dyn ConnectionSource>> {
     source: C,
-    options: SqlIdempotencyOptions,
-    clock: Arc<dyn Clock>,
-    sqlite: Statements,
-    postgres: Statements,
+    keys: Keys,
 }
 
 impl<C: ConnectionSource> SqlIdempotencyStore<C> {
@@ -101,50 +97,34 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
     /// [`SqliteConnection`](crate::sql::SqliteConnection)) or a
     /// [`ConnectionSource`] that lends one per call.
     pub fn new(source: C, options: SqlIdempotencyOptions) -> Result<Self> {
-        validate(&options)?;
-        Ok(Self {
-            sqlite: Statements::new(&options.table, Dialect::Sqlite),
-            postgres: Statements::new(&options.table, Dialect::Postgres),
-            source,
-            options,
-            clock: Arc::new(SystemClock),
-        })
+        Ok(Self { keys: Keys::new(options)?, source })
     }
 
     /// Read time from `clock` (a [`ManualClock`](super::ManualClock) in tests).
     pub fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
-        self.clock = Arc::new(clock);
+        self.keys = self.keys.with_clock(clock);
         self
     }
 
     /// The options it was built with.
     pub fn options(&self) -> &SqlIdempotencyOptions {
-        &self.options
+        self.keys.options()
     }
 
     /// The worker id written to `claimed_by`.
     pub fn worker(&self) -> String {
-        match &self.options.worker {
-            Some(w) => w.clone(),
-            None => format!("{}:{}", *HOSTNAME, std::process::id()),
-        }
+        self.keys.worker()
     }
 
     /// The statements [`create_schema`](Self::create_schema) runs, for a
     /// migration file.
     pub fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
-        let s = self.statements(dialect);
-        vec![s.create_table.clone(), s.create_index.clone()]
+        self.keys.schema_sql(dialect)
     }
 
     /// Create the table and its expiry index if they do not exist.
     pub fn create_schema(&self) -> Result<()> {
-        self.with_conn("create the idempotency table", |c, s| {
-            // One statement per call: drivers differ on multi-statement strings.
-            c.execute(&s.create_table, &[])?;
-            c.execute(&s.create_index, &[])?;
-            Ok(())
-        })
+        self.with_conn("create the idempotency table", |c| run(self.keys.create_schema(&Blocking(c))))
     }
 
     /// Remove keys past their retention; how many were removed. Nothing on
@@ -152,8 +132,7 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
     /// table every message touches), so schedule this; the index on
     /// `expires_at` keeps it from scanning the table.
     pub fn purge_expired(&self) -> Result<u64> {
-        let now = self.clock.now_millis();
-        self.with_conn("purge expired idempotency keys", |c, s| c.execute(&s.purge, &[SqlValue::Int(now)]))
+        self.with_conn("purge expired idempotency keys", |c| run(self.keys.purge_expired(&Blocking(c))))
     }
 
     /// [`first_time`](IdempotencyStore::first_time) for each key, in one
@@ -163,147 +142,50 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
     /// repeated in the batch is claimed once. Opens its own transaction, so
     /// do not call it inside one on the same connection.
     pub fn claim_batch(&self, keys: &[&str]) -> Result<Vec<bool>> {
-        let now = self.clock.now_millis();
-        let expires = now.saturating_add(millis(self.options.retention));
-        let stale_before = now.saturating_sub(millis(self.options.claim_timeout));
-        let worker = SqlValue::Text(self.worker());
-        self.transaction("claim idempotency keys", |c, s| {
-            let mut claimed = Vec::with_capacity(keys.len());
-            for key in keys {
-                let key = SqlValue::Text(key.to_string());
-                let inserted = c.execute(
-                    &s.claim,
-                    &[key.clone(), worker.clone(), SqlValue::Int(now), SqlValue::Int(expires)],
-                )?;
-                let won = inserted > 0
-                    || c.execute(
-                        &s.take_over,
-                        &[worker.clone(), SqlValue::Int(now), SqlValue::Int(expires), key, SqlValue::Int(stale_before)],
-                    )? > 0;
-                claimed.push(won);
-            }
-            Ok(claimed)
-        })
+        self.with_conn("claim idempotency keys", |c| run(self.keys.claim_batch(&Blocking(c), keys)))
     }
 
     /// [`confirm`](IdempotencyStore::confirm) each key in one transaction.
     pub fn confirm_batch(&self, keys: &[&str]) -> Result<()> {
-        self.transaction("confirm idempotency keys", |c, s| {
-            for key in keys {
-                c.execute(&s.confirm, &[SqlValue::Text(key.to_string())])?;
-            }
-            Ok(())
-        })
+        self.with_conn("confirm idempotency keys", |c| run(self.keys.confirm_batch(&Blocking(c), keys)))
     }
 
-    fn transaction<R>(
-        &self,
-        doing: &str,
-        f: impl FnOnce(&dyn SqlConnection, &Statements) -> Result<R>,
-    ) -> Result<R> {
-        self.with_conn(doing, |c, s| {
-            // IMMEDIATE on SQLite takes the write lock up front: a deferred
-            // transaction that reads then writes can fail with SQLITE_BUSY
-            // instead of waiting out the busy timeout.
-            let begin = match c.dialect() {
-                Dialect::Sqlite => "BEGIN IMMEDIATE",
-                Dialect::Postgres => "BEGIN",
-            };
-            c.execute(begin, &[])?;
-            match f(c, s) {
-                Ok(r) => {
-                    c.execute("COMMIT", &[])?;
-                    Ok(r)
-                }
-                Err(e) => {
-                    // The original error is the one worth reporting.
-                    let _ = c.execute("ROLLBACK", &[]);
-                    Err(e)
-                }
-            }
-        })
-    }
-
-    fn statements(&self, dialect: Dialect) -> &Statements {
-        match dialect {
-            Dialect::Sqlite => &self.sqlite,
-            Dialect::Postgres => &self.postgres,
-        }
-    }
-
-    fn with_conn<R>(
-        &self,
-        doing: &str,
-        f: impl FnOnce(&dyn SqlConnection, &Statements) -> Result<R>,
-    ) -> Result<R> {
+    fn with_conn<R>(&self, doing: &str, f: impl FnOnce(&dyn SqlConnection) -> Result<R>) -> Result<R> {
         let mut f = Some(f);
         let mut out = None;
         self.source
             .with_connection(&mut |c| {
                 let f = f.take().ok_or_else(|| Error::store("connection source called the store twice"))?;
-                out = Some(f(c, self.statements(c.dialect()))?);
+                out = Some(f(c)?);
                 Ok(())
             })
-            .map_err(|e| {
-                Error::store(format!(
-                    "cannot {doing} in table {}: {e} (check the database is reachable and create_schema has been run)",
-                    self.options.table
-                ))
-            })?;
+            .map_err(|e| self.keys.failed(doing, e))?;
         out.ok_or_else(|| Error::store(format!("cannot {doing}: the connection source never lent a connection")))
     }
 }
 
 impl<C: ConnectionSource> IdempotencyStore for SqlIdempotencyStore<C> {
     fn claim_timeout(&self) -> Option<Duration> {
-        Some(self.options.claim_timeout)
+        Some(self.options().claim_timeout)
     }
 
     /// The INSERT (and any takeover) commits on its own only if the
     /// connection is not inside a transaction: give the store a connection
     /// outside the handler's transaction, or the claim rolls back with the work.
     fn first_time(&self, key: &str) -> Result<bool> {
-        let now = self.clock.now_millis();
-        let expires = now.saturating_add(millis(self.options.retention));
-        let stale_before = now.saturating_sub(millis(self.options.claim_timeout));
-        let worker = SqlValue::Text(self.worker());
-        let key = SqlValue::Text(key.to_string());
-        self.with_conn("claim an idempotency key", |c, s| {
-            let inserted = c.execute(
-                &s.claim,
-                &[key.clone(), worker.clone(), SqlValue::Int(now), SqlValue::Int(expires)],
-            )?;
-            if inserted > 0 {
-                return Ok(true);
-            }
-            // Somebody has the key. Take it over only if their claim has gone
-            // stale, and never a CONFIRMED row: that message really was handled.
-            // The UPDATE's own WHERE decides, so two workers taking over at
-            // once cannot both win (the first moves recorded_at to now).
-            let taken = c.execute(
-                &s.take_over,
-                &[worker, SqlValue::Int(now), SqlValue::Int(expires), key, SqlValue::Int(stale_before)],
-            )?;
-            Ok(taken > 0)
-        })
+        self.with_conn("claim an idempotency key", |c| run(self.keys.first_time(&Blocking(c), key)))
     }
 
     fn confirm(&self, key: &str) -> Result<()> {
-        let key = SqlValue::Text(key.to_string());
-        self.with_conn("confirm an idempotency key", |c, s| c.execute(&s.confirm, &[key]).map(drop))
+        self.with_conn("confirm an idempotency key", |c| run(self.keys.confirm(&Blocking(c), key)))
     }
 
     fn forget(&self, key: &str) -> Result<()> {
-        let params = [SqlValue::Text(key.to_string()), SqlValue::Text(self.worker())];
-        self.with_conn("forget an idempotency key", |c, s| c.execute(&s.forget, &params).map(drop))
+        self.with_conn("forget an idempotency key", |c| run(self.keys.forget(&Blocking(c), key)))
     }
 
     fn confirmed(&self, key: &str) -> Result<bool> {
-        let key = SqlValue::Text(key.to_string());
-        self.with_conn("read an idempotency key", |c, s| {
-            let rows = c.query(&s.state, &[key])?;
-            Ok(rows.first().and_then(|r| r.first()) == Some(&SqlValue::Text(CONFIRMED.to_string())))
-        })
+        self.with_conn("read an idempotency key", |c| run(self.keys.confirmed(&Blocking(c), key)))
     }
 
     /// One transaction for the whole batch: [`claim_batch`](Self::claim_batch).
@@ -317,105 +199,14 @@ impl<C: ConnectionSource> IdempotencyStore for SqlIdempotencyStore<C> {
     }
 }
 
-static HOSTNAME: Lazy<String> = Lazy::new(|| {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
-        .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
-        .unwrap_or_else(|| "localhost".to_string())
-});
-
-fn validate(o: &SqlIdempotencyOptions) -> Result<()> {
-    let t = &o.table;
-    let ident = !t.is_empty()
-        && t.len() <= 58 // PostgreSQL truncates identifiers at 63 bytes, and "_expiry" is added
-        && !t.starts_with(|c: char| c.is_ascii_digit())
-        && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !ident {
-        return Err(Error::invalid(format!(
-            "idempotency table name {t:?} is not a plain identifier: use letters, digits and underscores (at most 58)"
-        )));
-    }
-    if o.retention.is_zero() || o.claim_timeout.is_zero() {
-        return Err(Error::invalid("idempotency retention and claim_timeout must be longer than zero"));
-    }
-    if o.worker.as_deref() == Some("") {
-        return Err(Error::invalid("idempotency worker id is empty: give a non-empty worker, or none for hostname:pid"));
-    }
-    Ok(())
-}
-
-/// The SQL for one table in one dialect, built once.
-#[derive(Debug, Clone)]
-struct Statements {
-    create_table: String,
-    create_index: String,
-    claim: String,
-    take_over: String,
-    confirm: String,
-    forget: String,
-    state: String,
-    purge: String,
-}
-
-impl Statements {
-    fn new(t: &str, dialect: Dialect) -> Self {
-        let int = match dialect {
-            Dialect::Sqlite => "INTEGER",
-            Dialect::Postgres => "BIGINT",
-        };
-        let p = |sql: String| placeholders(&sql, dialect);
-        Statements {
-            create_table: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
-                 claimed_by TEXT, recorded_at {int} NOT NULL, expires_at {int} NOT NULL)"
-            ),
-            create_index: format!("CREATE INDEX IF NOT EXISTS {t}_expiry ON {t} (expires_at)"),
-            claim: p(format!(
-                "INSERT INTO {t} (message_id, state, claimed_by, recorded_at, expires_at) \
-                 VALUES (?, '{CLAIMED}', ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
-            )),
-            take_over: p(format!(
-                "UPDATE {t} SET claimed_by = ?, recorded_at = ?, expires_at = ? \
-                 WHERE message_id = ? AND state = '{CLAIMED}' AND recorded_at < ?"
-            )),
-            confirm: p(format!("UPDATE {t} SET state = '{CONFIRMED}' WHERE message_id = ?")),
-            forget: p(format!("DELETE FROM {t} WHERE message_id = ? AND state = '{CLAIMED}' AND claimed_by = ?")),
-            state: p(format!("SELECT state FROM {t} WHERE message_id = ?")),
-            purge: p(format!("DELETE FROM {t} WHERE expires_at < ?")),
-        }
-    }
-}
-
-/// `?` placeholders become `$1`, `$2`, ... for PostgreSQL. The statements
-/// above have no `?` inside literals, so a plain scan is exact.
-fn placeholders(sql: &str, dialect: Dialect) -> String {
-    if dialect == Dialect::Sqlite {
-        return sql.to_string();
-    }
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut n = 0;
-    for ch in sql.chars() {
-        if ch == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(ch);
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::idempotency::tests::TempDb;
     use crate::idempotency::{ManualClock, PerCall};
-    use crate::sql::SqliteConnection;
-    use std::sync::Barrier;
+    use crate::idempotency::{Clock, SystemClock};
+    use crate::sql::{SqlValue, SqliteConnection};
+    use std::sync::{Arc, Barrier};
 
     fn opts(worker: &str) -> SqlIdempotencyOptions {
         SqlIdempotencyOptions {

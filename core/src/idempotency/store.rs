@@ -1,6 +1,7 @@
 //! The store contract: what the guard asks of whatever remembers keys.
 
 use crate::error::Result;
+use std::future::{ready, Future};
 use std::sync::Arc;
 
 /// Remembers which idempotency keys have been handled.
@@ -99,3 +100,97 @@ macro_rules! forward {
     )*};
 }
 forward!(&S, Box<S>, Arc<S>);
+
+/// The store contract for async code: [`IdempotencyStore`]'s methods,
+/// returning futures, so a store over a network database (PostgreSQL) does
+/// not block the task that handles the message.
+///
+/// Every [`IdempotencyStore`] is one (its answers are ready at once), so the
+/// guard's decisions are written once, over this trait, and the blocking
+/// [`Guard::before`](super::Guard::before) runs the same code as
+/// [`Guard::before_async`](super::Guard::before_async).
+/// [`AsyncSqlIdempotencyStore`](super::AsyncSqlIdempotencyStore) implements it
+/// natively. The method names differ from [`IdempotencyStore`]'s (an `_async`
+/// suffix, `can_*` for the `supports_*` flags) because every blocking store
+/// implements both traits: with both imported, a call is never ambiguous.
+pub trait AsyncIdempotencyStore {
+    /// [`IdempotencyStore::first_time`].
+    fn first_time_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a;
+    /// [`IdempotencyStore::confirm`].
+    fn confirm_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<()>> + Send + 'a;
+    /// [`IdempotencyStore::forget`].
+    fn forget_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<()>> + Send + 'a;
+    /// [`IdempotencyStore::confirmed`].
+    fn confirmed_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a;
+    /// [`IdempotencyStore::first_time_many`]: several keys, in order, one
+    /// commit where the store can.
+    fn first_time_many_async<'a>(&'a self, keys: &'a [&'a str]) -> impl Future<Output = Result<Vec<bool>>> + Send + 'a;
+    /// [`IdempotencyStore::confirm_many`].
+    fn confirm_many_async<'a>(&'a self, keys: &'a [&'a str]) -> impl Future<Output = Result<()>> + Send + 'a;
+
+    /// [`IdempotencyStore::supports_confirm`].
+    fn can_confirm(&self) -> bool {
+        true
+    }
+    /// [`IdempotencyStore::supports_forget`].
+    fn can_forget(&self) -> bool {
+        true
+    }
+    /// [`IdempotencyStore::supports_confirmed`].
+    fn answers_confirmed(&self) -> bool {
+        true
+    }
+    /// [`IdempotencyStore::claim_timeout`]: how long a redelivery of a
+    /// claimed key may wait without spending attempts. Named apart so a
+    /// blocking store, which has both traits, is never ambiguous.
+    fn claim_expiry(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Forget `key` without awaiting: what a handler dropped mid-run (or
+    /// panicking) does from a destructor, where nothing can be awaited.
+    /// `Some` with the result when it was done at once; `None` when it was
+    /// handed to a task (the async SQL store spawns one) or cannot be done,
+    /// in which case the claim expires after the claim timeout. Default:
+    /// `None`.
+    fn forget_now_or_later(&self, key: String) -> Option<Result<()>> {
+        let _ = key;
+        None
+    }
+}
+
+impl<S: IdempotencyStore + ?Sized> AsyncIdempotencyStore for S {
+    fn first_time_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
+        ready(IdempotencyStore::first_time(self, key))
+    }
+    fn confirm_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<()>> + Send + 'a {
+        ready(IdempotencyStore::confirm(self, key))
+    }
+    fn forget_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<()>> + Send + 'a {
+        ready(IdempotencyStore::forget(self, key))
+    }
+    fn confirmed_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {
+        ready(IdempotencyStore::confirmed(self, key))
+    }
+    fn first_time_many_async<'a>(&'a self, keys: &'a [&'a str]) -> impl Future<Output = Result<Vec<bool>>> + Send + 'a {
+        ready(IdempotencyStore::first_time_many(self, keys))
+    }
+    fn confirm_many_async<'a>(&'a self, keys: &'a [&'a str]) -> impl Future<Output = Result<()>> + Send + 'a {
+        ready(IdempotencyStore::confirm_many(self, keys))
+    }
+    fn can_confirm(&self) -> bool {
+        IdempotencyStore::supports_confirm(self)
+    }
+    fn can_forget(&self) -> bool {
+        IdempotencyStore::supports_forget(self)
+    }
+    fn answers_confirmed(&self) -> bool {
+        IdempotencyStore::supports_confirmed(self)
+    }
+    fn claim_expiry(&self) -> Option<std::time::Duration> {
+        IdempotencyStore::claim_timeout(self)
+    }
+    fn forget_now_or_later(&self, key: String) -> Option<Result<()>> {
+        Some(IdempotencyStore::forget(self, &key))
+    }
+}

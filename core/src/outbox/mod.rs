@@ -33,12 +33,14 @@
 //! # Ok(()) }
 //! ```
 
+mod async_store;
 mod backlog;
 mod completion;
 mod options;
 mod publisher;
 mod record;
 mod relay;
+mod rules;
 mod statements;
 mod store;
 mod values;
@@ -47,11 +49,12 @@ mod worker_id;
 #[cfg(test)]
 mod tests;
 
+pub use async_store::AsyncSqlOutboxStore;
 pub use backlog::{Backlog, StuckRecord};
 pub use completion::Completion;
 pub use options::OutboxStoreOptions;
 pub use publisher::{OutboxPublisher, PublishFuture};
 pub use record::OutboxRecord;
-pub use relay::{OnError, OutboxRelay, RelayOptions};
+pub use relay::{OnError, OutboxRelay, RelayOptions, RelayStore};
 pub use store::SqlOutboxStore;
 pub use worker_id::default_worker_id;

@@ -1,8 +1,10 @@
 //! The relay for Rust services: claim, publish, complete, on a tokio task.
 
-use super::{Completion, OutboxPublisher, SqlOutboxStore};
+use super::{AsyncSqlOutboxStore, Completion, OutboxPublisher, OutboxRecord, SqlOutboxStore};
 use crate::error::{Error, Result};
-use crate::sql::ConnectionSource;
+use crate::sql::blocking::off_runtime;
+use crate::sql::{AsyncConnectionSource, ConnectionSource};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -41,14 +43,47 @@ impl std::fmt::Debug for RelayOptions {
     }
 }
 
+/// The two database steps of a sweep, as the relay awaits them: implemented
+/// by [`SqlOutboxStore`] (its blocking SQL on tokio's blocking pool) and by
+/// [`AsyncSqlOutboxStore`] (awaited on the runtime). The sweep itself (claim,
+/// publish, complete after the confirms) is the relay's, written once.
+pub trait RelayStore: Send + Sync + 'static {
+    /// [`SqlOutboxStore::claim`].
+    fn claim_for_relay(self: Arc<Self>, batch_size: usize) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send;
+    /// [`SqlOutboxStore::complete`].
+    fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send;
+}
+
+/// The blocking store's SQL runs on tokio's blocking pool (`spawn_blocking`)
+/// rather than stalling a runtime worker while SQLite waits for a lock, so its
+/// source must be `Send + Sync`; [`SqliteConnection`](crate::sql::SqliteConnection) is.
+impl<S: ConnectionSource + Send + Sync + 'static> RelayStore for SqlOutboxStore<S> {
+    fn claim_for_relay(self: Arc<Self>, batch_size: usize) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send {
+        off_runtime(move || self.claim(batch_size))
+    }
+    fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send {
+        off_runtime(move || self.complete(&completions))
+    }
+}
+
+impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
+    fn claim_for_relay(self: Arc<Self>, batch_size: usize) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send {
+        async move { self.claim(batch_size).await }
+    }
+    fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send {
+        async move { self.complete(&completions).await }
+    }
+}
+
 /// Publishes what the outbox holds: claims a batch, publishes it and awaits
 /// the confirms together, deletes what was confirmed and backs off what was
 /// not.
 ///
-/// The store's connection source must be `Send + Sync` here, because its
-/// blocking SQL runs on tokio's blocking pool (`spawn_blocking`) rather than
-/// stalling a runtime worker while SQLite waits for a lock.
-/// [`SqliteConnection`](crate::sql::SqliteConnection) is. A connection that
+/// The store is an [`AsyncSqlOutboxStore`] (PostgreSQL, or SQLite on the
+/// blocking pool) or a [`SqlOutboxStore`] whose connection source is
+/// `Send + Sync`: its blocking SQL then runs on tokio's blocking pool
+/// (`spawn_blocking`) rather than stalling a runtime worker while SQLite
+/// waits for a lock. A connection that
 /// cannot leave its thread (a Ruby driver object) uses the store's three
 /// steps directly instead: [`SqlOutboxStore::claim`], publish,
 /// [`SqlOutboxStore::complete`].
@@ -74,15 +109,15 @@ impl std::fmt::Debug for RelayOptions {
 /// relay.close().await;
 /// # Ok(()) }
 /// ```
-pub struct OutboxRelay<S: ConnectionSource + Send + Sync + 'static> {
-    inner: Arc<Inner<S>>,
+pub struct OutboxRelay<T: RelayStore> {
+    inner: Arc<Inner<T>>,
     task: Mutex<Option<JoinHandle<()>>>,
     stop: watch::Sender<bool>,
 }
 
-struct Inner<S: ConnectionSource + Send + Sync + 'static> {
+struct Inner<T: RelayStore> {
     publisher: Arc<dyn OutboxPublisher>,
-    store: Arc<SqlOutboxStore<S>>,
+    store: Arc<T>,
     options: RelayOptions,
 }
 
@@ -93,10 +128,10 @@ struct Swept {
     confirmed: usize,
 }
 
-impl<S: ConnectionSource + Send + Sync + 'static> OutboxRelay<S> {
+impl<T: RelayStore> OutboxRelay<T> {
     /// A relay publishing `store`'s rows through `publisher`. Nothing runs
     /// until [`start`](Self::start) or [`sweep`](Self::sweep).
-    pub fn new(publisher: Arc<dyn OutboxPublisher>, store: SqlOutboxStore<S>, options: RelayOptions) -> Self {
+    pub fn new(publisher: Arc<dyn OutboxPublisher>, store: T, options: RelayOptions) -> Self {
         let (stop, _) = watch::channel(false);
         OutboxRelay {
             inner: Arc::new(Inner { publisher, store: Arc::new(store), options }),
@@ -105,9 +140,8 @@ impl<S: ConnectionSource + Send + Sync + 'static> OutboxRelay<S> {
         }
     }
 
-    /// The store it relays from (for [`backlog`](SqlOutboxStore::backlog) and
-    /// [`stuck`](SqlOutboxStore::stuck)).
-    pub fn store(&self) -> &SqlOutboxStore<S> {
+    /// The store it relays from (for its `backlog` and `stuck`).
+    pub fn store(&self) -> &T {
         &self.inner.store
     }
 
@@ -157,7 +191,7 @@ impl<S: ConnectionSource + Send + Sync + 'static> OutboxRelay<S> {
     }
 }
 
-impl<S: ConnectionSource + Send + Sync + 'static> Drop for OutboxRelay<S> {
+impl<T: RelayStore> Drop for OutboxRelay<T> {
     /// A dropped relay stops after its current sweep rather than sweeping on
     /// with nobody holding it.
     fn drop(&mut self) {
@@ -165,13 +199,13 @@ impl<S: ConnectionSource + Send + Sync + 'static> Drop for OutboxRelay<S> {
     }
 }
 
-impl<S: ConnectionSource + Send + Sync + 'static> std::fmt::Debug for OutboxRelay<S> {
+impl<T: RelayStore + std::fmt::Debug> std::fmt::Debug for OutboxRelay<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OutboxRelay").field("store", &self.inner.store).field("options", &self.inner.options).finish()
     }
 }
 
-impl<S: ConnectionSource + Send + Sync + 'static> Inner<S> {
+impl<T: RelayStore> Inner<T> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         loop {
             if *stop.borrow() {
@@ -201,7 +235,7 @@ impl<S: ConnectionSource + Send + Sync + 'static> Inner<S> {
     async fn sweep(&self) -> Result<Swept> {
         let store = self.store.clone();
         let batch_size = self.options.batch_size;
-        let records = blocking(move || store.claim(batch_size)).await?;
+        let records = store.claim_for_relay(batch_size).await?;
         if records.is_empty() {
             return Ok(Swept::default());
         }
@@ -228,7 +262,7 @@ impl<S: ConnectionSource + Send + Sync + 'static> Inner<S> {
         let store = self.store.clone();
         // Completing after the confirms, never before: a crash in between
         // publishes these again, where deleting first would lose them.
-        blocking(move || store.complete(&completions)).await?;
+        store.complete_for_relay(completions).await?;
         Ok(Swept { claimed: records.len(), confirmed })
     }
 
@@ -236,18 +270,5 @@ impl<S: ConnectionSource + Send + Sync + 'static> Inner<S> {
         if let Some(on_error) = &self.options.on_error {
             on_error(error, exchange, routing_key);
         }
-    }
-}
-
-/// Run blocking SQL on tokio's blocking pool when there is a runtime, inline
-/// when there is none (a sweep driven by another executor).
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(handle) => match handle.spawn_blocking(f).await {
-            Ok(result) => result,
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            Err(e) => Err(Error::closed(format!("the outbox store task was cancelled ({e}); is the runtime shutting down?"))),
-        },
-        Err(_) => f(),
     }
 }

@@ -54,7 +54,16 @@ pub trait SqlConnection {
     /// Run a query; its rows, columns in SELECT order.
     fn query(&self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>>;
 }
+mod asynchronous;
+pub use asynchronous::{AsyncConnectionSource, AsyncSqlConnection};
+pub(crate) mod blocking;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgConnection, PgSession};
 mod sqlite;
 pub use sqlite::SqliteConnection;
+mod sqlite_async;
+pub use sqlite_async::{AsyncSqliteConnection, AsyncSqliteSession};
 mod source;
 pub use source::{ConnectionSource, PerCall};

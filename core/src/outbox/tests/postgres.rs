@@ -1,7 +1,12 @@
-//! The PostgreSQL SQL, checked without a server: the store runs against a
-//! connection that records every statement and answers as `PG::Connection`
-//! does without a type map (every column as text). A real server runs these
-//! from the Ruby integration specs and when `DATABASE_URL` is set.
+//! The PostgreSQL SQL as the Ruby side sends it, checked without a server:
+//! the blocking store runs against a connection that records every statement
+//! and answers as `PG::Connection` does without a type map (every column as
+//! text). That is what a real server cannot show: the exact statement text
+//! and parameters, and that text-typed answers are read, as the pg gem gives
+//! them (tokio-postgres answers typed). A real server runs the same rules in
+//! core/tests/sql_stores.rs (through tokio-postgres, when `DATABASE_URL` is
+//! set and the `postgres` feature is on) and in the Ruby integration specs
+//! (through the pg gem).
 
 use super::support::record;
 use crate::error::Result;

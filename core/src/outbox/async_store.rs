@@ -1,0 +1,154 @@
+//! The outbox for async Rust services: the same table, statements and rules
+//! as [`SqlOutboxStore`](super::SqlOutboxStore), over the async seam, so no
+//! call blocks a runtime worker.
+
+use super::rules::Rules;
+use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
+use crate::error::{Error, Result};
+use crate::sql::{AsyncConnectionSource, AsyncSqlConnection, Dialect};
+
+/// A transactional outbox in a SQL table, for async code: PostgreSQL through
+/// [`PgConnection`](crate::sql::PgConnection) and the service's own
+/// `tokio_postgres::Transaction` (feature `postgres`), or SQLite through
+/// [`AsyncSqliteConnection`](crate::sql::AsyncSqliteConnection).
+///
+/// The same table as [`SqlOutboxStore`](super::SqlOutboxStore) (a Ruby
+/// process and a Rust one can share it), the same statements, and the same
+/// rules, which are written once; the two differ only in how a statement is
+/// executed. As there, two connections are involved:
+///
+/// * [`add`](Self::add) writes with the connection it is handed, the one
+///   holding the service's open transaction, and never begins, commits or
+///   closes anything: the message commits or rolls back with the work.
+/// * everything else runs on the store's own connection, lent for one call
+///   by the [`AsyncConnectionSource`] given at construction, in transactions
+///   of its own.
+///
+/// ```no_run
+/// # #[cfg(feature = "postgres")]
+/// # async fn run() -> acemq::Result<()> {
+/// use acemq::envelope::Envelope;
+/// use acemq::outbox::{AsyncSqlOutboxStore, OutboxRecord, OutboxStoreOptions};
+/// use acemq::sql::PgConnection;
+///
+/// let url = "postgres://postgres@127.0.0.1:5432/app";
+/// let outbox = AsyncSqlOutboxStore::new(PgConnection::connect(url).await?, OutboxStoreOptions::default())?;
+/// outbox.create_schema().await?;
+///
+/// // The service's own connection and transaction.
+/// let (mut client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await.unwrap();
+/// tokio::spawn(connection);
+/// let tx = client.transaction().await.unwrap();
+/// tx.execute("UPDATE orders SET state = 'placed' WHERE id = $1", &[&42i64]).await.unwrap();
+/// let event = OutboxRecord::json("orders-events", "order.placed", &serde_json::json!({ "order_id": 42 }),
+///                                Envelope::new().with_type("order.placed.v2"))?;
+/// outbox.add(&event, &tx).await?;
+/// tx.commit().await.unwrap(); // or drop `tx`: the row goes with the work
+/// # Ok(()) }
+/// ```
+pub struct AsyncSqlOutboxStore<S> {
+    rules: Rules,
+    source: S,
+}
+
+impl<S> std::fmt::Debug for AsyncSqlOutboxStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AsyncSqlOutboxStore")
+            .field("table", &self.rules.table())
+            .field("worker_id", &self.rules.worker_id())
+            .finish()
+    }
+}
+
+impl<S: AsyncConnectionSource> AsyncSqlOutboxStore<S> {
+    /// A store whose own calls run on connections from `source`. Fails when
+    /// the table name in `options` is not a plain identifier.
+    pub fn new(source: S, options: OutboxStoreOptions) -> Result<Self> {
+        Ok(AsyncSqlOutboxStore { rules: Rules::new(options)?, source })
+    }
+
+    /// The table name.
+    pub fn table(&self) -> &str {
+        self.rules.table()
+    }
+
+    /// Who this store claims rows as.
+    pub fn worker_id(&self) -> &str {
+        self.rules.worker_id()
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &OutboxStoreOptions {
+        self.rules.options()
+    }
+
+    /// Where the store's own connections come from.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// The statements [`create_schema`](Self::create_schema) runs, for a
+    /// migration file.
+    pub fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
+        self.rules.schema_sql(dialect)
+    }
+
+    /// Create the table and its index if they do not exist.
+    pub async fn create_schema(&self) -> Result<()> {
+        let conn = self.connection().await?;
+        self.rules.create_schema(&conn).await
+    }
+
+    /// Write `record` with `conn`, the service's open transaction (a
+    /// `&tokio_postgres::Transaction`); the new row id.
+    ///
+    /// Nothing is begun, committed or closed: roll the transaction back (or
+    /// drop it) and the message is gone with the work it describes. Cancel
+    /// safe as the transaction is: a dropped `add` leaves at most a row that
+    /// commits only if the caller goes on to commit.
+    pub async fn add<C: AsyncSqlConnection + ?Sized>(&self, record: &OutboxRecord, conn: &C) -> Result<i64> {
+        self.rules.add(&conn, record).await
+    }
+
+    /// Lease up to `batch_size` due rows to this worker, oldest first, in a
+    /// transaction of its own; see [`SqlOutboxStore::claim`](super::SqlOutboxStore::claim).
+    /// Cancel safe: a claim dropped before its commit is rolled back, one
+    /// dropped after it leaves rows leased until the lease runs out.
+    pub async fn claim(&self, batch_size: usize) -> Result<Vec<OutboxRecord>> {
+        if batch_size == 0 {
+            return Ok(Vec::new());
+        }
+        let conn = self.connection().await?;
+        self.rules.claim(&conn, batch_size).await
+    }
+
+    /// Delete what the broker confirmed and back off what failed; see
+    /// [`SqlOutboxStore::complete`](super::SqlOutboxStore::complete). Cancel
+    /// safe: a completion dropped before its commit deletes nothing, and the
+    /// rows are published again after their lease (a duplicate, never a loss).
+    pub async fn complete(&self, completions: &[Completion]) -> Result<usize> {
+        if completions.is_empty() {
+            return Ok(0);
+        }
+        let conn = self.connection().await?;
+        self.rules.complete(&conn, completions).await
+    }
+
+    /// How many rows wait, how long the oldest has, and how many have failed.
+    pub async fn backlog(&self) -> Result<Backlog> {
+        let conn = self.connection().await?;
+        self.rules.backlog(&conn).await
+    }
+
+    /// Up to `limit` rows that have failed at least once, oldest first.
+    pub async fn stuck(&self, limit: usize) -> Result<Vec<StuckRecord>> {
+        let conn = self.connection().await?;
+        self.rules.stuck(&conn, limit).await
+    }
+
+    async fn connection(&self) -> Result<S::Connection<'_>> {
+        self.source.connection().await.map_err(|e| {
+            Error::new(e.kind().clone(), format!("cannot get the outbox store's connection: {}", e.message()))
+        })
+    }
+}

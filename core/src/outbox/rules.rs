@@ -1,0 +1,297 @@
+//! What the outbox does with its table, written once: `add`, the relay's
+//! `claim` and `complete`, `backlog`, `stuck`. Async code over the async seam;
+//! the blocking store ([`SqlOutboxStore`](super::SqlOutboxStore)) runs it over
+//! a blocking connection, where it never suspends, and the async store
+//! ([`AsyncSqlOutboxStore`](super::AsyncSqlOutboxStore)) over tokio-postgres
+//! or SQLite on the blocking pool. The two differ only in how a statement is
+//! executed.
+
+use super::statements::{begin, Statements};
+use super::values::{column, int, opt_int, opt_str, opt_text, text};
+use super::worker_id::default_worker_id;
+use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
+use crate::envelope::Envelope;
+use crate::error::{Error, Result};
+use crate::headers::Headers;
+use crate::sql::{AsyncSqlConnection, Dialect, SqlValue};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Ids per `IN (...)` list: under SQLite's oldest limit of 999 bound
+/// parameters, with room for the worker id.
+const IDS_PER_STATEMENT: usize = 500;
+
+/// One outbox table's rules: its statements, who leases as whom, and the
+/// lease and backoff options.
+#[derive(Debug)]
+pub(crate) struct Rules {
+    statements: Statements,
+    worker_id: String,
+    options: OutboxStoreOptions,
+}
+
+impl Rules {
+    /// Fails when the table name is not a plain identifier or the worker id is empty.
+    pub(crate) fn new(options: OutboxStoreOptions) -> Result<Self> {
+        let statements = Statements::new(&options.table)?;
+        let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
+        if worker_id.is_empty() {
+            return Err(Error::invalid("outbox worker id is empty: leave it unset for hostname:pid, or name this relay"));
+        }
+        Ok(Rules { statements, worker_id, options })
+    }
+
+    pub(crate) fn table(&self) -> &str {
+        self.statements.table()
+    }
+
+    pub(crate) fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    pub(crate) fn options(&self) -> &OutboxStoreOptions {
+        &self.options
+    }
+
+    pub(crate) fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
+        self.statements.create_schema(dialect)
+    }
+
+    pub(crate) async fn create_schema<C: AsyncSqlConnection>(&self, conn: &C) -> Result<()> {
+        for sql in self.statements.create_schema(conn.dialect()) {
+            conn.execute(&sql, &[])
+                .await
+                .map_err(|e| context(e, "cannot create the outbox table; check the user may create tables"))?;
+        }
+        Ok(())
+    }
+
+    /// Write `record` with the caller's connection, inside the caller's
+    /// transaction; nothing is begun, committed or closed.
+    pub(crate) async fn add<C: AsyncSqlConnection>(&self, conn: &C, record: &OutboxRecord) -> Result<i64> {
+        // What can never be sent is refused here, in the caller's
+        // transaction, rather than becoming a row the relay fails on for ever.
+        crate::connection::check_destination(&record.exchange, &record.routing_key, &crate::wire::props_for(&record.envelope))?;
+        let dialect = conn.dialect();
+        let envelope = &record.envelope;
+        let headers = serde_json::to_string(&envelope.headers)?;
+        let params = [
+            SqlValue::Text(record.exchange.clone()),
+            SqlValue::Text(record.routing_key.clone()),
+            SqlValue::Text(record.body.clone()),
+            SqlValue::Text(envelope.id.clone()),
+            opt_str(envelope.kind.as_deref()),
+            opt_str(envelope.origin.as_deref()),
+            SqlValue::Int(i64::try_from(envelope.timestamp).unwrap_or(i64::MAX)),
+            SqlValue::Text(headers),
+        ];
+        let sql = self.statements.insert(dialect);
+        let no_table = "cannot add to the outbox; has create_schema been run on this database?";
+        let rows = match dialect {
+            Dialect::Postgres => conn.query(&sql, &params).await.map_err(|e| context(e, no_table))?,
+            Dialect::Sqlite => {
+                conn.execute(&sql, &params).await.map_err(|e| context(e, no_table))?;
+                // Same connection, same transaction: this is our insert's id.
+                conn.query("SELECT last_insert_rowid()", &[]).await?
+            }
+        };
+        let row = rows.first().ok_or_else(|| Error::store("outbox insert returned no id"))?;
+        int(column(row, 0, "id")?, "id")
+    }
+
+    /// Lease up to `batch_size` due rows to this worker, oldest first, in a
+    /// transaction of its own on `conn`.
+    pub(crate) async fn claim<C: AsyncSqlConnection>(&self, conn: &C, batch_size: usize) -> Result<Vec<OutboxRecord>> {
+        if batch_size == 0 {
+            return Ok(Vec::new());
+        }
+        self.begin(conn).await?;
+        let claimed = self.claim_in_transaction(conn, batch_size).await;
+        finish(conn, claimed).await
+    }
+
+    async fn claim_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, batch_size: usize) -> Result<Vec<OutboxRecord>> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let dialect = conn.dialect();
+        let rows = conn.query(&self.statements.select_due(dialect), &[SqlValue::Int(limit)]).await?;
+        let mut records = Vec::with_capacity(rows.len());
+        let mut unreadable = Vec::new();
+        for row in &rows {
+            match record_from_row(row) {
+                Ok(record) => records.push(record),
+                Err(e) => {
+                    let id = int(column(row, 0, "id")?, "id")?;
+                    let attempts = int(column(row, 9, "attempts")?, "attempts")?;
+                    unreadable.push((id, attempts, e));
+                }
+            }
+        }
+        let ids: Vec<i64> = records.iter().filter_map(|r| r.id).collect();
+        let lease = SqlValue::Int(millis(self.options.lease));
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let mut params = vec![SqlValue::Text(self.worker_id.clone()), lease.clone()];
+            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
+            conn.execute(&self.statements.lease(dialect, chunk.len()), &params).await?;
+        }
+        for (id, attempts, e) in unreadable {
+            self.record_failure(conn, id, attempts, &format!("cannot read this outbox row: {e}"), false).await?;
+        }
+        Ok(records)
+    }
+
+    /// Delete the confirmed rows still leased by this worker and back off the
+    /// failed ones, in a transaction of its own on `conn`; the rows deleted.
+    pub(crate) async fn complete<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
+        if completions.is_empty() {
+            return Ok(0);
+        }
+        self.begin(conn).await?;
+        let completed = self.complete_in_transaction(conn, completions).await;
+        finish(conn, completed).await
+    }
+
+    async fn complete_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
+        let confirmed: Vec<i64> = completions.iter().filter(|c| c.result.is_ok()).map(|c| c.id).collect();
+        let failed: Vec<(i64, &str)> =
+            completions.iter().filter_map(|c| c.result.as_ref().err().map(|e| (c.id, e.as_str()))).collect();
+        let me = SqlValue::Text(self.worker_id.clone());
+        let dialect = conn.dialect();
+        let mut deleted = 0u64;
+        for chunk in confirmed.chunks(IDS_PER_STATEMENT) {
+            let mut params = vec![me.clone()];
+            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
+            deleted += conn.execute(&self.statements.delete_owned(dialect, chunk.len()), &params).await?;
+        }
+        for chunk in failed.chunks(IDS_PER_STATEMENT) {
+            let mut params = vec![me.clone()];
+            params.extend(chunk.iter().map(|(id, _)| SqlValue::Int(*id)));
+            let rows = conn.query(&self.statements.select_attempts_owned(dialect, chunk.len()), &params).await?;
+            let mut attempts = HashMap::with_capacity(rows.len());
+            for row in &rows {
+                attempts.insert(int(column(row, 0, "id")?, "id")?, int(column(row, 1, "attempts")?, "attempts")?);
+            }
+            for (id, error) in chunk {
+                // Absent: no longer leased by us, so no longer ours to fail.
+                if let Some(&so_far) = attempts.get(id) {
+                    self.record_failure(conn, *id, so_far, error, true).await?;
+                }
+            }
+        }
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    pub(crate) async fn backlog<C: AsyncSqlConnection>(&self, conn: &C) -> Result<Backlog> {
+        let rows = conn.query(&self.statements.backlog(conn.dialect()), &[]).await?;
+        let row = rows.first().ok_or_else(|| Error::store("outbox backlog query returned no row"))?;
+        let count = int(column(row, 0, "count")?, "count")?;
+        let oldest = opt_int(column(row, 1, "created_at")?, "created_at")?;
+        let stuck = int(column(row, 2, "stuck")?, "stuck")?;
+        let now = int(column(row, 3, "now")?, "now")?;
+        Ok(Backlog {
+            count: count.max(0) as u64,
+            oldest_age: oldest.map(|t| Duration::from_millis(now.saturating_sub(t).max(0) as u64)),
+            stuck: stuck.max(0) as u64,
+        })
+    }
+
+    pub(crate) async fn stuck<C: AsyncSqlConnection>(&self, conn: &C, limit: usize) -> Result<Vec<StuckRecord>> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = conn.query(&self.statements.stuck(conn.dialect()), &[SqlValue::Int(limit)]).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(StuckRecord {
+                    id: int(column(row, 0, "id")?, "id")?,
+                    exchange: text(column(row, 1, "exchange")?, "exchange")?,
+                    routing_key: text(column(row, 2, "routing_key")?, "routing_key")?,
+                    message_id: text(column(row, 3, "message_id")?, "message_id")?,
+                    attempts: u32::try_from(int(column(row, 4, "attempts")?, "attempts")?).unwrap_or(u32::MAX),
+                    last_error: opt_text(column(row, 5, "last_error")?, "last_error")?,
+                    next_attempt_at: int(column(row, 6, "next_attempt_at")?, "next_attempt_at")?,
+                    created_at: int(column(row, 7, "created_at")?, "created_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_failure<C: AsyncSqlConnection>(
+        &self,
+        conn: &C,
+        id: i64,
+        so_far: i64,
+        error: &str,
+        owned: bool,
+    ) -> Result<()> {
+        let attempts = so_far.saturating_add(1);
+        let backoff = self.options.backoff(u32::try_from(attempts).unwrap_or(u32::MAX));
+        let error: String = error.chars().take(self.options.max_error_length).collect();
+        let mut params =
+            vec![SqlValue::Int(attempts), SqlValue::Text(error), SqlValue::Int(millis(backoff)), SqlValue::Int(id)];
+        if owned {
+            params.push(SqlValue::Text(self.worker_id.clone()));
+        }
+        conn.execute(&self.statements.fail(conn.dialect(), owned), &params).await?;
+        Ok(())
+    }
+
+    async fn begin<C: AsyncSqlConnection>(&self, conn: &C) -> Result<()> {
+        conn.execute(begin(conn.dialect()), &[]).await.map(drop).map_err(|e| {
+            context(
+                e,
+                "cannot begin the outbox transaction; the store needs a connection of its own, not one inside a transaction",
+            )
+        })
+    }
+}
+
+/// Commit after `result`, or roll back after an error, so the connection is
+/// never left inside the transaction.
+async fn finish<C: AsyncSqlConnection, T>(conn: &C, result: Result<T>) -> Result<T> {
+    match result {
+        Ok(value) => match conn.execute("COMMIT", &[]).await {
+            Ok(_) => Ok(value),
+            Err(e) => {
+                // A COMMIT that failed may leave the transaction open on some
+                // drivers; the error that matters is the commit's.
+                let _ = conn.execute("ROLLBACK", &[]).await;
+                Err(e)
+            }
+        },
+        Err(e) => {
+            // The error that matters is the one above; a failed rollback
+            // (the transaction is already gone) adds nothing to it.
+            let _ = conn.execute("ROLLBACK", &[]).await;
+            Err(e)
+        }
+    }
+}
+
+/// Build a record from a row of [`super::statements::RECORD_COLUMNS`].
+fn record_from_row(row: &[SqlValue]) -> Result<OutboxRecord> {
+    let headers_text = text(column(row, 8, "headers")?, "headers")?;
+    let headers: Headers = serde_json::from_str(&headers_text)
+        .map_err(|e| Error::store(format!("outbox headers are not a JSON object ({e}); fix or delete the row")))?;
+    let timestamp = int(column(row, 7, "timestamp")?, "timestamp")?;
+    Ok(OutboxRecord {
+        id: Some(int(column(row, 0, "id")?, "id")?),
+        exchange: text(column(row, 1, "exchange")?, "exchange")?,
+        routing_key: text(column(row, 2, "routing_key")?, "routing_key")?,
+        body: text(column(row, 3, "body")?, "body")?,
+        envelope: Envelope {
+            id: text(column(row, 4, "message_id")?, "message_id")?,
+            kind: opt_text(column(row, 5, "message_type")?, "message_type")?,
+            origin: opt_text(column(row, 6, "origin")?, "origin")?,
+            timestamp: u64::try_from(timestamp).unwrap_or(0),
+            attempt: 1,
+            headers,
+        },
+    })
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Keep the kind and the driver's message, and say what to check first.
+fn context(e: Error, what: &str) -> Error {
+    Error::new(e.kind().clone(), format!("{what}: {}", e.message()))
+}

@@ -1,0 +1,597 @@
+//! The async stores against real databases, as a Rust service uses them:
+//! SQLite files always, PostgreSQL when `DATABASE_URL` is set (bin/test and
+//! CI set it; the crate must be built with `--features postgres`). Every
+//! scenario runs on each, with a table of its own, dropped afterwards.
+//!
+//! The properties about several processes run in several processes: the
+//! test binary starts copies of itself (`child_process`, below) the way the
+//! Ruby specs fork.
+
+use acemq::envelope::Envelope;
+use acemq::idempotency::{AsyncIdempotencyStore, AsyncSqlIdempotencyStore, Idempotent, ManualClock, SqlIdempotencyOptions};
+use acemq::outbox::{
+    AsyncSqlOutboxStore, OutboxPublisher, OutboxRecord, OutboxRelay, OutboxStoreOptions, PublishFuture, RelayOptions,
+};
+use acemq::sql::{AsyncConnectionSource, AsyncSqlConnection, AsyncSqliteConnection, Dialect, Row, SqlValue};
+use acemq::{Ack, Connection, Message, Outcome, Topology};
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::time::Duration;
+
+// ---------------------------------------------------------------------------
+// The databases
+
+#[derive(Clone, Debug)]
+enum Backend {
+    Sqlite(String),
+    #[cfg(feature = "postgres")]
+    Postgres(String),
+}
+
+/// One scenario's database and table name; the table (SQLite: the file) is
+/// removed when it is dropped.
+struct Db {
+    backend: Backend,
+    table: String,
+}
+
+fn unique(name: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!("t_{name}_{}_{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst))
+}
+
+/// SQLite always; PostgreSQL too when DATABASE_URL is set.
+fn databases(name: &str) -> Vec<Db> {
+    let table = unique(name);
+    let file = std::env::temp_dir().join(format!("acemq-{table}.db")).to_str().unwrap().to_owned();
+    #[cfg_attr(not(feature = "postgres"), allow(unused_mut))]
+    let mut out = vec![Db { backend: Backend::Sqlite(file), table: table.clone() }];
+    match std::env::var("DATABASE_URL") {
+        #[cfg(feature = "postgres")]
+        Ok(url) => out.push(Db { backend: Backend::Postgres(url), table }),
+        #[cfg(not(feature = "postgres"))]
+        Ok(_) => note("DATABASE_URL is set but acemq was built without the postgres feature: PostgreSQL tests skipped (cargo test --features postgres)"),
+        Err(_) => note("DATABASE_URL is not set: PostgreSQL tests skipped, SQLite only"),
+    }
+    out
+}
+
+/// Said once per run, past the harness's capture (written to stderr
+/// directly), so a passing run still says what it did not test.
+fn note(what: &str) {
+    use std::io::Write;
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = writeln!(std::io::stderr(), "note: {what}");
+    });
+}
+
+impl Db {
+    async fn source(&self) -> Source {
+        match &self.backend {
+            Backend::Sqlite(path) => Source::Sqlite(AsyncSqliteConnection::open(path).await.unwrap()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(url) => Source::Pg(
+                acemq::sql::PgConnection::connect(url).await.expect("DATABASE_URL is set but PostgreSQL cannot be reached"),
+            ),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self.backend {
+            Backend::Sqlite(_) => "sqlite",
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The environment a child process needs to open this database.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let (kind, location) = match &self.backend {
+            Backend::Sqlite(path) => ("sqlite", path.clone()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(url) => ("postgres", url.clone()),
+        };
+        vec![("ACEMQ_TEST_DB_KIND", kind.into()), ("ACEMQ_TEST_DB", location), ("ACEMQ_TEST_TABLE", self.table.clone())]
+    }
+
+    fn from_env() -> Db {
+        let location = std::env::var("ACEMQ_TEST_DB").unwrap();
+        let backend = match std::env::var("ACEMQ_TEST_DB_KIND").unwrap().as_str() {
+            "sqlite" => Backend::Sqlite(location),
+            #[cfg(feature = "postgres")]
+            "postgres" => Backend::Postgres(location),
+            other => panic!("unknown database kind {other}"),
+        };
+        Db { backend, table: std::env::var("ACEMQ_TEST_TABLE").unwrap() }
+    }
+
+    async fn outbox(&self, worker: &str, lease: Duration) -> AsyncSqlOutboxStore<Source> {
+        let options = OutboxStoreOptions {
+            table: self.table.clone(),
+            worker_id: Some(worker.into()),
+            lease,
+            ..OutboxStoreOptions::default()
+        };
+        let store = AsyncSqlOutboxStore::new(self.source().await, options).unwrap();
+        store.create_schema().await.unwrap();
+        store
+    }
+
+    async fn keys(&self, worker: &str) -> AsyncSqlIdempotencyStore<Source> {
+        let options = SqlIdempotencyOptions {
+            table: self.table.clone(),
+            worker: Some(worker.into()),
+            claim_timeout: Duration::from_secs(10),
+            retention: Duration::from_secs(3600),
+        };
+        AsyncSqlIdempotencyStore::new(self.source().await, options).unwrap()
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        match &self.backend {
+            Backend::Sqlite(path) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{path}{suffix}"));
+                }
+            }
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(url) => {
+                // Drop runs inside the test's runtime: drop the table from a
+                // thread of its own with a runtime of its own.
+                let (url, table) = (url.clone(), self.table.clone());
+                let _ = std::thread::spawn(move || {
+                    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+                        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+                        tokio::spawn(conn);
+                        client.batch_execute(&format!("DROP TABLE IF EXISTS {table}")).await.unwrap();
+                    })
+                })
+                .join();
+            }
+        }
+    }
+}
+
+/// Either database behind one type, so each scenario is written once: what
+/// a service with its own pool or driver writes to plug it into the stores.
+enum Source {
+    Sqlite(AsyncSqliteConnection),
+    #[cfg(feature = "postgres")]
+    Pg(acemq::sql::PgConnection),
+}
+
+enum Session<'a> {
+    Sqlite(acemq::sql::AsyncSqliteSession<'a>),
+    #[cfg(feature = "postgres")]
+    Pg(acemq::sql::PgSession<'a>),
+}
+
+impl AsyncConnectionSource for Source {
+    type Connection<'a> = Session<'a>;
+
+    async fn connection(&self) -> acemq::Result<Session<'_>> {
+        Ok(match self {
+            Source::Sqlite(s) => Session::Sqlite(s.connection().await?),
+            #[cfg(feature = "postgres")]
+            Source::Pg(s) => Session::Pg(s.connection().await?),
+        })
+    }
+}
+
+impl AsyncSqlConnection for Session<'_> {
+    fn dialect(&self) -> Dialect {
+        match self {
+            Session::Sqlite(s) => s.dialect(),
+            #[cfg(feature = "postgres")]
+            Session::Pg(s) => s.dialect(),
+        }
+    }
+
+    fn execute<'a>(&'a self, sql: &'a str, params: &'a [SqlValue]) -> impl Future<Output = acemq::Result<u64>> + Send + 'a {
+        async move {
+            match self {
+                Session::Sqlite(s) => s.execute(sql, params).await,
+                #[cfg(feature = "postgres")]
+                Session::Pg(s) => s.execute(sql, params).await,
+            }
+        }
+    }
+
+    fn query<'a>(&'a self, sql: &'a str, params: &'a [SqlValue]) -> impl Future<Output = acemq::Result<Vec<Row>>> + Send + 'a {
+        async move {
+            match self {
+                Session::Sqlite(s) => s.query(sql, params).await,
+                #[cfg(feature = "postgres")]
+                Session::Pg(s) => s.query(sql, params).await,
+            }
+        }
+    }
+}
+
+async fn count(source: &Source, table: &str) -> i64 {
+    let conn = source.connection().await.unwrap();
+    match &conn.query(&format!("SELECT COUNT(*) FROM {table}"), &[]).await.unwrap()[0][0] {
+        SqlValue::Int(n) => *n,
+        other => panic!("count is {other:?}"),
+    }
+}
+
+fn record(n: usize) -> OutboxRecord {
+    OutboxRecord::json(
+        "orders-events",
+        "order.placed",
+        &serde_json::json!({ "n": n }),
+        Envelope::new().with_type("order.placed.v2").with_id(format!("msg-{n}")),
+    )
+    .unwrap()
+}
+
+/// Remembers what it published; optionally slow, as a broker's confirms are.
+#[derive(Default)]
+struct Recorder {
+    published: Mutex<Vec<String>>,
+    delay: Duration,
+}
+
+impl OutboxPublisher for Recorder {
+    fn publish_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> PublishFuture<'a> {
+        Box::pin(async move {
+            tokio::time::sleep(self.delay).await;
+            let mut published = self.published.lock().unwrap();
+            records.iter().map(|r| published.push(r.envelope.id.clone())).map(Ok).collect()
+        })
+    }
+}
+
+/// The test binary again, running only `child_process` with `role`.
+fn spawn_child(db: &Db, role: &str, extra: &[(&str, String)]) -> std::process::Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["child_process", "--exact", "--nocapture", "--test-threads=1"]).env("ACEMQ_TEST_CHILD", role);
+    for (k, v) in db.env().into_iter().chain(extra.iter().map(|(k, v)| (*k, v.clone()))) {
+        cmd.env(k, v);
+    }
+    cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::inherit());
+    cmd.spawn().unwrap()
+}
+
+fn epoch_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
+// ---------------------------------------------------------------------------
+// Idempotency
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_confirm_forget_and_takeover() {
+    for db in databases("keys") {
+        let clock = ManualClock::default();
+        let a = db.keys("w1").await.with_clock(clock.clone());
+        let b = db.keys("w2").await.with_clock(clock.clone());
+        a.create_schema().await.unwrap();
+        a.create_schema().await.unwrap(); // twice is fine
+
+        assert!(a.first_time_async("k").await.unwrap(), "{}: the first claim wins", db.name());
+        assert!(!b.first_time_async("k").await.unwrap(), "{}: a live claim is honoured", db.name());
+        b.forget_async("k").await.unwrap();
+        assert!(!b.first_time_async("k").await.unwrap(), "{}: another worker cannot forget w1's claim", db.name());
+
+        clock.advance(Duration::from_secs(10));
+        assert!(!b.first_time_async("k").await.unwrap(), "{}: a claim exactly the timeout old still holds", db.name());
+        clock.advance(Duration::from_millis(1));
+        assert!(b.first_time_async("k").await.unwrap(), "{}: a stale claim is taken over", db.name());
+        assert!(!a.first_time_async("k").await.unwrap(), "{}: the takeover is a fresh claim", db.name());
+        a.forget_async("k").await.unwrap(); // a lost it: does nothing
+        assert!(!a.confirmed_async("k").await.unwrap());
+
+        b.confirm_async("k").await.unwrap();
+        b.confirm_async("k").await.unwrap(); // idempotent
+        assert!(a.confirmed_async("k").await.unwrap());
+        clock.advance(Duration::from_secs(3000));
+        assert!(!a.first_time_async("k").await.unwrap(), "{}: a confirmed key is never taken over", db.name());
+        b.forget_async("k").await.unwrap();
+        assert!(a.confirmed_async("k").await.unwrap(), "{}: forget never removes a confirmed key", db.name());
+
+        assert!(a.first_time_async("j").await.unwrap());
+        a.forget_async("j").await.unwrap();
+        assert!(b.first_time_async("j").await.unwrap(), "{}: after forget the retry runs", db.name());
+
+        // Batches follow the same rules in one transaction.
+        let got = b.claim_batch(&["new", "k", "j", "new"]).await.unwrap();
+        assert_eq!(got, [true, false, false, false], "{}", db.name());
+        b.confirm_batch(&["new", "j"]).await.unwrap();
+        assert!(a.confirmed_async("new").await.unwrap() && a.confirmed_async("j").await.unwrap());
+
+        // k was last claimed at 10 s (expires at 3610 s), j and new at 3010 s.
+        clock.advance(Duration::from_secs(3601));
+        assert_eq!(a.purge_expired().await.unwrap(), 3, "{}: k, j and new are past their retention", db.name());
+        assert_eq!(count(a.source(), &db.table).await, 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idempotent_handler_runs_once_per_key_on_the_async_store() {
+    for db in databases("handler") {
+        let store = db.keys("w1").await;
+        store.create_schema().await.unwrap();
+        let charged = Arc::new(AtomicUsize::new(0));
+        let c = charged.clone();
+        let charge = Idempotent::new(store.clone(), move |_m: Message| {
+            let c = c.clone();
+            async move {
+                c.fetch_add(1, Ordering::SeqCst);
+                Outcome::Ack(Ack::accept())
+            }
+        })
+        .with_key(|m| m.payload["order_id"].as_str().map(|id| format!("charge:{id}")));
+        let message = || Message::new(serde_json::json!({ "order_id": "A-1" }), Envelope::new());
+        // Awaited on a spawned task: the store's futures are Send.
+        let charge = Arc::new(charge);
+        for _ in 0..2 {
+            let (charge, m) = (charge.clone(), message());
+            let outcome = tokio::spawn(async move { charge.handle(m).await }).await.unwrap();
+            assert_eq!(outcome, Outcome::Ack(Ack::Accept));
+        }
+        assert_eq!(charged.load(Ordering::SeqCst), 1, "{}: charged once", db.name());
+        assert!(store.confirmed_async("charge:A-1").await.unwrap());
+        assert_eq!(charge.guard().stats().duplicates, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_racing_for_each_key_have_exactly_one_winner() {
+    const KEYS: usize = 200;
+    for db in databases("race") {
+        db.keys("parent").await.create_schema().await.unwrap();
+        let start_at = (epoch_ms() + 1500).to_string();
+        let children: Vec<_> = ["w1", "w2"]
+            .iter()
+            .map(|w| {
+                spawn_child(&db, "claim", &[("ACEMQ_TEST_WORKER", w.to_string()), ("ACEMQ_TEST_START_AT", start_at.clone()), ("ACEMQ_TEST_KEYS", KEYS.to_string())])
+            })
+            .collect();
+        let mut wins: HashMap<String, Vec<String>> = HashMap::new();
+        for child in children {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{}: a claiming child failed", db.name());
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if line.contains("raced ") {
+                    eprintln!("{}: {line}", db.name());
+                }
+                // The harness prints "test child_process ... " before the
+                // test's first line, on the same line.
+                if let Some(rest) = line.split_once("claimed ").map(|(_, rest)| rest) {
+                    let (worker, key) = rest.split_once(' ').unwrap();
+                    wins.entry(key.to_owned()).or_default().push(worker.to_owned());
+                }
+            }
+        }
+        assert_eq!(wins.len(), KEYS, "{}: every key was claimed", db.name());
+        for (key, winners) in &wins {
+            assert_eq!(winners.len(), 1, "{}: {key} claimed by {winners:?}", db.name());
+        }
+        let by: HashSet<&String> = wins.values().flatten().collect();
+        eprintln!("{}: {} keys, winners {by:?}", db.name(), wins.len());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Outbox
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_commits_and_rolls_back_with_the_callers_transaction() {
+    for db in databases("rollback") {
+        let store = db.outbox("w1", Duration::from_secs(60)).await;
+        let app = db.source().await;
+        let tx = app.connection().await.unwrap();
+        tx.execute("BEGIN", &[]).await.unwrap();
+        store.add(&record(1), &tx).await.unwrap();
+        assert_eq!(count(store.source(), &db.table).await, 0, "{}: not visible before the commit", db.name());
+        tx.execute("ROLLBACK", &[]).await.unwrap();
+        assert_eq!(store.backlog().await.unwrap().count, 0, "{}: the rollback took the row", db.name());
+
+        tx.execute("BEGIN", &[]).await.unwrap();
+        let id = store.add(&record(2), &tx).await.unwrap();
+        tx.execute("COMMIT", &[]).await.unwrap();
+        assert!(id > 0);
+        let claimed = store.claim(10).await.unwrap();
+        assert_eq!(claimed.iter().map(|r| r.id).collect::<Vec<_>>(), [Some(id)], "{}", db.name());
+        assert_eq!(claimed[0].envelope.id, "msg-2");
+        assert_eq!(claimed[0].body, r#"{"n":2}"#);
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_takes_the_services_own_tokio_postgres_transaction() {
+    for db in databases("pgtx") {
+        let Backend::Postgres(url) = db.backend.clone() else { continue };
+        let store = db.outbox("w1", Duration::from_secs(60)).await;
+        let (mut client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(conn);
+        let work = format!("{}_work", db.table);
+        client.batch_execute(&format!("CREATE TABLE {work} (id BIGINT PRIMARY KEY)")).await.unwrap();
+
+        // Rolled back: neither the work nor the message.
+        let tx = client.transaction().await.unwrap();
+        tx.execute(&format!("INSERT INTO {work} VALUES (1)"), &[]).await.unwrap();
+        store.add(&record(1), &tx).await.unwrap();
+        tx.rollback().await.unwrap();
+        // Dropped without a commit: the same.
+        let tx = client.transaction().await.unwrap();
+        store.add(&record(2), &tx).await.unwrap();
+        drop(tx);
+        assert_eq!(store.backlog().await.unwrap().count, 0);
+
+        // Committed: both.
+        let tx = client.transaction().await.unwrap();
+        tx.execute(&format!("INSERT INTO {work} VALUES (3)"), &[]).await.unwrap();
+        // Send: a handler can add from a task tokio moves between threads.
+        send(store.add(&record(3), &tx)).await.unwrap();
+        tx.commit().await.unwrap();
+        let claimed = store.claim(10).await.unwrap();
+        assert_eq!(claimed.iter().map(|r| r.envelope.id.as_str()).collect::<Vec<_>>(), ["msg-3"]);
+        let rows = client.query(&format!("SELECT id FROM {work}"), &[]).await.unwrap();
+        assert_eq!(rows.iter().map(|r| r.get::<_, i64>(0)).collect::<Vec<_>>(), [3]);
+        client.batch_execute(&format!("DROP TABLE {work}")).await.unwrap();
+    }
+}
+
+#[cfg(feature = "postgres")]
+fn send<F: Future + Send>(f: F) -> F {
+    f
+}
+
+async fn fill(db: &Db, store: &AsyncSqlOutboxStore<Source>, n: usize) {
+    let app = db.source().await;
+    let tx = app.connection().await.unwrap();
+    tx.execute("BEGIN", &[]).await.unwrap();
+    for i in 0..n {
+        store.add(&record(i), &tx).await.unwrap();
+    }
+    tx.execute("COMMIT", &[]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relays_on_one_table_publish_each_row_once() {
+    const ROWS: usize = 300;
+    for db in databases("relays") {
+        let a = db.outbox("relay-a", Duration::from_secs(60)).await;
+        let b = db.outbox("relay-b", Duration::from_secs(60)).await;
+        fill(&db, &a, ROWS).await;
+        let publisher = Arc::new(Recorder { delay: Duration::from_millis(20), ..Recorder::default() });
+        let options = || RelayOptions { batch_size: 25, interval: Duration::from_millis(20), ..RelayOptions::default() };
+        let ra = OutboxRelay::new(publisher.clone(), a, options());
+        let rb = OutboxRelay::new(publisher.clone(), b, options());
+        let (mut from_a, mut from_b) = (0, 0);
+        loop {
+            let (x, y) = tokio::join!(ra.sweep(), rb.sweep());
+            let (x, y) = (x.unwrap(), y.unwrap());
+            from_a += x;
+            from_b += y;
+            if x + y == 0 {
+                break;
+            }
+        }
+        let published = publisher.published.lock().unwrap().clone();
+        let distinct: HashSet<&String> = published.iter().collect();
+        assert_eq!(published.len(), ROWS, "{}: every row published once ({from_a} by a, {from_b} by b)", db.name());
+        assert_eq!(distinct.len(), ROWS);
+        assert!(from_a > 0 && from_b > 0, "{}: both relays took rows ({from_a}, {from_b})", db.name());
+        assert_eq!(ra.store().backlog().await.unwrap().count, 0);
+    }
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_skips_rows_another_relay_has_locked() {
+    for db in databases("skiplocked") {
+        if !matches!(db.backend, Backend::Postgres(_)) {
+            continue;
+        }
+        let a = db.outbox("relay-a", Duration::from_secs(60)).await;
+        let b = db.outbox("relay-b", Duration::from_secs(60)).await;
+        fill(&db, &a, 10).await;
+        // Another relay mid-claim: its transaction holds the row locks of
+        // the five oldest rows and has not committed.
+        let other = db.source().await;
+        let tx = other.connection().await.unwrap();
+        tx.execute("BEGIN", &[]).await.unwrap();
+        let locked = tx
+            .query(&format!("SELECT id FROM {} ORDER BY id LIMIT 5 FOR UPDATE", db.table), &[])
+            .await
+            .unwrap();
+        assert_eq!(locked.len(), 5);
+        // b does not wait for it: it takes the other five at once.
+        let claimed = tokio::time::timeout(Duration::from_secs(5), b.claim(100)).await.expect("the claim waited on locked rows").unwrap();
+        let ids: Vec<SqlValue> = claimed.iter().map(|r| SqlValue::Int(r.id.unwrap())).collect();
+        assert_eq!(ids.len(), 5);
+        assert!(locked.iter().all(|row| !ids.contains(&row[0])), "a locked row was claimed");
+        tx.execute("ROLLBACK", &[]).await.unwrap();
+        // Released, the first five are claimable; b's five are leased.
+        let rest = a.claim(100).await.unwrap();
+        assert_eq!(rest.len(), 5);
+        assert!(rest.iter().all(|r| !ids.contains(&SqlValue::Int(r.id.unwrap()))));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_confirm_and_delete_publishes_again_and_loses_nothing() {
+    for db in databases("crash") {
+        let store = db.outbox("parent", Duration::from_secs(60)).await;
+        fill(&db, &store, 3).await;
+        // A relay process publishes the rows to a broker, has them
+        // confirmed, and dies before it deletes them.
+        let child = spawn_child(&db, "relay-and-crash", &[("ACEMQ_FAULT_INJECT", "exit-after-publish".to_string())]);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(86), "{}: the child died at the fault point", db.name());
+        assert!(String::from_utf8_lossy(&out.stdout).contains("relaying"), "{}", db.name());
+        assert_eq!(store.backlog().await.unwrap().count, 3, "{}: confirmed but not deleted", db.name());
+        assert!(store.claim(10).await.unwrap().is_empty(), "{}: still leased to the dead relay", db.name());
+
+        // Its lease (300 ms) runs out; another relay publishes them again.
+        let publisher = Arc::new(Recorder::default());
+        let relay = OutboxRelay::new(publisher.clone(), store, RelayOptions::default());
+        let mut published = 0;
+        for _ in 0..100 {
+            published += relay.sweep().await.unwrap();
+            if published == 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(*publisher.published.lock().unwrap(), ["msg-0", "msg-1", "msg-2"], "{}: a duplicate, never a loss", db.name());
+        assert_eq!(relay.store().backlog().await.unwrap().count, 0);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The child processes
+
+/// Does nothing unless started by a test above with `ACEMQ_TEST_CHILD` set.
+#[test]
+fn child_process() {
+    let Ok(role) = std::env::var("ACEMQ_TEST_CHILD") else { return };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    runtime.block_on(async move {
+        // ManuallyDrop: the table is the parent's to drop.
+        let db = std::mem::ManuallyDrop::new(Db::from_env());
+        match role.as_str() {
+            "claim" => {
+                let worker = std::env::var("ACEMQ_TEST_WORKER").unwrap();
+                let keys: usize = std::env::var("ACEMQ_TEST_KEYS").unwrap().parse().unwrap();
+                let store = db.keys(&worker).await;
+                // Connected; now start together.
+                let start_at: u128 = std::env::var("ACEMQ_TEST_START_AT").unwrap().parse().unwrap();
+                tokio::time::sleep(Duration::from_millis(start_at.saturating_sub(epoch_ms()) as u64)).await;
+                let began = epoch_ms();
+                for i in 0..keys {
+                    let key = format!("race-{i}");
+                    if store.first_time_async(&key).await.unwrap() {
+                        println!("claimed {worker} {key}");
+                    }
+                }
+                println!("raced {worker} from {began} to {}", epoch_ms());
+            }
+            "relay-and-crash" => {
+                let store = db.outbox("child", Duration::from_millis(300)).await;
+                let mq = Connection::open("memory://").await.unwrap();
+                let topology = Topology::new().queue("orders").exchange("orders-events", acemq::ExchangeKind::Topic).bind("orders", "orders-events", "#");
+                mq.apply(&topology).await.unwrap();
+                println!("relaying");
+                let relay = OutboxRelay::new(Arc::new(mq), store, RelayOptions::default());
+                // With ACEMQ_FAULT_INJECT=exit-after-publish the publisher
+                // exits the process (status 86) once the broker has confirmed
+                // the batch, before the rows are deleted.
+                relay.sweep().await.unwrap();
+                panic!("the fault point was not reached");
+            }
+            other => panic!("unknown child role {other}"),
+        }
+    });
+}

@@ -310,7 +310,9 @@ module Drill
         ["orders charged twice", f.charged_twice],
         ["deliveries to handlers", f.deliveries],
         ["duplicate deliveries (absorbed by the guard)", f.deliveries && f.charged && f.deliveries - f.charged],
-        ["  of which stored twice by a publish retry", f.stored_twice],
+        # Not a share of the line above: a publish routed to two quorum
+        # queues is nacked when either failed, and may be in the other.
+        ["extra copies in the audit queue (publish retries)", f.stored_twice],
         ["deliveries flagged redelivered", f.redelivered],
         ["publish errors (retried)", f.publish_errors && "#{f.publish_retries}#{errors.to_s.empty? ? '' : " (#{errors})"}"],
         ["publisher connections reopened after a nack", f.reopened],

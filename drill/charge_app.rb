@@ -17,7 +17,7 @@ class DrillCharge < ActiveRecord::Base
 end
 
 class DrillPaymentsConsumer < AceMQ::Rails::Consumer
-  queue ENV.fetch("QUEUE")
+  queue ENV.fetch("QUEUE"), type: ENV["QUEUE_TYPE"]&.to_sym
   concurrency Integer(ENV.fetch("CONCURRENCY", "2"))
   prefetch Integer(ENV["PREFETCH"]) if ENV["PREFETCH"]
   # A claim left by a killed runner is taken over after this long, so the
@@ -27,7 +27,20 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
   # Room for a redelivery to wait out a dead runner's claim (retried as in
   # progress until it goes stale) and a broker restart, with attempts left.
   retries max_attempts: 10, initial_delay: 0.25, max_delay: 1
-  idempotent store: STORE
+  # With LOG_DELIVERIES the key function (which the guard calls once for
+  # every delivery, before it decides) logs each one: how the cluster drill
+  # counts the duplicates the guard absorbed without running the handler.
+  if ENV["LOG_DELIVERIES"]
+    idempotent store: STORE, key: lambda { |m|
+      File.open(ENV.fetch("LOG"), "a") do |f|
+        f.puts("delivery #{m.payload.fetch('order_id')} #{format('%.6f', Time.now.to_f)} " \
+               "#{m.delivery&.redelivered? ? 'redelivered' : 'first'}")
+      end
+      m.envelope&.id
+    }
+  else
+    idempotent store: STORE
+  end
 
   # A charge takes this long inside its transaction (a payment gateway's
   # round trip), so a kill usually lands in the middle of one.
@@ -57,7 +70,10 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
 end
 
 AceMQ::Rails.configure do |c|
-  c.url = ENV.fetch("AMQP_URL")
+  # AMQP_URL may list several nodes, comma-separated: the first is dialled
+  # first (the cluster drill gives each runner a different one).
+  urls = ENV.fetch("AMQP_URL").split(",")
+  c.url = urls.size == 1 ? urls.first : urls
   c.origin = ENV.fetch("ORIGIN")
   c.check_interval = 0.2
   c.shutdown_timeout = 5

@@ -12,6 +12,11 @@ module Drill
   # and its own HOME (so its Erlang cookie is one the drill made, shared
   # only with the rabbitmqctl calls below).
   #
+  # The nodes of a cluster (drill/cluster.rb) are made with one cookie for
+  # all of them: Erlang distribution lets two nodes (and rabbitmqctl) talk
+  # only when their cookies match, so each node's HOME gets the same
+  # .erlang.cookie.
+  #
   # The scripts under /usr/lib/rabbitmq/bin are called directly: Debian's
   # /usr/sbin wrappers switch to the rabbitmq user, which would need the
   # directories chowned and would share that user's cookie.
@@ -24,9 +29,12 @@ module Drill
 
     attr_reader :name, :port, :dir, :stops
 
-    def initialize
+    # name: the node name (default acemq-drill-PID@localhost); cookie: the
+    # Erlang cookie to share with other nodes (default: Erlang makes one);
+    # config: more lines for its rabbitmq.conf.
+    def initialize(name: "acemq-drill-#{Process.pid}@localhost", cookie: nil, config: [])
       @dir = Dir.mktmpdir("acemq-drill-node")
-      @name = "acemq-drill-#{Process.pid}@localhost"
+      @name = name
       @port = Node.free_port
       @dist_port = Node.free_port
       %w[mnesia log home].each { |d| FileUtils.mkdir_p(File.join(@dir, d)) }
@@ -34,7 +42,8 @@ module Drill
       # Its own config file: the system one (/etc/rabbitmq/rabbitmq.conf)
       # names the shared broker's listener on 5672, which this node must
       # not try to take.
-      File.write(File.join(@dir, "rabbitmq.conf"), "listeners.tcp.default = 127.0.0.1:#{@port}\n")
+      File.write(File.join(@dir, "rabbitmq.conf"), ["listeners.tcp.default = 127.0.0.1:#{@port}", *config].join("\n") + "\n")
+      write_cookie(cookie) if cookie
       @stops = []
     end
 
@@ -189,12 +198,29 @@ module Drill
 
     def ctl_ok?(*args, limit: CTL_LIMIT) = ctl(*args, limit: limit)[1]
 
+    # rabbitmq-queues (quorum_status, ...) against this node.
+    def queues_ctl!(*args, limit: CTL_LIMIT)
+      out, ok = ctl(*args, limit: limit, tool: "rabbitmq-queues")
+      raise Failure, "rabbitmq-queues -n #{@name} #{args.join(' ')} failed: #{out.strip}" unless ok
+
+      out
+    end
+
     private
 
-    # rabbitmqctl with a time limit of its own (`timeout`), quiet, tab-separated.
-    def ctl(*args, limit:)
+    # Erlang reads the cookie from $HOME/.erlang.cookie and refuses one that
+    # others can read.
+    def write_cookie(cookie)
+      path = File.join(@dir, "home", ".erlang.cookie")
+      File.write(path, cookie)
+      File.chmod(0o400, path)
+    end
+
+    # rabbitmqctl (or another tool of BIN) with a time limit of its own
+    # (`timeout`), quiet, tab-separated.
+    def ctl(*args, limit:, tool: "rabbitmqctl")
       r, w = IO.pipe
-      pid = spawn(env, "timeout", "-k", "2", limit.to_s, File.join(BIN, "rabbitmqctl"), "-n", @name, "-q",
+      pid = spawn(env, "timeout", "-k", "2", limit.to_s, File.join(BIN, tool), "-n", @name, "-q",
                   *args, out: w, err: w, chdir: @dir)
       w.close
       out = r.read

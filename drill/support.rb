@@ -228,25 +228,37 @@ module Drill
   # raised while the broker was away may still have been stored: the retry
   # is then a duplicate, which is what the idempotent consumer is for.
   class Publisher
-    attr_reader :retries, :published
+    # errors: { error class => how many publishes raised it }; longest: the
+    # most seconds one message took from its first attempt to its confirm;
+    # first_attempt: { order id => wall time its publish was first tried }.
+    attr_reader :retries, :published, :errors, :longest, :first_attempt
 
+    # url: one address or several (the nodes of a cluster, first tried first).
     def initialize(url, origin)
       @mq = AceMQ::AMQP::Connection.open(url, origin: origin, connect_timeout: 1, confirm_timeout: 5)
       @retries = 0
       @published = 0
+      @errors = Hash.new(0)
+      @longest = 0.0
+      @first_attempt = {}
     end
 
     attr_reader :mq
 
     def publish(payload, to:, exchange: "", deadline:)
       envelope = AceMQ::AMQP::Envelope.new(type: "drill.order.v1")
+      first = Drill.now
+      @first_attempt[payload["order_id"]] = Time.now.to_f if payload.is_a?(Hash)
       begin
         @mq.publish(payload, to: to, exchange: exchange, envelope: envelope)
         @published += 1
+        @longest = [@longest, Drill.now - first].max
       rescue AceMQ::AMQP::Error => e
         raise Failure, "publisher: #{e.class}: #{e.message} (gave up at the phase deadline)" if Drill.now > deadline
 
         @retries += 1
+        @errors[e.class.name.split("::").last] += 1
+        on_error(e)
         sleep 0.1
         retry
       end
@@ -270,6 +282,8 @@ module Drill
     end
 
     def hurry = (@hurry = true)
+
+    private def on_error(_error) = nil
 
     def close = @mq.close
   end

@@ -1,0 +1,41 @@
+# frozen_string_literal: true
+
+# A nack is the broker saying "not stored". On a quorum queue that lost its
+# leader, RabbitMQ 3.10 can go on nacking everything one channel sends
+# (drill/cluster.rb found it: a publisher retrying on the same channel never
+# recovered). So a nacked publish retires its channel: the next publish goes
+# on a fresh one. Shown here with a full queue that rejects publishes.
+RSpec.describe "a nacked publish" do
+  let(:origin) { unique("nack") }
+  let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL, origin: origin) }
+  let(:queue) { unique("full") }
+  after { mq.close }
+
+  # The channel numbers open on this connection (found by its name, the origin).
+  def channel_numbers
+    conns = `rabbitmqctl list_connections -q --no-table-headers pid client_properties 2>/dev/null`.lines
+    pids = conns.select { |l| l.include?(%("#{origin}")) }.map { |l| l.split("\t").first }
+    `rabbitmqctl list_channels -q --no-table-headers connection number 2>/dev/null`.lines
+      .map { |l| l.split("\t") }.select { |c, _| pids.include?(c) }.map { |_, n| n.to_i }
+  end
+
+  it "raises PublishNacked, and the next publish goes out on a fresh channel and is stored" do
+    AceMQ::AMQP::Topology.new.queue(queue, arguments: { "x-max-length" => 1, "x-overflow" => "reject-publish" }).apply(mq)
+    mq.publish({ "n" => 1 }, to: queue) # fills it
+    before = channel_numbers
+    expect { mq.publish({ "n" => 2 }, to: queue) }.to raise_error(AceMQ::AMQP::PublishNacked, /not stored/)
+    other = unique("other")
+    AceMQ::AMQP::Topology.new.queue(other).apply(mq)
+    mq.publish({ "n" => 0 }, to: other)
+    # Declarations use channels of their own and close them; what is left
+    # open beside the nacked channel is the fresh publishing channel.
+    expect(channel_numbers.size).to eq(before.size + 1)
+    expect(channel_numbers.max).to be > before.max
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m.payload["n"]; AceMQ::AMQP::Ack.accept }
+    expect(eventually { got.pop(true) rescue nil }).to eq(1)
+    mq.publish({ "n" => 3 }, to: queue) # the process keeps working
+    expect(eventually { got.pop(true) rescue nil }).to eq(3)
+    sub.cancel
+  end
+end

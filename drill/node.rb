@@ -24,9 +24,11 @@ module Drill
 
     attr_reader :name, :port, :dir, :stops
 
-    def initialize
+    # config: extra rabbitmq.conf lines (a TLS listener, its ssl_options);
+    # tag: set apart the names of several nodes in one process.
+    def initialize(config: [], tag: nil)
       @dir = Dir.mktmpdir("acemq-drill-node")
-      @name = "acemq-drill-#{Process.pid}@localhost"
+      @name = "acemq-drill-#{Process.pid}#{tag && "-#{tag}"}@localhost"
       @port = Node.free_port
       @dist_port = Node.free_port
       %w[mnesia log home].each { |d| FileUtils.mkdir_p(File.join(@dir, d)) }
@@ -34,7 +36,7 @@ module Drill
       # Its own config file: the system one (/etc/rabbitmq/rabbitmq.conf)
       # names the shared broker's listener on 5672, which this node must
       # not try to take.
-      File.write(File.join(@dir, "rabbitmq.conf"), "listeners.tcp.default = 127.0.0.1:#{@port}\n")
+      File.write(File.join(@dir, "rabbitmq.conf"), ["listeners.tcp.default = 127.0.0.1:#{@port}", *config].join("\n") + "\n")
       @stops = []
     end
 

@@ -187,7 +187,7 @@ impl Tls {
             ),
             rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext { presented, .. }) => format!(
                 "the broker's certificate is not valid for {name:?} (it names {}): connect by one of those, or pass tls: {{ server_name: }} with one",
-                if presented.is_empty() { "nothing".to_owned() } else { presented.join(", ") }
+                if presented.is_empty() { "no names".to_owned() } else { presented.iter().map(|n| plain_name(n)).collect::<Vec<_>>().join(", ") }
             ),
             rustls::Error::InvalidCertificate(other) => {
                 format!("the broker's certificate was refused ({other:?}): {ca_hint}")
@@ -222,6 +222,17 @@ impl Tls {
 fn server_name(name: &str) -> Result<ServerName<'static>> {
     ServerName::try_from(name.to_owned())
         .map_err(|_| Error::invalid(format!("{name:?} is not a host name or IP address TLS can verify: check the URL or tls: {{ server_name: }}")))
+}
+
+/// webpki's `DnsName("localhost")` and `IpAddress(127.0.0.1)` as the names
+/// they are.
+fn plain_name(presented: &str) -> &str {
+    for prefix in ["DnsName(\"", "IpAddress("] {
+        if let Some(rest) = presented.strip_prefix(prefix) {
+            return rest.trim_end_matches(')').trim_end_matches('"');
+        }
+    }
+    presented
 }
 
 fn alert_name(a: rustls::AlertDescription) -> String {
@@ -408,6 +419,13 @@ mod tests {
         assert_eq!(utc(UnixTime::since_unix_epoch(std::time::Duration::from_secs(0))), "1970-01-01 00:00:00 UTC");
         assert_eq!(utc(UnixTime::since_unix_epoch(std::time::Duration::from_secs(951_782_400))), "2000-02-29 00:00:00 UTC");
         assert_eq!(utc(UnixTime::since_unix_epoch(std::time::Duration::from_secs(1_700_000_000))), "2023-11-14 22:13:20 UTC");
+    }
+
+    #[test]
+    fn names_are_shown_as_written() {
+        assert_eq!(plain_name("DnsName(\"localhost\")"), "localhost");
+        assert_eq!(plain_name("IpAddress(127.0.0.1)"), "127.0.0.1");
+        assert_eq!(plain_name("DirectoryName"), "DirectoryName");
     }
 
     #[test]

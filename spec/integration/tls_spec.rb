@@ -118,8 +118,8 @@ RSpec.describe "TLS (amqps://) on private RabbitMQ nodes" do
 
   it "says when the port does not speak TLS" do
     error = open_error("amqps://guest:guest@127.0.0.1:#{@node.port}", tls)
-    expect(error).to be_a(AceMQ::AMQP::ConnectionFailed)
-    expect(error.message).to include("127.0.0.1:#{@node.port}")
+    expect(error).to be_a(AceMQ::AMQP::TLSError)
+    expect(error.message).to include("127.0.0.1:#{@node.port}", "did not answer in TLS", "use amqp://")
   end
 
   it "names a CA file, certificate or key that cannot be read, before dialling" do

@@ -1582,7 +1582,7 @@ mod tests {
             }
         });
         let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-        let conn = lapin::Connection::connect_with_runtime(&url, lapin::ConnectionProperties::default(), runtime(0)).await.unwrap();
+        let conn = lapin::Connection::connect_with_runtime(&url, lapin::ConnectionProperties::default(), runtime(0, None)).await.unwrap();
         let ch = conn.create_channel().await.unwrap();
         let mut consumer = ch
             .basic_consume("q".into(), "".into(), lapin::options::BasicConsumeOptions::default(), FieldTable::default())

@@ -43,7 +43,26 @@ pub struct ConnectionOptions {
 
 /// How an `amqps://` connection verifies the broker and presents itself.
 /// The files are PEM and are read once, when the connection opens; a
-/// redial after a loss reuses what was read.
+/// redial after a loss reuses what was read. A handshake that fails is an
+/// [`ErrorKind::Tls`](crate::ErrorKind::Tls) error saying why; a file that
+/// cannot be read is `InvalidArgument`, naming it.
+///
+/// ```no_run
+/// use acemq::{Connection, ConnectionOptions, TlsOptions};
+///
+/// # async fn run() -> acemq::Result<()> {
+/// let tls = TlsOptions {
+///     ca_file: Some("/etc/acemq/ca.pem".into()),
+///     cert_file: Some("/etc/acemq/client.pem".into()),
+///     key_file: Some("/etc/acemq/client.key".into()),
+///     ..Default::default()
+/// };
+/// let options = ConnectionOptions { tls: Some(tls), ..Default::default() };
+/// let mq = Connection::open_with("amqps://app:secret@mq.internal/prod", options).await?;
+/// # mq.close().await;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct TlsOptions {
     /// The CA certificates to trust, instead of the system's store. A

@@ -7,8 +7,9 @@
 //! lapin is handed the same address as `amqp://` and never knows.
 //!
 //! rustls with the ring provider, not aws-lc-rs (rustls' default): ring is
-//! Rust with a little C and assembly that cc builds in seconds, where
-//! aws-lc-rs needs cmake and minutes of C on a small machine. Neither needs
+//! Rust with a little C and assembly that cc builds in about half a minute
+//! on two cores, where aws-lc-rs compiles AWS-LC, a far larger C library,
+//! with cmake. Neither needs
 //! OpenSSL, at build or at run time, so the gem still builds offline. The
 //! trusted CAs are the `ca_file`'s, or else the system's store
 //! (rustls-native-certs: /etc/ssl/certs, or `SSL_CERT_FILE`/`SSL_CERT_DIR`).

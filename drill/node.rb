@@ -29,12 +29,13 @@ module Drill
 
     attr_reader :name, :port, :dir, :stops
 
-    # name: the node name (default acemq-drill-PID@localhost); cookie: the
-    # Erlang cookie to share with other nodes (default: Erlang makes one);
-    # config: more lines for its rabbitmq.conf.
-    def initialize(name: "acemq-drill-#{Process.pid}@localhost", cookie: nil, config: [])
+    # name: the node name (default acemq-drill-PID[-TAG]@localhost); cookie:
+    # the Erlang cookie to share with other nodes (default: Erlang makes
+    # one); config: more lines for its rabbitmq.conf (a TLS listener, its
+    # ssl_options); tag: set apart the names of several nodes in one process.
+    def initialize(name: nil, cookie: nil, config: [], tag: nil)
       @dir = Dir.mktmpdir("acemq-drill-node")
-      @name = name
+      @name = name || "acemq-drill-#{Process.pid}#{tag && "-#{tag}"}@localhost"
       @port = Node.free_port
       @dist_port = Node.free_port
       %w[mnesia log home].each { |d| FileUtils.mkdir_p(File.join(@dir, d)) }

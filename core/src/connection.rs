@@ -34,6 +34,59 @@ pub struct ConnectionOptions {
     /// thread, so a handler that runs long does not hold them up. A
     /// `heartbeat=` in the URL's query wins.
     pub heartbeat: Option<Duration>,
+    /// TLS settings for `amqps://` addresses. None with `amqps://` is the
+    /// system's CA store with verification on; settings given while an
+    /// address is plain `amqp://` are refused (that address would not be
+    /// encrypted).
+    pub tls: Option<TlsOptions>,
+}
+
+/// How an `amqps://` connection verifies the broker and presents itself.
+/// The files are PEM and are read once, when the connection opens; a
+/// redial after a loss reuses what was read. A handshake that fails is an
+/// [`ErrorKind::Tls`](crate::ErrorKind::Tls) error saying why; a file that
+/// cannot be read is `InvalidArgument`, naming it.
+///
+/// ```no_run
+/// use acemq::{Connection, ConnectionOptions, TlsOptions};
+///
+/// # async fn run() -> acemq::Result<()> {
+/// let tls = TlsOptions {
+///     ca_file: Some("/etc/acemq/ca.pem".into()),
+///     cert_file: Some("/etc/acemq/client.pem".into()),
+///     key_file: Some("/etc/acemq/client.key".into()),
+///     ..Default::default()
+/// };
+/// let options = ConnectionOptions { tls: Some(tls), ..Default::default() };
+/// let mq = Connection::open_with("amqps://app:secret@mq.internal/prod", options).await?;
+/// # mq.close().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct TlsOptions {
+    /// The CA certificates to trust, instead of the system's store. A
+    /// private CA (RabbitMQ's tls-gen, a company CA) is never in the system
+    /// store.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate (with its chain) to present, for a broker with
+    /// `ssl_options.verify = verify_peer`. Needs `key_file`.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<std::path::PathBuf>,
+    /// Verify the broker's certificate and its name (default true). False
+    /// accepts any certificate for any name: still encrypted, but to
+    /// whoever answered. For tests against a throwaway broker only.
+    pub verify: bool,
+    /// The name the broker's certificate must carry, when it is not the
+    /// URL's host (a broker reached by IP, or through a tunnel).
+    pub server_name: Option<String>,
+}
+
+impl Default for TlsOptions {
+    fn default() -> Self {
+        TlsOptions { ca_file: None, cert_file: None, key_file: None, verify: true, server_name: None }
+    }
 }
 
 impl Default for ConnectionOptions {
@@ -43,6 +96,7 @@ impl Default for ConnectionOptions {
             connect_timeout: Duration::from_secs(5),
             confirm_timeout: Duration::from_secs(30),
             heartbeat: None,
+            tls: None,
         }
     }
 }
@@ -148,7 +202,8 @@ impl Connection {
         let origin = options.origin.unwrap_or_else(default_origin);
         crate::limits::short("origin", &origin)?;
         let dialled: Vec<String> = urls.iter().map(|u| with_heartbeat(u, options.heartbeat)).collect();
-        let backend = Backend::open(&dialled, &origin, options.connect_timeout, options.confirm_timeout).await?;
+        let backend =
+            Backend::open(&dialled, &origin, options.connect_timeout, options.confirm_timeout, options.tls.as_ref()).await?;
         Ok(Connection {
             inner: Arc::new(Inner {
                 backend,

@@ -11,6 +11,11 @@ pub enum ErrorKind {
     InvalidUrl,
     /// The broker could not be reached within the connect timeout.
     ConnectionFailed,
+    /// An `amqps://` connection failed in TLS: the broker's certificate was
+    /// not trusted, had expired or named another host, or the broker refused
+    /// ours. Dialling again will not help until a setting or a certificate
+    /// changes; the message says which.
+    Tls,
     /// The broker refused the credentials (AMQP 403 on connect).
     AuthenticationFailed,
     /// The connection or channel is closed.
@@ -94,7 +99,12 @@ impl Error {
 
     /// The connection could not be made or was lost.
     pub fn is_connection(&self) -> bool {
-        matches!(self.kind, ErrorKind::ConnectionFailed | ErrorKind::Closed | ErrorKind::Timeout)
+        matches!(self.kind, ErrorKind::ConnectionFailed | ErrorKind::Tls | ErrorKind::Closed | ErrorKind::Timeout)
+    }
+
+    /// An `amqps://` connection failed in TLS (see [`ErrorKind::Tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.kind == ErrorKind::Tls
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Self {

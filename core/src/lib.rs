@@ -54,7 +54,7 @@ pub mod transport;
 pub mod wire;
 
 pub use ack::{Ack, Outcome, Settlement};
-pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions};
+pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
 pub use consumer::{ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next};
 pub use envelope::Envelope;
 pub use error::{Error, ErrorKind, Result};

@@ -5,7 +5,9 @@ use crate::consumer::RbConsumer;
 use crate::errors::IntoRuby;
 use crate::gvl;
 use acemq::topology::{BindingSpec, ExchangeSpec, QueueSpec};
-use acemq::{ConnectionOptions, ConsumeOptions, Envelope, ExchangeKind, JsonMessage, PublishOptions, RetryPolicy, Topology};
+use acemq::{
+    ConnectionOptions, ConsumeOptions, Envelope, ExchangeKind, JsonMessage, PublishOptions, RetryPolicy, TlsOptions, Topology,
+};
 use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, RString, Ruby};
 use std::time::Duration;
 
@@ -77,8 +79,24 @@ pub(crate) fn outgoing(
     Ok(Outgoing { body, exchange, routing_key, envelope })
 }
 
+/// The `tls:` Hash as Connection.open checked it: Symbol keys, String
+/// paths, a boolean `verify` (absent means true).
+fn tls_options(ruby: &Ruby, hash: RHash) -> Result<TlsOptions, Error> {
+    let path = |name: &str| -> Result<Option<std::path::PathBuf>, Error> {
+        Ok(hash.lookup::<_, Option<String>>(ruby.to_symbol(name))?.map(Into::into))
+    };
+    Ok(TlsOptions {
+        ca_file: path("ca_file")?,
+        cert_file: path("cert_file")?,
+        key_file: path("key_file")?,
+        verify: hash.lookup::<_, Option<bool>>(ruby.to_symbol("verify"))?.unwrap_or(true),
+        server_name: hash.lookup(ruby.to_symbol("server_name"))?,
+    })
+}
+
 impl RbConnection {
-    /// Options left nil take core's defaults.
+    /// Options left nil take core's defaults. `tls` is a Hash read by name
+    /// (see `tls_options`), nil for none.
     fn open(
         ruby: &Ruby,
         urls: Vec<String>,
@@ -86,6 +104,7 @@ impl RbConnection {
         connect_timeout: Option<f64>,
         confirm_timeout: Option<f64>,
         heartbeat: Option<f64>,
+        tls: Option<RHash>,
     ) -> Result<Self, Error> {
         let defaults = ConnectionOptions::default();
         let options = ConnectionOptions {
@@ -99,6 +118,7 @@ impl RbConnection {
                 None => defaults.confirm_timeout,
             },
             heartbeat: heartbeat.map(|s| seconds(ruby, "heartbeat", s)).transpose()?,
+            tls: tls.map(|h| tls_options(ruby, h)).transpose()?,
         };
         let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         let conn = gvl::block_on(ruby, acemq::Connection::open_any(&urls, options))?.rb(ruby)?;
@@ -342,7 +362,7 @@ fn check_retries(ruby: &Ruby, max_attempts: Option<u32>, initial_delay: Option<f
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
     let class = amqp.define_class("Connection", ruby.class_object())?;
-    class.define_singleton_method("_open", function!(RbConnection::open, 5))?;
+    class.define_singleton_method("_open", function!(RbConnection::open, 6))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 8))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;

@@ -25,6 +25,7 @@ error_class!(CONFIGURATION_ERROR, "ConfigurationError");
 pub(crate) use self::CONFIGURATION_ERROR as CONFIGURATION_ERROR_CLASS;
 error_class!(INVALID_URL, "InvalidURL");
 error_class!(CONNECTION_FAILED, "ConnectionFailed");
+error_class!(TLS_ERROR, "TLSError");
 error_class!(AUTHENTICATION_FAILED, "AuthenticationFailed");
 error_class!(CONNECTION_CLOSED, "ConnectionClosed");
 error_class!(BROKER_ERROR, "BrokerError");
@@ -42,7 +43,7 @@ error_class!(BLOCKED, "Blocked");
 /// first error.
 pub fn init(ruby: &Ruby) -> Result<(), Error> {
     for l in [
-        &ERROR, &CONFIGURATION_ERROR, &INVALID_URL, &CONNECTION_FAILED, &AUTHENTICATION_FAILED, &CONNECTION_CLOSED,
+        &ERROR, &CONFIGURATION_ERROR, &INVALID_URL, &CONNECTION_FAILED, &TLS_ERROR, &AUTHENTICATION_FAILED, &CONNECTION_CLOSED,
         &BROKER_ERROR, &NOT_FOUND, &PRECONDITION_FAILED, &ACCESS_REFUSED, &UNROUTABLE, &PUBLISH_NACKED, &TIMEOUT,
         &ENCODING_ERROR, &STORE_ERROR, &BLOCKED,
     ] {
@@ -56,6 +57,7 @@ pub fn to_ruby(ruby: &Ruby, e: acemq::Error) -> Error {
     let class = match e.kind() {
         ErrorKind::InvalidUrl => &INVALID_URL,
         ErrorKind::ConnectionFailed => &CONNECTION_FAILED,
+        ErrorKind::Tls => &TLS_ERROR,
         ErrorKind::AuthenticationFailed => &AUTHENTICATION_FAILED,
         ErrorKind::Closed => &CONNECTION_CLOSED,
         ErrorKind::Broker { reply_code: 404 } => &NOT_FOUND,

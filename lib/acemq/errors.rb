@@ -18,12 +18,18 @@ module AceMQ
     # failure.
     class ConfigurationError < ArgumentError; end
 
-    # The URL is not amqp:// or memory://, or does not parse.
+    # The URL is not amqp://, amqps:// or memory://, or does not parse.
     class InvalidURL < ConfigurationError; end
 
     class ConnectionError < Error; end
     # The broker could not be reached within connect_timeout.
     class ConnectionFailed < ConnectionError; end
+    # An amqps:// connection failed in TLS: the broker's certificate is not
+    # signed by a trusted CA, has expired or names another host, or the
+    # broker refused (or wanted) a client certificate. A ConnectionFailed,
+    # so a rescue of that still catches it; unlike a broker that is down,
+    # dialling again will not help until a setting or a certificate changes.
+    class TLSError < ConnectionFailed; end
     # The connection (or the channel it needed) is closed.
     class ConnectionClosed < ConnectionError; end
 

@@ -40,7 +40,7 @@ module AceMQ
           @publisher ||= AMQP::Connection.open(config.url, origin: "#{config.origin}:publish",
                                                             connect_timeout: config.connect_timeout,
                                                             confirm_timeout: config.confirm_timeout,
-                                                            heartbeat: config.heartbeat)
+                                                            heartbeat: config.heartbeat, tls: config.tls)
         end
       end
 

@@ -73,14 +73,14 @@ module AceMQ
       @consume = AMQP::Connection.open(@config.url, origin: "#{@config.origin}:consume",
                                                     connect_timeout: @config.connect_timeout,
                                                     confirm_timeout: @config.confirm_timeout,
-                                                    heartbeat: @config.heartbeat)
+                                                    heartbeat: @config.heartbeat, tls: @config.tls)
       # Publishing on a connection of its own: RabbitMQ blocks publishing
       # connections under a memory or disk alarm, and the consumers must keep
       # draining (which is what clears the alarm) while it does.
       @publish = AMQP::Connection.open(@config.url, origin: "#{@config.origin}:publish",
                                                     connect_timeout: @config.connect_timeout,
                                                     confirm_timeout: @config.confirm_timeout,
-                                                    heartbeat: @config.heartbeat)
+                                                    heartbeat: @config.heartbeat, tls: @config.tls)
       AceMQ::Rails.publisher = @publish
       @consumers.each do |klass|
         klass.topology.apply(@consume)

@@ -3,6 +3,7 @@
 //! acks when deliveries are settled in order.
 
 use super::queue::DeliveryQueue;
+use super::tls::Tls;
 use crate::error::{Error, ErrorKind, Result};
 use crate::headers::Headers;
 use crate::topology::{BindingSpec, ExchangeKind as Kind, ExchangeSpec, QueueSpec};
@@ -51,6 +52,8 @@ pub(crate) struct AmqpBackend {
     known_exchanges: std::sync::Mutex<std::collections::HashSet<String>>,
     publish: Arc<tokio::sync::Mutex<Option<Channel>>>,
     confirm_timeout: Duration,
+    /// For the `amqps://` addresses: read once at open, used by every dial.
+    tls: Option<Tls>,
 }
 
 /// The outcome of a publish that has been sent and not yet confirmed.
@@ -114,7 +117,7 @@ fn endpoint_of(url: &str) -> String {
     // its tail in the host part.
     match url.rsplit_once('@') {
         Some((_, rest)) => rest.to_owned(),
-        None => url.trim_start_matches("amqp://").to_owned(),
+        None => url.trim_start_matches("amqps://").trim_start_matches("amqp://").to_owned(),
     }
 }
 
@@ -133,9 +136,15 @@ pub(crate) fn map_error(e: &lapin::Error, context: &str) -> Error {
 }
 
 impl AmqpBackend {
-    pub(crate) async fn connect(urls: &[String], origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Self> {
+    pub(crate) async fn connect(
+        urls: &[String],
+        origin: &str,
+        connect_timeout: Duration,
+        confirm_timeout: Duration,
+        tls: Option<Tls>,
+    ) -> Result<Self> {
         let endpoints: Vec<String> = urls.iter().map(|u| endpoint_of(u)).collect();
-        let (at, conn) = dial_any(urls, &endpoints, origin, 0, connect_timeout).await?;
+        let (at, conn) = dial_any(urls, &endpoints, origin, 0, connect_timeout, tls.as_ref()).await?;
         Ok(AmqpBackend {
             urls: urls.to_vec(),
             endpoints,
@@ -148,6 +157,7 @@ impl AmqpBackend {
             known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
             publish: Arc::new(tokio::sync::Mutex::new(None)),
             confirm_timeout,
+            tls,
         })
     }
 
@@ -182,7 +192,7 @@ impl AmqpBackend {
         // be down (a node stopped, failed over), and the others are the
         // same cluster.
         let start = (self.at.load(std::sync::atomic::Ordering::Acquire) + 1) % self.urls.len();
-        let (at, fresh) = dial_any(&self.urls, &self.endpoints, &self.origin, start, self.connect_timeout).await?;
+        let (at, fresh) = dial_any(&self.urls, &self.endpoints, &self.origin, start, self.connect_timeout, self.tls.as_ref()).await?;
         self.at.store(at, std::sync::atomic::Ordering::Release);
         let fresh = Arc::new(fresh);
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
@@ -469,31 +479,64 @@ async fn dial_any(
     origin: &str,
     start: usize,
     connect_timeout: Duration,
+    tls: Option<&Tls>,
 ) -> Result<(usize, lapin::Connection)> {
     let mut failures = Vec::new();
+    // Every address failed in TLS: the same certificate problem everywhere
+    // (one cluster, one CA), which is what to report, not "unreachable".
+    let mut all_tls = true;
     for i in 0..urls.len() {
         let at = (start + i) % urls.len();
-        match dial(&urls[at], origin, &endpoints[at], connect_timeout).await {
+        match dial(&urls[at], origin, &endpoints[at], connect_timeout, tls).await {
             Ok(c) => return Ok((at, c)),
             Err(e) if urls.len() == 1 || matches!(e.kind(), ErrorKind::AuthenticationFailed) => return Err(e),
-            Err(e) => failures.push(e.to_string()),
+            Err(e) => {
+                all_tls &= e.is_tls();
+                failures.push(e.to_string());
+            }
         }
     }
     Err(Error::new(
-        ErrorKind::ConnectionFailed,
+        if all_tls { ErrorKind::Tls } else { ErrorKind::ConnectionFailed },
         format!("could not connect to any of {} addresses: {}", urls.len(), failures.join("; ")),
     ))
 }
 
-async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration) -> Result<lapin::Connection> {
+async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration, tls: Option<&Tls>) -> Result<lapin::Connection> {
     let properties = ConnectionProperties::default().with_connection_name(origin.into());
+    let mut uri = url
+        .parse::<lapin::uri::AMQPUri>()
+        .map_err(|e| Error::new(ErrorKind::InvalidUrl, format!("cannot parse {endpoint:?} as an AMQP URL ({e})")))?;
+    // amqps:// is TLS done by the reactor, under the frame filter (tls.rs);
+    // lapin is handed the same address as amqp:// (the port stays what the
+    // URL said, or 5671) so that it does not try TLS itself.
+    let secure = matches!(uri.scheme, lapin::uri::AMQPScheme::AMQPS);
+    let tls_dial = match (secure, tls) {
+        (true, Some(tls)) => {
+            uri.scheme = lapin::uri::AMQPScheme::AMQP;
+            Some(tls.dial(&uri.authority.host)?)
+        }
+        (true, None) => unreachable!("Backend::open reads the TLS settings for an amqps:// URL"),
+        (false, _) => None,
+    };
     // Through the frame filter: what another client published must not be
     // able to crash lapin's parser or make it close the connection (see
     // frame_filter.rs). It keeps repaired frames within the frame_max lapin
     // negotiates, which the URL can lower.
-    let frame_max = url.parse::<lapin::uri::AMQPUri>().ok().and_then(|u| u.query.frame_max).unwrap_or(0);
-    let connect = lapin::Connection::connect_with_runtime(url, properties, super::frame_filter::runtime(frame_max));
-    match tokio::time::timeout(connect_timeout, connect).await {
+    let frame_max = uri.query.frame_max.unwrap_or(0);
+    let connect =
+        lapin::Connection::connect_uri_with_runtime(uri, properties, super::frame_filter::runtime(frame_max, tls_dial.clone()));
+    let outcome = tokio::time::timeout(connect_timeout, connect).await;
+    // A TLS failure reaches lapin as an I/O error ("invalid data"): the
+    // reason rustls gave is what the caller needs.
+    if let (Some(tls), Some(d)) = (tls, &tls_dial) {
+        if !matches!(outcome, Ok(Ok(_))) {
+            if let Some(failure) = d.failure() {
+                return Err(tls.explain(&failure, endpoint, &d.name()));
+            }
+        }
+    }
+    match outcome {
         Err(_) => Err(Error::new(
             ErrorKind::ConnectionFailed,
             format!(

@@ -41,6 +41,7 @@
 //! everything passes as it came and lapin reports the problem as it would
 //! have without the filter.
 
+use super::tls::{Socket, TlsDial};
 use crate::limits::MAX_HEADER_DEPTH;
 use crate::wire::{MALFORMED_HEADER, MALFORMED_RAW_HEADER};
 use async_rs::traits::Reactor;
@@ -80,19 +81,29 @@ const HEADERS_FLAG: u16 = 1 << 13;
 /// whose TCP streams are [`Filtered`]. `client_frame_max` is the URL's
 /// `frame_max` (0 when it has none), which lapin negotiates with the
 /// broker's and the filter needs to know to keep a repaired frame within it.
-pub(crate) fn runtime(client_frame_max: u32) -> Runtime<RuntimeParts<Tokio, FilterReactor>> {
-    Runtime::new(RuntimeParts::new(Tokio::current(), FilterReactor { tokio: Tokio::current(), client_frame_max }))
+/// With `tls`, each stream is TLS over TCP and the filter reads the
+/// plaintext (see tls.rs: lapin's own TLS would sit above the filter).
+pub(crate) fn runtime(client_frame_max: u32, tls: Option<TlsDial>) -> Runtime<RuntimeParts<Tokio, FilterReactor>> {
+    Runtime::new(RuntimeParts::new(Tokio::current(), FilterReactor { tokio: Tokio::current(), client_frame_max, tls }))
 }
 
-/// Tokio's reactor, with every TCP stream it connects wrapped in [`Filtered`].
-#[derive(Clone, Debug)]
+/// Tokio's reactor, with every TCP stream it connects wrapped in [`Filtered`]
+/// (after the TLS handshake, for `amqps://`).
+#[derive(Clone)]
 pub(crate) struct FilterReactor {
     tokio: Tokio,
     client_frame_max: u32,
+    tls: Option<TlsDial>,
+}
+
+impl std::fmt::Debug for FilterReactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FilterReactor").field("client_frame_max", &self.client_frame_max).field("tls", &self.tls.is_some()).finish()
+    }
 }
 
 impl Reactor for FilterReactor {
-    type TcpStream = Filtered<<Tokio as Reactor>::TcpStream>;
+    type TcpStream = Filtered<Socket<<Tokio as Reactor>::TcpStream>>;
     type Sleep = <Tokio as Reactor>::Sleep;
 
     // async-rs names the bound `AsSysFd`, from a private module; these are
@@ -115,7 +126,15 @@ impl Reactor for FilterReactor {
     fn tcp_connect_addr(&self, addr: SocketAddr) -> impl Future<Output = io::Result<Self::TcpStream>> + Send + 'static {
         let connect = self.tokio.tcp_connect_addr(addr);
         let client_frame_max = self.client_frame_max;
-        async move { Ok(Filtered::new(connect.await?, client_frame_max)) }
+        let tls = self.tls.clone();
+        async move {
+            let tcp = connect.await?;
+            let stream = match tls {
+                None => Socket::Plain(tcp),
+                Some(tls) => tls.handshake(tcp).await?,
+            };
+            Ok(Filtered::new(stream, client_frame_max))
+        }
     }
 }
 
@@ -1563,7 +1582,7 @@ mod tests {
             }
         });
         let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-        let conn = lapin::Connection::connect_with_runtime(&url, lapin::ConnectionProperties::default(), runtime(0)).await.unwrap();
+        let conn = lapin::Connection::connect_with_runtime(&url, lapin::ConnectionProperties::default(), runtime(0, None)).await.unwrap();
         let ch = conn.create_channel().await.unwrap();
         let mut consumer = ch
             .basic_consume("q".into(), "".into(), lapin::options::BasicConsumeOptions::default(), FieldTable::default())

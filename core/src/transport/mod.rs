@@ -7,7 +7,9 @@ pub(crate) mod amqp;
 mod frame_filter;
 pub mod memory;
 pub(crate) mod queue;
+pub(crate) mod tls;
 
+use crate::connection::TlsOptions;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::Topology;
 use crate::wire::{Props, RawDelivery};
@@ -126,32 +128,52 @@ pub(crate) fn redacted(url: &str) -> String {
     }
 }
 
-/// An `amqp://` URL lapin can parse, or the error that says what to write.
-fn check_amqp_url(url: &str) -> Result<()> {
-    if url.starts_with("amqps://") {
-        return Err(Error::new(
-            ErrorKind::InvalidUrl,
-            "amqps:// is not supported by this build (it is compiled without TLS): use amqp:// on a trusted network, or terminate TLS in a local proxy",
-        ));
-    }
-    if !url.starts_with("amqp://") {
+/// An `amqp://` or `amqps://` URL lapin can parse, or the error that says
+/// what to write. Plain `amqp://` is refused when TLS settings were given:
+/// that address would not be encrypted, which is never what they meant.
+fn check_amqp_url(url: &str, tls: Option<&TlsOptions>) -> Result<()> {
+    let secure = url.starts_with("amqps://");
+    if !secure && !url.starts_with("amqp://") {
         let scheme = url.split("://").next().filter(|s| *s != url).unwrap_or("(none)");
         return Err(Error::new(
             ErrorKind::InvalidUrl,
-            format!("unknown URL scheme {scheme:?} in {:?}: use amqp://user:pass@host:5672/vhost or memory://", redacted(url)),
+            format!(
+                "unknown URL scheme {scheme:?} in {:?}: use amqp://user:pass@host:5672/vhost, amqps://user:pass@host:5671/vhost or memory://",
+                redacted(url)
+            ),
+        ));
+    }
+    if !secure && tls.is_some() {
+        return Err(Error::new(
+            ErrorKind::InvalidUrl,
+            format!(
+                "tls: was given, but {:?} is plain amqp:// and would not be encrypted: write amqps:// (port 5671 by default), or leave tls: out",
+                redacted(url)
+            ),
         ));
     }
     if url.parse::<lapin::uri::AMQPUri>().is_err() {
         return Err(Error::new(
             ErrorKind::InvalidUrl,
-            format!("cannot parse {:?} as an AMQP URL: use amqp://user:pass@host:5672/vhost", redacted(url)),
+            format!(
+                "cannot parse {:?} as an AMQP URL: use {}://user:pass@host:{}/vhost",
+                redacted(url),
+                if secure { "amqps" } else { "amqp" },
+                if secure { 5671 } else { 5672 }
+            ),
         ));
     }
     Ok(())
 }
 
 impl Backend {
-    pub(crate) async fn open(urls: &[String], origin: &str, connect_timeout: Duration, confirm_timeout: Duration) -> Result<Backend> {
+    pub(crate) async fn open(
+        urls: &[String],
+        origin: &str,
+        connect_timeout: Duration,
+        confirm_timeout: Duration,
+        tls: Option<&TlsOptions>,
+    ) -> Result<Backend> {
         let Some(first) = urls.first() else {
             return Err(Error::new(ErrorKind::InvalidUrl, "Connection.open needs at least one URL"));
         };
@@ -168,9 +190,15 @@ impl Backend {
                     "memory:// cannot be one of several addresses: it is one in-process broker; give it alone",
                 ));
             }
-            check_amqp_url(url)?;
+            check_amqp_url(url, tls)?;
         }
-        Ok(Backend::Amqp(Arc::new(amqp::AmqpBackend::connect(urls, origin, connect_timeout, confirm_timeout).await?)))
+        // Read the files once, for every address and every redial; only
+        // when some address needs them (the system store is a disk read).
+        let tls = match urls.iter().any(|u| u.starts_with("amqps://")) {
+            true => Some(tls::Tls::new(&tls.cloned().unwrap_or_default())?),
+            false => None,
+        };
+        Ok(Backend::Amqp(Arc::new(amqp::AmqpBackend::connect(urls, origin, connect_timeout, confirm_timeout, tls).await?)))
     }
 
     pub(crate) async fn apply(&self, topology: &Topology) -> Result<()> {

@@ -15,16 +15,55 @@ module AceMQ
       #
       # Several URLs (the nodes of a cluster) are tried in order; when the
       # connection is lost, the next one is dialled first.
+      #
+      # amqps:// is TLS (port 5671 unless the URL says), verified against the
+      # system's CA store unless tls: says otherwise:
+      #
+      #   Connection.open("amqps://user:pass@mq.internal/prod",
+      #                   tls: { ca_file: "ca.pem", cert_file: "client.pem", key_file: "client.key" })
+      #
+      # tls: keys are ca_file: (the CAs to trust instead of the system's),
+      # cert_file: and key_file: (a client certificate, for a broker that
+      # requires one), server_name: (the name the broker's certificate must
+      # carry, when it is not the URL's host) and verify: (default true;
+      # false accepts any certificate, for tests only). The files are read
+      # once, here. A TLS failure raises TLSError, a ConnectionFailed.
       def self.open(url = ENV.fetch("AMQP_URL", "memory://"), origin: nil, connect_timeout: nil, confirm_timeout: nil,
-                    heartbeat: nil)
+                    heartbeat: nil, tls: nil)
         urls = url.is_a?(Array) ? url : [url]
         unless !urls.empty? && urls.all?(String)
           raise ConfigurationError, "Connection.open needs a URL string or an Array of them, got #{url.inspect}"
         end
 
         _open(urls, origin&.to_s, connect_timeout && Float(connect_timeout), confirm_timeout && Float(confirm_timeout),
-              heartbeat && Float(heartbeat))
+              heartbeat && Float(heartbeat), tls_settings(tls))
       end
+
+      TLS_PATHS = %i[ca_file cert_file key_file].freeze
+      TLS_KEYS = [*TLS_PATHS, :verify, :server_name].freeze
+      private_constant :TLS_PATHS, :TLS_KEYS
+
+      # tls: as the engine reads it: Symbol keys (String ones are accepted,
+      # as a YAML file gives them), String paths (a Pathname is fine), and
+      # a verify that is true or false rather than merely truthy.
+      def self.tls_settings(tls)
+        return nil if tls.nil?
+        raise ConfigurationError, "tls: must be a Hash (ca_file:, cert_file:, key_file:, verify:), got #{tls.inspect}" unless tls.is_a?(Hash)
+
+        settings = tls.to_h { |k, v| [k.to_sym, v] }
+        unknown = settings.keys - TLS_KEYS
+        unless unknown.empty?
+          raise ConfigurationError, "unknown tls: #{unknown.map(&:inspect).join(', ')}: use #{TLS_KEYS.join(', ')}"
+        end
+        TLS_PATHS.each { |k| settings[k] = settings[k].to_s if settings.key?(k) && !settings[k].nil? }
+        settings[:server_name] = settings[:server_name].to_s unless settings[:server_name].nil?
+        unless [true, false, nil].include?(settings[:verify])
+          raise ConfigurationError, "tls: { verify: } must be true or false, got #{settings[:verify].inspect}"
+        end
+
+        settings
+      end
+      private_class_method :tls_settings
 
       # Publish payload as JSON and return once the broker has confirmed it.
       #

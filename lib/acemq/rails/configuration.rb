@@ -24,6 +24,11 @@ module AceMQ
       # The broker's consumer_timeout in seconds, when it is not RabbitMQ's
       # default of 30 minutes: every consumer's timeout must be shorter.
       attr_accessor :consumer_timeout
+      # TLS for an amqps:// url, as Connection.open takes it: { ca_file:,
+      # cert_file:, key_file:, server_name:, verify: }. Given to every
+      # connection AceMQ opens (the runner's two, the publisher, the rake
+      # tasks). nil (the default) with amqps:// is the system's CA store.
+      attr_accessor :tls
       # Seconds a subscription may be without a channel before it counts as
       # failed and is restarted (default 60), and the restart budget: at
       # most max_restarts (5) within restart_window seconds (300), then the

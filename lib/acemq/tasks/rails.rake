@@ -40,7 +40,8 @@ namespace :acemq do
     desc "Show the newest dead letters of a queue without taking them: acemq:dlq:peek[queue,limit]"
     task :peek, %i[queue limit] => :environment do |_, args|
       queue = args[:queue] or abort("usage: bin/rails 'acemq:dlq:peek[shop.payments,10]'")
-      mq = AceMQ::AMQP::Connection.open(AceMQ::Rails.config.url, origin: "#{AceMQ::Rails.config.origin}:dlq")
+      mq = AceMQ::AMQP::Connection.open(AceMQ::Rails.config.url, origin: "#{AceMQ::Rails.config.origin}:dlq",
+                                        tls: AceMQ::Rails.config.tls)
       begin
         letters = mq.peek_dead_letters(queue, limit: Integer(args[:limit] || 10))
         puts "#{queue}.dlq: #{letters.empty? ? 'empty' : "#{letters.size} shown"}"
@@ -58,7 +59,8 @@ namespace :acemq do
     desc "Move dead letters back to their queue, attempts reset: acemq:dlq:replay[queue,limit]"
     task :replay, %i[queue limit] => :environment do |_, args|
       queue = args[:queue] or abort("usage: bin/rails 'acemq:dlq:replay[shop.payments,100]'")
-      mq = AceMQ::AMQP::Connection.open(AceMQ::Rails.config.url, origin: "#{AceMQ::Rails.config.origin}:dlq")
+      mq = AceMQ::AMQP::Connection.open(AceMQ::Rails.config.url, origin: "#{AceMQ::Rails.config.origin}:dlq",
+                                        tls: AceMQ::Rails.config.tls)
       begin
         report = mq.replay_dead_letters(queue, limit: args[:limit] && Integer(args[:limit]))
         puts "replayed #{report[:replayed]} from #{queue}.dlq (#{report[:skipped]} left)"
@@ -71,7 +73,8 @@ namespace :acemq do
   namespace :topology do
     desc "Declare every consumer's exchanges, queue, DLQ and bindings (idempotent)"
     task apply: :environment do
-      mq = AceMQ::AMQP::Connection.open(AceMQ::Rails.config.url, origin: "#{AceMQ::Rails.config.origin}:topology")
+      mq = AceMQ::AMQP::Connection.open(AceMQ::Rails.config.url, origin: "#{AceMQ::Rails.config.origin}:topology",
+                                        tls: AceMQ::Rails.config.tls)
       begin
         AceMQ::Rails.eager_load!
         consumers = AceMQ::Rails.config.consumers || AceMQ::Rails::Consumer.consumers

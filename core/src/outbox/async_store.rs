@@ -51,14 +51,7 @@ pub struct AsyncSqlOutboxStore<S> {
     source: S,
 }
 
-impl<S> std::fmt::Debug for AsyncSqlOutboxStore<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AsyncSqlOutboxStore")
-            .field("table", &self.rules.table())
-            .field("worker_id", &self.rules.worker_id())
-            .finish()
-    }
-}
+crate::outbox::rules::store_debug!(AsyncSqlOutboxStore);
 
 impl<S: AsyncConnectionSource> AsyncSqlOutboxStore<S> {
     /// A store whose own calls run on connections from `source`. Fails when
@@ -67,31 +60,7 @@ impl<S: AsyncConnectionSource> AsyncSqlOutboxStore<S> {
         Ok(AsyncSqlOutboxStore { rules: Rules::new(options)?, source })
     }
 
-    /// The table name.
-    pub fn table(&self) -> &str {
-        self.rules.table()
-    }
-
-    /// Who this store claims rows as.
-    pub fn worker_id(&self) -> &str {
-        self.rules.worker_id()
-    }
-
-    /// The options it was built with.
-    pub fn options(&self) -> &OutboxStoreOptions {
-        self.rules.options()
-    }
-
-    /// Where the store's own connections come from.
-    pub fn source(&self) -> &S {
-        &self.source
-    }
-
-    /// The statements [`create_schema`](Self::create_schema) runs, for a
-    /// migration file.
-    pub fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
-        self.rules.schema_sql(dialect)
-    }
+    crate::outbox::rules::store_accessors!();
 
     /// Create the table and its index if they do not exist.
     pub async fn create_schema(&self) -> Result<()> {

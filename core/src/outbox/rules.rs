@@ -295,3 +295,51 @@ fn millis(d: Duration) -> i64 {
 fn context(e: Error, what: &str) -> Error {
     Error::new(e.kind().clone(), format!("{what}: {}", e.message()))
 }
+
+/// The accessors both outbox stores (blocking and async) answer with, over
+/// their `rules` and `source` fields: one copy of each.
+macro_rules! store_accessors {
+    () => {
+    /// The table name.
+        pub fn table(&self) -> &str {
+            self.rules.table()
+        }
+    
+        /// Who this store claims rows as.
+        pub fn worker_id(&self) -> &str {
+            self.rules.worker_id()
+        }
+    
+        /// The options it was built with.
+        pub fn options(&self) -> &OutboxStoreOptions {
+            self.rules.options()
+        }
+    
+        /// Where the store's own connections come from.
+        pub fn source(&self) -> &S {
+            &self.source
+        }
+    
+        /// The statements [`create_schema`](Self::create_schema) runs, for a
+        /// migration file.
+        pub fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
+            self.rules.schema_sql(dialect)
+        }
+    };
+}
+pub(crate) use store_accessors;
+
+/// `Debug` for an outbox store: its table and worker id.
+macro_rules! store_debug {
+    ($name:ident) => {
+        impl<S> std::fmt::Debug for $name<S> {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("table", &self.rules.table())
+                    .field("worker_id", &self.rules.worker_id())
+                    .finish()
+            }
+        }
+    };
+}
+pub(crate) use store_debug;

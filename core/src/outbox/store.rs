@@ -45,14 +45,7 @@ pub struct SqlOutboxStore<S = Box<dyn ConnectionSource>> {
     source: S,
 }
 
-impl<S> std::fmt::Debug for SqlOutboxStore<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlOutboxStore")
-            .field("table", &self.rules.table())
-            .field("worker_id", &self.rules.worker_id())
-            .finish()
-    }
-}
+crate::outbox::rules::store_debug!(SqlOutboxStore);
 
 impl<S: ConnectionSource> SqlOutboxStore<S> {
     /// A store whose relay steps run on connections from `source`. Fails
@@ -61,31 +54,7 @@ impl<S: ConnectionSource> SqlOutboxStore<S> {
         Ok(SqlOutboxStore { rules: Rules::new(options)?, source })
     }
 
-    /// The table name.
-    pub fn table(&self) -> &str {
-        self.rules.table()
-    }
-
-    /// Who this store claims rows as.
-    pub fn worker_id(&self) -> &str {
-        self.rules.worker_id()
-    }
-
-    /// The options it was built with.
-    pub fn options(&self) -> &OutboxStoreOptions {
-        self.rules.options()
-    }
-
-    /// Where the store's own connections come from.
-    pub fn source(&self) -> &S {
-        &self.source
-    }
-
-    /// The statements [`create_schema`](Self::create_schema) runs, for a
-    /// migration file.
-    pub fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
-        self.rules.schema_sql(dialect)
-    }
+    crate::outbox::rules::store_accessors!();
 
     /// Create the table and its index if they do not exist, in the dialect of
     /// the store's connection.

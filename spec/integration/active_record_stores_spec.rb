@@ -196,7 +196,7 @@ module ActiveRecordStoresSpec
       # A batch asks a store of ours for first_time? and confirm key by key
       # (it has no first_time_many); each message is decided as alone.
       results = guarded.call_many(%w[b-1 b-2 b-1 m-1].map { |id| ActiveRecordStoresSpec.message(id) })
-      expect(results.map { |r| r.kind.to_s }).to eq(%w[accept accept retry accept])
+      expect(results.map { |r| r.kind.to_s }).to eq(%w[accept accept wait accept]) # the same key again: it waits
       expect(results[2].reason).to match(/claimed by a handler that has not finished/)
       expect(runs.values_at("b-1", "b-2")).to eq([1, 1])
       expect(%w[b-1 b-2].map { |k| store.confirmed?(k) }).to eq([true, true])
@@ -279,13 +279,14 @@ module ActiveRecordStoresSpec
         .to have_attributes(state: "CLAIMED", claimed_by: "#{Socket.gethostname}:#{child}")
     end
 
-    it "the shipped store: the redelivery is retried, and runs once when the claim goes stale" do
+    it "the shipped store: the redelivery waits (no attempt spent), and runs once when the claim goes stale" do
       kill_mid_handler(message) { AceMQ::Rails::ActiveRecordIdempotencyStore.new }
       runs = 0
       guarded = Patterns.idempotent(AceMQ::Rails::ActiveRecordIdempotencyStore.new) { runs += 1; Ack.accept }
 
       retried = guarded.call(message)
-      expect(retried).to be_retry
+      expect(retried).to be_wait
+      expect(retried.up_to).to eq(AceMQ::Rails::ActiveRecordIdempotencyStore.new.claim_timeout.to_f)
       expect(retried.reason).to match(/claimed by a handler that has not finished/)
       expect(runs).to eq(0)
 

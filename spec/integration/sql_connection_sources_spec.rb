@@ -286,7 +286,7 @@ module SQLConnectionSourcesSpec
       store.forget("a")
 
       results = guarded.call_many(%w[a b a].map { |k| SQLConnectionSourcesSpec.message(k) })
-      expect(results.map { |r| r.kind.to_s }).to eq(%w[accept accept retry])
+      expect(results.map { |r| r.kind.to_s }).to eq(%w[accept accept wait]) # the same key again: it waits
       expect(%w[a b].map { |k| store.confirmed?(k) }).to eq([true, true])
       expect(busy).to eq(0)
     end

@@ -70,6 +70,12 @@ impl RetryPolicy {
         }
         out
     }
+
+    /// The rung queues this ladder puts behind `queue`, shortest delay
+    /// first: what an operator looks for in the broker's queue list.
+    pub fn rung_queues(&self, queue: &str) -> Vec<String> {
+        self.rungs().into_iter().map(|d| rung_name(queue, d)).collect()
+    }
 }
 
 /// The rung queue for `delay` behind `queue`: `{queue}.retry.{delay}`, where

@@ -59,7 +59,10 @@ module AceMQ
       # The runner serves /metrics beside /live and /ready on its health
       # port; on 0.0.0.0 it is reachable on 127.0.0.1 from the same host.
       def metrics_url(config)
-        return nil if @metrics == "none" && (@no_metrics = "--metrics none")
+        if @metrics == "none"
+          @no_metrics = "--metrics none"
+          return nil
+        end
         return @metrics if @metrics
 
         port = config.health_port

@@ -138,4 +138,22 @@ RSpec.describe "acemq status (processes)" do
     expect(q["rungs"]).to all(include("exists" => false)) # the default ladder's, never declared here
     expect(q["dlq"]).to include("exists" => true, "ready" => 0)
   end
+
+  it "is the rake task acemq:status too, the app loaded by :environment" do
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    mq.publish({ "do" => "accept" }, to: queue)
+    Dir.mktmpdir do |dir|
+      File.write(File.join(dir, "Rakefile"), <<~RUBY)
+        task(:environment) { require #{STATUS_APP.inspect} }
+        load #{File.join(RunnerHelpers::ROOT, 'lib', 'acemq', 'tasks', 'rails.rake').inspect}
+      RUBY
+      out, st = Open3.capture2e(env.merge("JSON" => "1", "METRICS" => "none", "INTERVAL" => "0"), RbConfig.ruby, "-I",
+                                File.join(RunnerHelpers::ROOT, "lib"), "-S", "rake", "-f", File.join(dir, "Rakefile"),
+                                "acemq:status", chdir: dir)
+      expect(st).to be_success, out
+      json = JSON.parse(out)
+      expect(json["consumers"].first["queue"]).to include("name" => queue, "ready" => 1, "consumers" => 0)
+      expect(json["metrics_error"]).to eq("--metrics none")
+    end
+  end
 end

@@ -42,7 +42,9 @@ module AceMQ
           out << "  dead letters, newest first:"
           c[:dlq][:newest].each do |d|
             at = d[:failed_at] ? d[:failed_at].sub(/\A\d{4}-\d\d-\d\dT/, "") : "?"
-            out << "    #{at} #{d[:id] || '-'} attempt #{d[:attempt]}: #{d[:reason]}" \
+            # The reason is the point of the line; the id and the type are
+            # in --json and in acemq:dlq:peek.
+            out << "    #{at} attempt #{d[:attempt]}: #{d[:reason]}" \
                    "#{d[:error_class] ? " (#{d[:error_class]})" : ''}"
           end
         end

@@ -67,7 +67,8 @@ module AceMQ
 
         port = config.health_port
         if port.nil? || Integer(port).zero?
-          @no_metrics = port.nil? ? "health_port is not set: give --metrics URL" : "health_port is 0 (any free port): give --metrics URL"
+          why = port.nil? ? "health_port is not set" : "health_port is 0 (any free port)"
+          @no_metrics = "#{why}: give --metrics URL"
           return nil
         end
         host = config.health_host.to_s

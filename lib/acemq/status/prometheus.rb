@@ -32,11 +32,14 @@ module AceMQ
 
           m = SAMPLE.match(line) or next
           labels = {}
-          m[2]&.scan(LABEL) { |k, v| labels[k] = v.gsub(/\\(.)/) { Regexp.last_match(1) == "n" ? "\n" : Regexp.last_match(1) } }
+          m[2]&.scan(LABEL) { |k, v| labels[k] = unescape(v) }
           value = Float(m[3].sub(/\A\+?Inf\z/, "Infinity"), exception: false) or next
           Sample.new(m[1], labels, value)
         end
       end
+
+      # A label value as written: \\, \" and \n escaped.
+      def self.unescape(value) = value.gsub(/\\(.)/) { Regexp.last_match(1) == "n" ? "\n" : Regexp.last_match(1) }
 
       # The samples at url, or raise Unavailable saying why not.
       def self.scrape(url, timeout: 2)

@@ -30,7 +30,9 @@ module AceMQ
       def list_queues
         argv = [*@command, "-q", "list_queues", "-p", @vhost, "--no-table-headers", *FIELDS]
         out, err, status = run(argv)
-        raise Unavailable, (err.strip.empty? ? "exit #{status.exitstatus}" : err.strip.lines.first.strip) unless status.success?
+        unless status.success?
+          raise Unavailable, err.strip.empty? ? "exit #{status.exitstatus}" : err.strip.lines.first.strip
+        end
 
         out.each_line.each_with_object({}) do |line, all|
           name, ready, unacked, consumers = line.chomp.split("\t")

@@ -13,7 +13,11 @@ module AceMQ
 
       def self.render(snapshot)
         lines = ["acemq status  #{snapshot[:broker]}  #{snapshot[:at]}"]
-        lines << "unacked: #{snapshot[:unacked_from] ? "from #{snapshot[:unacked_from]}" : "#{DASH} (#{snapshot[:unacked_error] || 'no rabbitmqctl for this broker'})"}"
+        lines << if snapshot[:unacked_from]
+                   "unacked: from #{snapshot[:unacked_from]}"
+                 else
+                   "unacked: #{DASH} (#{snapshot[:unacked_error] || 'no rabbitmqctl for this broker'})"
+                 end
         lines << if snapshot[:metrics_error] && snapshot[:metrics_url]
                    "no runner metrics at #{snapshot[:metrics_url]} (#{snapshot[:metrics_error]})"
                  elsif snapshot[:metrics_error]

@@ -121,4 +121,11 @@ mod tests {
         assert_eq!(rung_name("payments", Duration::from_millis(250)), "payments.retry.250ms");
         assert_eq!(dlq_name("payments"), "payments.dlq");
     }
+
+    #[test]
+    fn rung_queues_are_the_ladders_distinct_delays() {
+        let policy = RetryPolicy::new(6, Duration::from_secs(1), Duration::from_secs(4));
+        assert_eq!(policy.rung_queues("payments"), ["payments.retry.1s", "payments.retry.2s", "payments.retry.4s"]);
+        assert!(RetryPolicy::new(1, Duration::ZERO, Duration::ZERO).rung_queues("payments").is_empty());
+    }
 }

@@ -1,6 +1,9 @@
 # frozen_string_literal: true
 
 require "optparse"
+# The errors before anything else: boot raises ConfigurationError (no
+# config/environment.rb) before the application has required acemq.
+require "acemq/errors"
 
 module AceMQ
   # `acemq`: the runner's command line.

@@ -156,4 +156,13 @@ RSpec.describe "acemq status (processes)" do
       expect(json["metrics_error"]).to eq("--metrics none")
     end
   end
+
+  it "says where to run it from, outside an app and without --queue" do
+    Dir.mktmpdir do |dir|
+      out, st = Open3.capture2e({ "AMQP_URL" => AMQP_URL }, RbConfig.ruby, "-I", File.join(RunnerHelpers::ROOT, "lib"),
+                                RunnerHelpers::EXE, "status", chdir: dir)
+      expect(st.exitstatus).to eq(64)
+      expect(out).to include("no config/environment.rb in", "give -r FILE")
+    end
+  end
 end

@@ -135,7 +135,7 @@ module AceMQ
       a = Prometheus.consumed(before, queue) || {}
       b = Prometheus.consumed(after, queue) || {}
       done = b.values.sum - a.values.sum
-      dup = b[Prometheus::OUTCOME_DUPLICATE] - a[Prometheus::OUTCOME_DUPLICATE]
+      dup = Prometheus::NOT_FIRST_TIME.sum { |o| b[o] - a[o] }
       { done_per_s: (done / elapsed).round(1), duplicates_per_s: (dup / elapsed).round(1),
         duplicate_ratio: done.positive? ? (dup / done).round(3) : nil,
         consumed_total: b.transform_values(&:to_i) }

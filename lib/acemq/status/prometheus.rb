@@ -12,12 +12,13 @@ module AceMQ
       # The names the runner exports (docs/events.md is the reference; they
       # follow the OpenTelemetry messaging conventions). Every delivery the
       # runner settled is one count of CONSUMED, labelled with its queue and
-      # its outcome; OUTCOME_DUPLICATE is a delivery the idempotent guard
-      # recognised (first_time? answered false).
+      # its outcome. The guide's counter worth graphing is how often
+      # first_time? answered false: a key already confirmed (duplicate) or
+      # only claimed, its message sent back to wait (in_progress).
       CONSUMED = "messaging_client_consumed_messages_total"
       DESTINATION_LABEL = "messaging_destination_name"
       OUTCOME_LABEL = "outcome"
-      OUTCOME_DUPLICATE = "duplicate"
+      NOT_FIRST_TIME = %w[duplicate in_progress].freeze
 
       SAMPLE = /\A([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?\s*\z/.freeze
       LABEL = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"\s*,?\s*/.freeze

@@ -9,7 +9,7 @@ use crate::message::Message;
 use crate::ack::Outcome;
 use crate::topology::{QueueType, Topology};
 use crate::transport::memory::MemoryBroker;
-use crate::transport::{Backend, Confirm};
+use crate::transport::{Backend, Confirm, QueueCounts};
 use crate::wire::{props_for, Props};
 use serde::Serialize;
 use std::future::Future;
@@ -232,6 +232,15 @@ impl Connection {
             Backend::Memory(b) => Some(b.clone()),
             Backend::Amqp(_) => None,
         }
+    }
+
+    /// How many messages wait in `queue` and how many consumers it has, by
+    /// a passive declare (nothing is created); `Ok(None)` when the queue
+    /// does not exist. What `acemq status` shows. Cancel safe.
+    pub async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>> {
+        self.check_open()?;
+        crate::limits::queue(queue)?;
+        self.inner.backend.queue_counts(queue).await
     }
 
     pub(crate) fn backend(&self) -> &Backend {

@@ -63,7 +63,7 @@ pub use replay::{DeadLetter, ReplayOptions, ReplayReport};
 pub use retry::RetryPolicy;
 pub use topology::{ExchangeKind, QueueType, Topology};
 pub use transport::memory::MemoryBroker;
-pub use transport::Confirm;
+pub use transport::{Confirm, QueueCounts};
 
 /// The crate README's example, compiled as a doc test.
 #[cfg(doctest)]

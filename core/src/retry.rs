@@ -70,6 +70,12 @@ impl RetryPolicy {
         }
         out
     }
+
+    /// The rung queues this ladder puts behind `queue`, shortest delay
+    /// first: what an operator looks for in the broker's queue list.
+    pub fn rung_queues(&self, queue: &str) -> Vec<String> {
+        self.rungs().into_iter().map(|d| rung_name(queue, d)).collect()
+    }
 }
 
 /// The rung queue for `delay` behind `queue`: `{queue}.retry.{delay}`, where
@@ -114,5 +120,12 @@ mod tests {
         assert_eq!(rung_name("payments", Duration::from_secs(4)), "payments.retry.4s");
         assert_eq!(rung_name("payments", Duration::from_millis(250)), "payments.retry.250ms");
         assert_eq!(dlq_name("payments"), "payments.dlq");
+    }
+
+    #[test]
+    fn rung_queues_are_the_ladders_distinct_delays() {
+        let policy = RetryPolicy::new(6, Duration::from_secs(1), Duration::from_secs(4));
+        assert_eq!(policy.rung_queues("payments"), ["payments.retry.1s", "payments.retry.2s", "payments.retry.4s"]);
+        assert!(RetryPolicy::new(1, Duration::ZERO, Duration::ZERO).rung_queues("payments").is_empty());
     }
 }

@@ -56,6 +56,28 @@ async fn publish_then_consume_carries_the_envelope() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn queue_counts_is_a_passive_declare() {
+    for mq in transports().await {
+        let q = unique("counts");
+        assert_eq!(mq.queue_counts(&q).await.unwrap(), None); // and nothing was created
+        assert_eq!(mq.queue_counts(&q).await.unwrap(), None);
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        for n in 0..2 {
+            mq.publish(&json!({ "n": n }), &q, PublishOptions::default()).await.unwrap();
+        }
+        assert_eq!(mq.queue_counts(&q).await.unwrap(), Some(acemq::QueueCounts { ready: 2, consumers: 0 }));
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let d = next(&c).await;
+        let counts = mq.queue_counts(&q).await.unwrap().unwrap();
+        assert_eq!(counts.consumers, 1);
+        assert!(counts.ready <= 1, "delivered messages are not ready: {counts:?}");
+        c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        c.close().await;
+        mq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn exchanges_route_by_kind() {
     for mq in transports().await {
         let ex = unique("events");

@@ -322,6 +322,11 @@ impl RbConnection {
         self.inner.memory_broker().and_then(|b| b.depth(&queue)).map(|d| (d.ready, d.unacked))
     }
 
+    fn queue_counts(ruby: &Ruby, rb_self: &Self, queue: String) -> Result<Option<(u64, u64)>, Error> {
+        let counts = gvl::block_on(ruby, rb_self.inner.queue_counts(&queue))?.rb(ruby)?;
+        Ok(counts.map(|c| (c.ready, c.consumers)))
+    }
+
     fn reset_memory(&self) -> bool {
         match self.inner.memory_broker() {
             Some(b) => {
@@ -359,8 +364,13 @@ fn check_retries(ruby: &Ruby, max_attempts: Option<u32>, initial_delay: Option<f
     retry_policy(ruby, max_attempts, initial_delay, max_delay)?.validate().rb(ruby)
 }
 
+fn rung_queues(ruby: &Ruby, queue: String, max_attempts: Option<u32>, initial_delay: Option<f64>, max_delay: Option<f64>) -> Result<Vec<String>, Error> {
+    Ok(retry_policy(ruby, max_attempts, initial_delay, max_delay)?.rung_queues(&queue))
+}
+
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
+    amqp.define_module_function("_rung_queues", magnus::function!(rung_queues, 4))?;
     let class = amqp.define_class("Connection", ruby.class_object())?;
     class.define_singleton_method("_open", function!(RbConnection::open, 6))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 8))?;
@@ -369,6 +379,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;
     class.define_private_method("_queue_depth", method!(RbConnection::queue_depth, 1))?;
+    class.define_private_method("_queue_counts", method!(RbConnection::queue_counts, 1))?;
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
     class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
     class.define_private_method("_replay", method!(RbConnection::replay, 4))?;

@@ -1,6 +1,9 @@
 # frozen_string_literal: true
 
 require "optparse"
+# The errors before anything else: boot raises ConfigurationError (no
+# config/environment.rb) before the application has required acemq.
+require "acemq/errors"
 
 module AceMQ
   # `acemq`: the runner's command line.
@@ -8,17 +11,25 @@ module AceMQ
   #   acemq run                   # from a Rails app's root: boots config/environment.rb
   #   acemq run -r ./consumers.rb # an app without Rails: requires the file instead
   #   acemq run --only PaymentsConsumer,RefundsConsumer
+  #   acemq status                # the same consumers' queues, DLQs, outbox
+  #   acemq status --queue shop.payments --json
   class CLI
     USAGE = <<~TEXT
       Usage: acemq run [options]
+             acemq status [options]
 
-      Runs the consumers (subclasses of AceMQ::Rails::Consumer) until TERM or INT.
-      From a Rails application's root it boots config/environment.rb; elsewhere
-      give -r with the file that defines the consumers and calls
+      run: runs the consumers (subclasses of AceMQ::Rails::Consumer) until TERM
+      or INT. From a Rails application's root it boots config/environment.rb;
+      elsewhere give -r with the file that defines the consumers and calls
       AceMQ::Rails.configure.
 
       Signals: TERM/INT drain and exit (a second one exits at once), TSTP quiet,
       TTIN thread backtraces to the log.
+
+      status: what the broker, the outbox and the runner's metrics say now
+      about the same consumers (or about --queue NAME, without booting an
+      app): ready, unacked, consumers, rate, rung queues, DLQ depth and its
+      newest reasons, the outbox backlog, the duplicate rate.
     TEXT
 
     def self.start(argv = ARGV, out: $stdout, err: $stderr) = new(out: out, err: err).start(argv)
@@ -34,13 +45,26 @@ module AceMQ
       # are written, not when a buffer fills or the process exits.
       $stdout.sync = true
       $stderr.sync = true
-      options = { require: [], only: nil, dir: nil }
+      options = { require: [], only: nil, dir: nil, queues: [], interval: 1.0, json: false }
       parser = OptionParser.new do |o|
         o.banner = USAGE
         o.separator ""
         o.on("-r", "--require FILE", "Require FILE instead of ./config/environment.rb (repeatable)") { |f| options[:require] << f }
         o.on("-C", "--chdir DIR", "Change to DIR first") { |d| options[:dir] = d }
-        o.on("--only NAMES", "Run only these consumer classes (comma-separated)") { |n| options[:only] = n }
+        o.on("--only NAMES", "Run (or show) only these consumer classes (comma-separated)") { |n| options[:only] = n }
+        o.separator ""
+        o.separator "status:"
+        o.on("--queue NAME", "Show this queue (repeatable); boots no app") { |q| options[:queues] << q }
+        o.on("--url URL", "The broker (default: the app's config.url, else AMQP_URL)") { |u| options[:url] = u }
+        o.on("--metrics URL", "The runner's /metrics (default: config.health_port's); none") { |u| options[:metrics] = u }
+        o.on("--interval SECONDS", Float, "Between the two samples a rate is taken from (default 1)") do |s|
+          options[:interval] = s
+        end
+        o.on("--rabbitmqctl CMD", "How to run rabbitmqctl for unacked (default: when local); none") do |c|
+          options[:rabbitmqctl] = c
+        end
+        o.on("--json", "A JSON document instead of the table") { options[:json] = true }
+        o.separator ""
         o.on("-v", "--version", "Print the version") do
           @out.puts("acemq #{AceMQ::VERSION}")
           return 0
@@ -52,11 +76,13 @@ module AceMQ
       end
       args = parser.parse(argv)
       command = args.shift
-      unless command == "run"
+      unless %w[run status].include?(command)
         @err.puts(command ? "acemq: unknown command #{command.inspect}\n\n#{parser}" : parser.to_s)
         return command ? 64 : 0
       end
       Dir.chdir(options[:dir]) if options[:dir]
+      return status(options) if command == "status"
+
       boot(options[:require])
       AceMQ::Rails.runner(only: options[:only]).run
     rescue OptionParser::ParseError, AceMQ::AMQP::ConfigurationError => e
@@ -65,6 +91,15 @@ module AceMQ
     end
 
     private
+
+    # --queue alone needs no application: the names say what to look at.
+    def status(options)
+      options[:queues].empty? || !options[:require].empty? ? boot(options[:require]) : require("acemq")
+      require "acemq/status/command"
+      AceMQ::Status::Command.new(out: @out, err: @err, queues: options[:queues], only: options[:only],
+                                 url: options[:url], metrics: options[:metrics], interval: options[:interval],
+                                 rabbitmqctl: options[:rabbitmqctl], json: options[:json]).run
+    end
 
     def boot(files)
       if files.empty?

@@ -53,6 +53,10 @@ module AceMQ
         @publisher_lock.synchronize { @publisher = connection }
       end
 
+      # The consumer classes the runner runs, as `acemq run` finds them
+      # (`only:` names some of them): what `acemq status` looks at.
+      def consumers(only: nil) = select_consumers(only)
+
       # A Runner for the configured consumers (`only:` names some of them).
       def runner(only: nil)
         Runner.new(consumers: select_consumers(only), config: config, executor: executor)

@@ -448,6 +448,36 @@ impl AmqpBackend {
     pub(crate) async fn reader_channel(&self) -> Result<Channel> {
         self.open_channel(false).await
     }
+
+    /// A passive declare of `queue`: its ready messages and consumers, or
+    /// None when it does not exist. On a channel of its own, because the
+    /// broker closes the channel that asks about a missing queue; within
+    /// the confirm timeout, so a status command never hangs on it.
+    pub(crate) async fn queue_counts(&self, queue: &str) -> Result<Option<super::QueueCounts>> {
+        let ch = self.open_channel(false).await?;
+        let declared = tokio::time::timeout(
+            self.confirm_timeout,
+            ch.queue_declare(
+                ShortString::from(queue),
+                QueueDeclareOptions { passive: true, ..Default::default() },
+                FieldTable::default(),
+            ),
+        )
+        .await;
+        if ch.status().connected() {
+            let _ = ch.close(200, ShortString::from("OK")).await;
+        }
+        let declared = declared.map_err(|_| {
+            Error::new(ErrorKind::Timeout, format!("asking the broker about queue '{queue}': no answer within the confirm timeout"))
+        })?;
+        match declared {
+            Ok(q) => Ok(Some(super::QueueCounts { ready: q.message_count().into(), consumers: q.consumer_count().into() })),
+            Err(e) => {
+                let err = map_error(&e, &format!("asking the broker about queue '{queue}'"));
+                if err.is_not_found() { Ok(None) } else { Err(err) }
+            }
+        }
+    }
 }
 
 /// One message off `queue` with basic.get, left unacknowledged on `ch`.

@@ -132,6 +132,14 @@ impl MemoryBroker {
         Some(QueueDepth { ready: q.ready.len(), unacked })
     }
 
+    /// Ready messages and consumers of `queue`, as a passive declare on
+    /// RabbitMQ answers; None when it does not exist.
+    pub fn counts(&self, queue: &str) -> Option<super::QueueCounts> {
+        let st = self.lock();
+        let q = st.queues.get(queue)?;
+        Some(super::QueueCounts { ready: q.ready.len() as u64, consumers: q.consumers.len() as u64 })
+    }
+
     /// Forget every exchange, queue and message (consumers are closed).
     pub fn reset(&self) {
         let mut st = self.lock();

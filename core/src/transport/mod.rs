@@ -43,6 +43,17 @@ impl Confirm {
     }
 }
 
+/// What a passive queue declare tells about a queue: the messages ready
+/// for a consumer and the consumers attached. AMQP has no count of the
+/// unacknowledged (that is the management API's, or `rabbitmqctl`'s).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// Waiting for a consumer.
+    pub ready: u64,
+    /// Consumers subscribed to it now, on any connection.
+    pub consumers: u64,
+}
+
 pub(crate) enum Link {
     Amqp(amqp::AmqpConsumer),
     Memory { broker: Arc<MemoryBroker>, id: u64, out: Arc<DeliveryQueue> },
@@ -283,6 +294,14 @@ impl Backend {
     pub(crate) async fn close(&self) {
         if let Backend::Amqp(a) = self {
             a.close().await;
+        }
+    }
+
+    /// Ready messages and consumers of `queue`; None when it does not exist.
+    pub(crate) async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>> {
+        match self {
+            Backend::Memory(b) => Ok(b.counts(queue)),
+            Backend::Amqp(a) => a.queue_counts(queue).await,
         }
     }
 

@@ -183,6 +183,15 @@ module AceMQ
         ready && { ready: ready, unacked: unacked }
       end
 
+      # { ready:, consumers: } for a queue, by a passive declare (nothing is
+      # created), or nil when it does not exist. Works on RabbitMQ and
+      # memory://. AMQP has no count of unacknowledged messages: see
+      # docs/observability.md for where `acemq status` gets them.
+      def queue_counts(queue)
+        ready, consumers = _queue_counts(queue.to_s)
+        ready && { ready: ready, consumers: consumers }
+      end
+
       def inspect = "#<AceMQ::AMQP::Connection origin=#{origin.inspect}#{closed? ? ' closed' : ''}>"
 
       private

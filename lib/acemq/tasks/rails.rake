@@ -8,6 +8,15 @@ namespace :acemq do
     exit AceMQ::Rails.runner(only: ENV["ONLY"]).run
   end
 
+  desc "Show the consumers' queues, rungs, DLQs, the outbox and the runner's rates (acemq status): " \
+       "JSON=1, ONLY=A,B, METRICS=url|none, INTERVAL=seconds, RABBITMQCTL=cmd|none"
+  task status: :environment do
+    require "acemq/status/command"
+    code = AceMQ::Status::Command.new(only: ENV["ONLY"], metrics: ENV["METRICS"], interval: Float(ENV.fetch("INTERVAL", "1")),
+                                      rabbitmqctl: ENV["RABBITMQCTL"], json: ENV["JSON"] == "1").run
+    exit(code) unless code.zero?
+  end
+
   desc "Remove idempotency keys past their retention (the shipped ActiveRecord store)"
   task purge_idempotency: :environment do |task|
     # The guide has an application write its own acemq:purge_idempotency

@@ -78,3 +78,8 @@ mod readme {}
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/rust.md")]
 mod rust_guide {}
+
+/// docs/tracing.md's Rust sample, compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/tracing.md")]
+mod tracing_guide {}

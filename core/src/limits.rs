@@ -170,6 +170,13 @@ pub fn fit_copy(props: &mut Props) {
         .map(|(k, v)| (k.len() + value(v, 1).unwrap_or(usize::MAX / 2), k.clone()))
         .collect();
     droppable.sort_by(|a, b| b.0.cmp(&a.0));
+    // The note naming what was dropped needs room too: its largest size is
+    // held while dropping, or a copy that just fits without it would not fit
+    // with it.
+    const NOTE: &str = "x-acemq-dropped-headers";
+    const PREFIX: &str = "too large for one frame: ";
+    const NAMES: usize = 1024;
+    let earlier = props.headers.insert(NOTE.into(), Value::from(" ".repeat(PREFIX.len() + NAMES)));
     let mut dropped = Vec::new();
     for (_, name) in droppable {
         props.headers.remove(&name);
@@ -178,9 +185,14 @@ pub fn fit_copy(props: &mut Props) {
             break;
         }
     }
-    if !dropped.is_empty() {
-        let names = bounded(&dropped.join(", "), 1024);
-        props.headers.insert("x-acemq-dropped-headers".into(), Value::from(format!("too large for one frame: {names}")));
+    if dropped.is_empty() {
+        match earlier {
+            Some(note) => props.headers.insert(NOTE.into(), note),
+            None => props.headers.remove(NOTE),
+        };
+    } else {
+        let names = bounded(&dropped.join(", "), NAMES);
+        props.headers.insert(NOTE.into(), Value::from(format!("{PREFIX}{names}")));
     }
 }
 

@@ -2,6 +2,7 @@
 
 require "spec_helper"
 require "acemq/amqp/patterns"
+require_relative "../fixtures/open_telemetry_stand_in"
 
 # W3C trace context on RabbitMQ, with no OpenTelemetry loaded: the headers a
 # publisher set at attempt 1 arrive unchanged at attempt 3, in the DLQ copy,
@@ -53,6 +54,35 @@ module TracingSpec
       back = Array.new(2) { eventually(timeout: 10) { seen.pop(true) rescue nil } }
       sub.cancel
       expect(back.sort_by(&:first)).to eq([[2, 1, TRACE], [4, 1, {}]])
+    end
+  end
+
+  RSpec.describe "OpenTelemetry (a stand-in of its API) across the ladder" do
+    let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL) }
+    let(:queue) { unique("traced-otel") }
+
+    around { |ex| OpenTelemetryStandIn.install { ex.run } }
+    before do
+      AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+      broker_names[:queues].push(queue, "#{queue}.dlq")
+    end
+    after { mq.close }
+
+    it "puts every attempt's consumer span in the publisher's trace, the child of its publish span" do
+      otel = OpenTelemetryStandIn
+      done = Queue.new
+      sub = mq.consume(queue, retries: { max_attempts: 3, initial_delay: 0.2, max_delay: 0.2 }) do |m|
+        m.attempt < 3 ? Ack.retry("not yet") : (done << true; Ack.accept)
+      end
+      otel.tracer_provider.tracer("app").in_span("POST /orders") { mq.publish({ "n" => 1 }, to: queue) }
+      eventually(timeout: 10) { done.pop(true) rescue nil }
+      sub.cancel
+      publish = otel.spans.find { |s| s.name == "publish amq.default" }
+      attempts = eventually { otel.spans.select { |s| s.name == "process #{queue}" }.then { |a| a.size == 3 && a } }
+      expect(attempts.map { |s| s.attributes["acemq.attempt"] }).to eq([1, 2, 3])
+      expect(attempts.map { |s| s.attributes["acemq.outcome"] }).to eq(%w[retry retry accept])
+      expect(attempts.map { |s| s.context.trace_id }.uniq).to eq([publish.context.trace_id])
+      expect(attempts.map { |s| s.parent.span_id }.uniq).to eq([publish.context.span_id])
     end
   end
 

@@ -102,6 +102,7 @@ module AceMQ
           when StandardError
             span.set_attribute("acemq.outcome", result.is_a?(FatalError) ? "reject" : "retry")
             span.set_attribute("error.type", result.class.name.to_s)
+          else span.set_attribute("acemq.outcome", "reject") # not an Ack: the engine rejects it
           end
         end
 

@@ -329,7 +329,10 @@ impl Connection {
         self.check_open()?;
         let props = props_for(envelope);
         check_destination(exchange, routing_key, &props)?;
-        self.inner.backend.send(exchange, routing_key, body, &props).await
+        // The producer span lasts until the confirm resolves (Confirm::wait).
+        let span = crate::trace::publish_span(exchange, routing_key, envelope);
+        let confirm = tracing::Instrument::instrument(self.inner.backend.send(exchange, routing_key, body, &props), span.clone()).await?;
+        Ok(confirm.in_span(span))
     }
 
     /// Send many JSON bodies, in the order given, and return without waiting
@@ -343,6 +346,7 @@ impl Connection {
         }
         let mut results: Vec<Option<Result<Confirm>>> = Vec::with_capacity(messages.len());
         let mut items = Vec::with_capacity(messages.len());
+        let mut spans = Vec::with_capacity(messages.len());
         for m in messages {
             let props = props_for(m.envelope);
             if let Err(e) = check_destination(m.exchange, m.routing_key, &props) {
@@ -350,10 +354,19 @@ impl Connection {
             } else {
                 results.push(None);
                 items.push((m.exchange, m.routing_key, m.body, props));
+                spans.push(crate::trace::publish_span(m.exchange, m.routing_key, m.envelope));
             }
         }
-        let mut sent = self.inner.backend.send_many(&items).await.into_iter();
-        results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().expect("one result per message sent"))).collect()
+        let mut sent = self.inner.backend.send_many(&items).await.into_iter().zip(spans);
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    let (sent, span) = sent.next().expect("one result per message sent");
+                    sent.map(|c| c.in_span(span))
+                })
+            })
+            .collect()
     }
 
     /// Open a pull consumer on `queue`: [`Consumer::next`] and

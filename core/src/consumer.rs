@@ -105,6 +105,7 @@ pub struct Delivery {
     pub message: Message,
     raw: RawDelivery,
     watch: Arc<Watched>,
+    span: tracing::Span,
 }
 
 /// A delivery handed out and not settled yet, as its deadline watch sees it.
@@ -135,6 +136,13 @@ impl Delivery {
     /// The body as it arrived, byte for byte.
     pub fn body(&self) -> &[u8] {
         &self.raw.body
+    }
+
+    /// Its consumer span (`process`, see [`crate::trace`]): from hand-out
+    /// until it is settled. Run the handler inside it (`.instrument(span)`)
+    /// to make the handler's own spans its children.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 }
 
@@ -177,6 +185,17 @@ pub struct ConsumerStats {
     /// Settlements discarded because the deadline had settled the delivery
     /// first: handlers that finished after their timeout.
     pub abandoned: u64,
+}
+
+/// The delivery's process span with what its settlement is recorded on it.
+fn settled_span(span: &tracing::Span, settlement: &Settlement) -> tracing::Span {
+    span.record("acemq.outcome", match settlement {
+        Settlement::Accept => "accepted",
+        Settlement::Retry { .. } => "retried",
+        Settlement::Reject { .. } => "dead_lettered",
+        Settlement::Wait { .. } => "waiting",
+    });
+    span.clone()
 }
 
 /// A pull consumer on one queue.
@@ -377,7 +396,9 @@ impl Consumer {
             return Ok(());
         }
         let attempt = delivery.message.envelope.attempt;
-        self.settle_raw(delivery.raw, attempt, outcome.settlement()).await
+        let settlement = outcome.settlement();
+        let span = settled_span(&delivery.span, &settlement);
+        tracing::Instrument::instrument(self.settle_raw(delivery.raw, attempt, settlement), span).await
     }
 
     /// The settlement's rules, for a delivery already claimed by whoever
@@ -398,6 +419,7 @@ impl Consumer {
     /// A retry, or past `max_attempts` a dead letter saying so.
     async fn retry_or_exhaust(&self, raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>) -> Result<()> {
         if attempt >= self.options.retry.max_attempts {
+            tracing::Span::current().record("acemq.outcome", "dead_lettered");
             let reason = format!("retries exhausted after {attempt} attempts: {reason}");
             self.dead_letter(raw, &reason, error_class).await
         } else {
@@ -443,7 +465,8 @@ impl Consumer {
             settled: AtomicBool::new(false),
         });
         self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
-        Delivery { message, raw, watch }
+        let span = crate::trace::process_span(&message, raw.tag);
+        Delivery { message, raw, watch, span }
     }
 
     /// Take the right to settle `delivery`: false when its deadline settled
@@ -523,7 +546,10 @@ impl Consumer {
         }
         let attempt = delivery.message.envelope.attempt;
         let settlement = outcome.settlement();
-        self.in_background(move |this| async move { this.settle_raw(delivery.raw, attempt, settlement).await });
+        let span = settled_span(&delivery.span, &settlement);
+        self.in_background(move |this| {
+            tracing::Instrument::instrument(async move { this.settle_raw(delivery.raw, attempt, settlement).await }, span)
+        });
     }
 
     /// Run a settlement on the runtime, counted (close waits for it) and
@@ -572,6 +598,7 @@ impl Consumer {
         if !self.claim(&delivery) {
             return;
         }
+        delivery.span.record("acemq.outcome", "accepted");
         self.link.ack(delivery.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
     }
@@ -704,7 +731,7 @@ impl ConsumerHandle {
                         // deadline this worker goes on to the next delivery
                         // and the handler is left to finish (never dropped
                         // mid-await), its outcome discarded.
-                        let mut running = tokio::spawn(h(d.message.clone()));
+                        let mut running = tokio::spawn(tracing::Instrument::instrument(h(d.message.clone()), d.span.clone()));
                         let deadline = tokio::time::Instant::from_std(d.watch.deadline);
                         tokio::select! {
                             done = &mut running => match done {

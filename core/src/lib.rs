@@ -50,6 +50,7 @@ pub mod runner;
 pub mod runtime;
 pub mod sql;
 pub mod topology;
+pub mod trace;
 pub mod transport;
 pub mod wire;
 
@@ -62,6 +63,7 @@ pub use message::{DeliveryInfo, Message};
 pub use replay::{DeadLetter, ReplayOptions, ReplayReport};
 pub use retry::RetryPolicy;
 pub use topology::{ExchangeKind, QueueType, Topology};
+pub use trace::TraceContext;
 pub use transport::memory::MemoryBroker;
 pub use transport::{Confirm, QueueCounts};
 
@@ -76,3 +78,8 @@ mod readme {}
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/rust.md")]
 mod rust_guide {}
+
+/// docs/tracing.md's Rust sample, compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/tracing.md")]
+mod tracing_guide {}

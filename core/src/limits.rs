@@ -156,7 +156,9 @@ fn value(v: &Value, depth: usize) -> Result<usize> {
 /// when it arrived. Without this the copy is refused, the original put back,
 /// and the same happens every second for ever. So the largest application
 /// headers are dropped from the copy, their names kept in
-/// `x-acemq-dropped-headers`, and the body is kept as it was.
+/// `x-acemq-dropped-headers`, and the body is kept as it was. The W3C
+/// trace context (`traceparent`, `tracestate`) is never among them while it
+/// is the size W3C allows: it is what joins the copy to its trace.
 pub fn fit_copy(props: &mut Props) {
     if properties(props).is_ok() {
         return;
@@ -164,10 +166,17 @@ pub fn fit_copy(props: &mut Props) {
     let mut droppable: Vec<(usize, String)> = props
         .headers
         .iter()
-        .filter(|(k, _)| !k.starts_with("x-acemq-"))
+        .filter(|(k, v)| !k.starts_with("x-acemq-") && !crate::trace::kept_on_copies(k, v))
         .map(|(k, v)| (k.len() + value(v, 1).unwrap_or(usize::MAX / 2), k.clone()))
         .collect();
     droppable.sort_by(|a, b| b.0.cmp(&a.0));
+    // The note naming what was dropped needs room too: its largest size is
+    // held while dropping, or a copy that just fits without it would not fit
+    // with it.
+    const NOTE: &str = "x-acemq-dropped-headers";
+    const PREFIX: &str = "too large for one frame: ";
+    const NAMES: usize = 1024;
+    let earlier = props.headers.insert(NOTE.into(), Value::from(" ".repeat(PREFIX.len() + NAMES)));
     let mut dropped = Vec::new();
     for (_, name) in droppable {
         props.headers.remove(&name);
@@ -176,9 +185,14 @@ pub fn fit_copy(props: &mut Props) {
             break;
         }
     }
-    if !dropped.is_empty() {
-        let names = bounded(&dropped.join(", "), 1024);
-        props.headers.insert("x-acemq-dropped-headers".into(), Value::from(format!("too large for one frame: {names}")));
+    if dropped.is_empty() {
+        match earlier {
+            Some(note) => props.headers.insert(NOTE.into(), note),
+            None => props.headers.remove(NOTE),
+        };
+    } else {
+        let names = bounded(&dropped.join(", "), NAMES);
+        props.headers.insert(NOTE.into(), Value::from(format!("{PREFIX}{names}")));
     }
 }
 
@@ -257,6 +271,28 @@ mod tests {
         let before = fine.clone();
         fit_copy(&mut fine);
         assert_eq!(fine, before, "a copy that fits is left alone");
+    }
+
+    #[test]
+    fn a_copy_too_large_keeps_its_trace_context_and_drops_other_headers() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut p = Props::default();
+        // Each smaller than the trace headers, so a drop by size alone
+        // would take those first.
+        for i in 0..4000 {
+            p.headers.insert(format!("h{i:04}"), Value::from("y".repeat(30)));
+        }
+        p.headers.insert("traceparent".into(), Value::from(tp));
+        p.headers.insert("tracestate".into(), Value::from("congo=t61rcWkgMzE"));
+        fit_copy(&mut p);
+        assert!(properties(&p).is_ok());
+        assert_eq!(p.headers["traceparent"], tp);
+        assert_eq!(p.headers["tracestate"], "congo=t61rcWkgMzE");
+        // One that is not a trace context by size goes like any other.
+        let mut q = Props::default();
+        q.headers.insert("traceparent".into(), Value::from("z".repeat(MAX_PROPERTIES)));
+        fit_copy(&mut q);
+        assert!(properties(&q).is_ok() && !q.headers.contains_key("traceparent"));
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub(crate) enum Backend {
 
 /// A publish that has been sent; [`Confirm::wait`] resolves when the broker
 /// has confirmed it (or refused it).
-pub struct Confirm(ConfirmInner);
+pub struct Confirm(ConfirmInner, tracing::Span);
 
 enum ConfirmInner {
     Ready(Result<()>),
@@ -36,10 +36,21 @@ impl Confirm {
     /// Wait for the broker's verdict. Cancel safe in the sense that dropping
     /// it loses only the answer, not the message: it has been sent.
     pub async fn wait(self) -> Result<()> {
-        match self.0 {
+        use tracing::Instrument;
+        let span = self.1;
+        let result = match self.0 {
             ConfirmInner::Ready(r) => r,
-            ConfirmInner::Amqp(c) => c.wait().await,
+            ConfirmInner::Amqp(c) => c.wait().instrument(span.clone()).await,
+        };
+        if let Err(e) = &result {
+            span.record("error.type", tracing::field::debug(e.kind()));
         }
+        result
+    }
+
+    /// The same confirm, ending `span` (the publish span) when it resolves.
+    pub(crate) fn in_span(self, span: tracing::Span) -> Confirm {
+        Confirm(self.0, span)
     }
 }
 
@@ -251,8 +262,8 @@ impl Backend {
 
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<Confirm> {
         match self {
-            Backend::Memory(b) => Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)))),
-            Backend::Amqp(a) => Ok(Confirm(ConfirmInner::Amqp(a.send(exchange, routing_key, body, props).await?))),
+            Backend::Memory(b) => Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), tracing::Span::none())),
+            Backend::Amqp(a) => Ok(Confirm(ConfirmInner::Amqp(a.send(exchange, routing_key, body, props).await?), tracing::Span::none())),
         }
     }
 
@@ -261,9 +272,9 @@ impl Backend {
         match self {
             Backend::Memory(b) => items
                 .iter()
-                .map(|(exchange, routing_key, body, props)| Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)))))
+                .map(|(exchange, routing_key, body, props)| Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), tracing::Span::none())))
                 .collect(),
-            Backend::Amqp(a) => a.send_many(items).await.into_iter().map(|r| r.map(|c| Confirm(ConfirmInner::Amqp(c)))).collect(),
+            Backend::Amqp(a) => a.send_many(items).await.into_iter().map(|r| r.map(|c| Confirm(ConfirmInner::Amqp(c), tracing::Span::none()))).collect(),
         }
     }
 

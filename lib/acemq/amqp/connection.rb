@@ -74,10 +74,17 @@ module AceMQ
       # Raises Unroutable when nothing is bound to take it (it was not
       # stored), NotFound for a missing exchange, PublishNacked when the
       # broker refuses it.
+      #
+      # With OpenTelemetry loaded, the publish is a producer span and the
+      # message carries its context (traceparent) unless headers: or the
+      # envelope already has one (docs/tracing.md).
       def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil)
-        item, env = outgoing(payload, to, exchange, envelope, type, headers)
-        origin = _publish(*item)
-        env.origin ? env : env.with(origin: origin)
+        Tracing.publish(exchange, to) do |span|
+          item, env = outgoing(payload, to, exchange, envelope, type, headers)
+          span&.set_attribute("messaging.message.id", env.id.to_s)
+          origin = _publish(*item)
+          env.origin ? env : env.with(origin: origin)
+        end
       end
 
       # Publish many and wait for their confirms together:
@@ -205,6 +212,10 @@ module AceMQ
         env = envelope || Envelope.new(type: type)
         env = env.with(type: type) if envelope && type
         env = env.with(headers: env.headers.merge(headers.transform_keys(&:to_s))) if headers && !headers.empty?
+        # Here, so publish, a batch and Patterns.record (an outbox row) all
+        # carry the current trace context; a no-op without OpenTelemetry.
+        traced = Tracing.inject(env.headers)
+        env = env.with(headers: traced) unless traced.equal?(env.headers)
         hdrs = env.headers.empty? ? nil : JSON.generate(env.headers)
         [[encode(payload), exchange.to_s, to.to_s, env.id.to_s, env.type, env.timestamp, hdrs, env.origin], env]
       end

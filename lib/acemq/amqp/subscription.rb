@@ -210,13 +210,17 @@ module AceMQ
       end
 
       def handle(delivery)
-        result = begin
-          @handler.call(Message.from_native(delivery))
-        rescue StandardError => e
-          # Only a StandardError is a handler failure. Anything else (Interrupt,
-          # SystemExit, a Thread#kill) passes through untouched; the delivery
-          # stays unsettled and goes back to the queue when the consumer closes.
-          e
+        message = Message.from_native(delivery)
+        # Inside the message's trace context when OpenTelemetry is loaded.
+        result = Tracing.process(message, @queue) do |span|
+          begin
+            @handler.call(message)
+          rescue StandardError => e
+            # Only a StandardError is a handler failure. Anything else (Interrupt,
+            # SystemExit, a Thread#kill) passes through untouched; the delivery
+            # stays unsettled and goes back to the queue when the consumer closes.
+            e
+          end.tap { |r| Tracing.outcome(span, r) }
         end
         settle_result(delivery[0], result)
       end
@@ -224,8 +228,9 @@ module AceMQ
       # call_many returns one result per message: an Ack, or the
       # StandardError its handler raised.
       def handle_many(deliveries)
-        results = begin
-          @handler.call_many(deliveries.map { |d| Message.from_native(d) })
+        messages = deliveries.map { |d| Message.from_native(d) }
+        results = Tracing.process_many(messages, @queue) do
+          @handler.call_many(messages)
         rescue StandardError => e
           # Whatever failed for the batch as a whole failed for each of its
           # messages: each is retried, none is left unsettled.

@@ -320,7 +320,7 @@ impl Connection {
         self.check_open()?;
         let props = props_for(envelope);
         check_destination(exchange, routing_key, &props)?;
-        self.inner.backend.send(exchange, routing_key, body, &props).await
+        self.inner.backend.send(exchange, routing_key, body, &props).await.map(|c| c.watched(exchange, routing_key, &envelope.id))
     }
 
     /// Send many JSON bodies, in the order given, and return without waiting
@@ -340,10 +340,12 @@ impl Connection {
                 results.push(Some(Err(e)));
             } else {
                 results.push(None);
-                items.push((m.exchange, m.routing_key, m.body, props));
+                items.push((m.exchange, m.routing_key, m.body, props, m.envelope.id.as_str()));
             }
         }
-        let mut sent = self.inner.backend.send_many(&items).await.into_iter();
+        let watched: Vec<_> = items.iter().map(|(e, k, _, _, id)| (*e, *k, *id)).collect();
+        let items: Vec<_> = items.into_iter().map(|(e, k, b, p, _)| (e, k, b, p)).collect();
+        let mut sent = self.inner.backend.send_many(&items).await.into_iter().zip(watched).map(|(r, (e, k, id))| r.map(|c| c.watched(e, k, id)));
         results.into_iter().map(|r| r.unwrap_or_else(|| sent.next().expect("one result per message sent"))).collect()
     }
 

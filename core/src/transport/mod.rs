@@ -25,7 +25,15 @@ pub(crate) enum Backend {
 
 /// A publish that has been sent; [`Confirm::wait`] resolves when the broker
 /// has confirmed it (or refused it).
-pub struct Confirm(ConfirmInner);
+pub struct Confirm(ConfirmInner, Option<Box<Watch>>);
+
+/// What the `publish` event needs, kept only while somebody listens.
+struct Watch {
+    sent: std::time::Instant,
+    exchange: String,
+    routing_key: String,
+    message_id: String,
+}
 
 enum ConfirmInner {
     Ready(Result<()>),
@@ -36,10 +44,35 @@ impl Confirm {
     /// Wait for the broker's verdict. Cancel safe in the sense that dropping
     /// it loses only the answer, not the message: it has been sent.
     pub async fn wait(self) -> Result<()> {
-        match self.0 {
+        let result = match self.0 {
             ConfirmInner::Ready(r) => r,
             ConfirmInner::Amqp(c) => c.wait().await,
+        };
+        if let Some(w) = self.1 {
+            crate::events::emit(|| crate::events::Event::Publish(crate::events::Publish {
+                exchange: w.exchange,
+                routing_key: w.routing_key,
+                message_id: w.message_id,
+                duration: w.sent.elapsed(),
+                outcome: if result.is_ok() { "confirmed" } else { "failed" },
+                error: result.as_ref().err().map(|e| e.to_string()),
+            }));
         }
+        result
+    }
+
+    /// Report this publish as a `publish` event when its confirm is awaited
+    /// (only while somebody listens: otherwise nothing is kept).
+    pub(crate) fn watched(mut self, exchange: &str, routing_key: &str, message_id: &str) -> Confirm {
+        if crate::events::enabled() {
+            self.1 = Some(Box::new(Watch {
+                sent: std::time::Instant::now(),
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
+                message_id: message_id.to_owned(),
+            }));
+        }
+        self
     }
 }
 
@@ -240,8 +273,8 @@ impl Backend {
 
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<Confirm> {
         match self {
-            Backend::Memory(b) => Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)))),
-            Backend::Amqp(a) => Ok(Confirm(ConfirmInner::Amqp(a.send(exchange, routing_key, body, props).await?))),
+            Backend::Memory(b) => Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), None)),
+            Backend::Amqp(a) => Ok(Confirm(ConfirmInner::Amqp(a.send(exchange, routing_key, body, props).await?), None)),
         }
     }
 
@@ -250,9 +283,9 @@ impl Backend {
         match self {
             Backend::Memory(b) => items
                 .iter()
-                .map(|(exchange, routing_key, body, props)| Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)))))
+                .map(|(exchange, routing_key, body, props)| Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), None)))
                 .collect(),
-            Backend::Amqp(a) => a.send_many(items).await.into_iter().map(|r| r.map(|c| Confirm(ConfirmInner::Amqp(c)))).collect(),
+            Backend::Amqp(a) => a.send_many(items).await.into_iter().map(|r| r.map(|c| Confirm(ConfirmInner::Amqp(c), None))).collect(),
         }
     }
 

@@ -242,7 +242,7 @@ mod tests {
         enable();
         events::emit(|| Event::Idempotency(events::Idempotency { verdict: "duplicate", key: Some("k".into()), error: None }));
         let text = render();
-        assert!(text.contains("# TYPE messaging_client_consumed_messages counter"), "{text}");
+        assert!(text.contains("# TYPE acemq_events_dropped counter"), "{text}");
         assert!(text.contains("acemq_idempotency_verdicts_total{verdict=\"duplicate\"}"), "{text}");
         assert!(text.trim_end().ends_with("# EOF"));
     }

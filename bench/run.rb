@@ -241,6 +241,31 @@ module Bench
       info_row("5 retry once then accept (ladder 50 ms)", ours, base, "acemq accept")
     end
 
+    # 6. Case 4 with one subscriber to process.acemq (the engine builds an
+    # event per message and the Ruby dispatcher thread delivers it), against
+    # case 4 with nobody subscribed, alternated in the same run.
+    def consume_subscribed
+      q = queue("events")
+      n = N_CONSUME
+      accept = lambda do |m|
+        m.payload["order_id"]
+        Ack.accept
+      end
+      heard = 0
+      ours, base = pair(n,
+                        lambda do
+                          subscriber = AceMQ.subscribe("process.acemq") { heard += 1 }
+                          begin
+                            acemq_consume(q, n, &accept)
+                          ensure
+                            AceMQ.unsubscribe(subscriber)
+                          end
+                        end,
+                        -> { acemq_consume(q, n, &accept) })
+      info_row("6 consume, one process.acemq subscriber", ours, base, "no subscriber")
+      puts format("    (%d events heard, %d dropped)", heard, AceMQ::Events.dropped)
+    end
+
     # The rung queues the engine declares for this policy (names as in core/src/retry.rs).
     def rungs(q, policy)
       (1...policy.max_attempts).map do |attempt|
@@ -261,6 +286,7 @@ module Bench
       publish_batch
       consume
       retry_once
+      consume_subscribed
       table
       puts format("(%.0f s)", Bench.now - started)
     ensure

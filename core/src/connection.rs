@@ -332,7 +332,7 @@ impl Connection {
         // The producer span lasts until the confirm resolves (Confirm::wait).
         let span = crate::trace::publish_span(exchange, routing_key, envelope);
         let confirm = tracing::Instrument::instrument(self.inner.backend.send(exchange, routing_key, body, &props), span.clone()).await?;
-        Ok(confirm.in_span(span))
+        Ok(confirm.in_span(span).watched(exchange, routing_key, &envelope.id))
     }
 
     /// Send many JSON bodies, in the order given, and return without waiting
@@ -347,6 +347,7 @@ impl Connection {
         let mut results: Vec<Option<Result<Confirm>>> = Vec::with_capacity(messages.len());
         let mut items = Vec::with_capacity(messages.len());
         let mut spans = Vec::with_capacity(messages.len());
+        let mut watched = Vec::with_capacity(messages.len());
         for m in messages {
             let props = props_for(m.envelope);
             if let Err(e) = check_destination(m.exchange, m.routing_key, &props) {
@@ -355,15 +356,16 @@ impl Connection {
                 results.push(None);
                 items.push((m.exchange, m.routing_key, m.body, props));
                 spans.push(crate::trace::publish_span(m.exchange, m.routing_key, m.envelope));
+                watched.push((m.exchange, m.routing_key, m.envelope.id.as_str()));
             }
         }
-        let mut sent = self.inner.backend.send_many(&items).await.into_iter().zip(spans);
+        let mut sent = self.inner.backend.send_many(&items).await.into_iter().zip(spans).zip(watched);
         results
             .into_iter()
             .map(|r| {
                 r.unwrap_or_else(|| {
-                    let (sent, span) = sent.next().expect("one result per message sent");
-                    sent.map(|c| c.in_span(span))
+                    let ((sent, span), (e, k, id)) = sent.next().expect("one result per message sent");
+                    sent.map(|c| c.in_span(span).watched(e, k, id))
                 })
             })
             .collect()

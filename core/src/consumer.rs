@@ -6,6 +6,7 @@ use crate::ack::{Outcome, Settlement};
 use crate::connection::Connection;
 use crate::envelope::{now_secs, ATTEMPT_HEADER};
 use crate::error::{Error, ErrorKind, Result};
+use crate::events::{self, Event, Note, ProcessOutcome};
 use crate::message::Message;
 use crate::retry::{dlq_name, rung_name, RetryPolicy};
 use crate::topology::{QueueSpec, QueueType, Topology};
@@ -71,6 +72,9 @@ pub struct ConsumeOptions {
     /// (the Ruby consumer fills it from the handler's store): `timeout` must
     /// not be longer, or a handler still running has its claim taken over.
     pub claim_timeout: Option<Duration>,
+    /// The consumer's name in events and logs (the Ruby consumer class's
+    /// name). None: the queue's.
+    pub name: Option<String>,
 }
 
 impl Default for ConsumeOptions {
@@ -94,6 +98,7 @@ impl ConsumeOptions {
             timeout: DEFAULT_TIMEOUT,
             broker_consumer_timeout: DEFAULT_BROKER_CONSUMER_TIMEOUT,
             claim_timeout: None,
+            name: None,
         }
     }
 }
@@ -154,6 +159,43 @@ pub enum Next {
     Empty,
     /// The consumer was stopped or the broker ended the subscription.
     Closed,
+}
+
+/// How long a delivery was out before its settlement was decided, and
+/// whether its deadline decided it.
+#[derive(Debug, Clone, Copy)]
+struct Took {
+    out: Duration,
+    deadline: bool,
+}
+
+/// What the `process` event needs of a delivery, taken before the
+/// settlement consumes it (only when somebody listens).
+struct Seen {
+    message_id: String,
+    routing_key: String,
+    attempt: u32,
+    reason: Option<String>,
+    error_class: Option<String>,
+}
+
+impl Seen {
+    fn of(raw: &RawDelivery, attempt: u32, settlement: &Settlement) -> Seen {
+        let (reason, error_class) = match settlement {
+            Settlement::Accept => (None, None),
+            Settlement::Retry { reason, error_class } | Settlement::Reject { reason, error_class } => {
+                (Some(reason.clone()), error_class.clone())
+            }
+            Settlement::Wait { reason, .. } => (Some(reason.clone()), None),
+        };
+        Seen {
+            message_id: crate::wire::envelope_of(&raw.props).id,
+            routing_key: raw.routing_key.clone(),
+            attempt,
+            reason,
+            error_class,
+        }
+    }
 }
 
 /// Counters a consumer keeps; read with [`Consumer::stats`].
@@ -398,32 +440,71 @@ impl Consumer {
         let attempt = delivery.message.envelope.attempt;
         let settlement = outcome.settlement();
         let span = settled_span(&delivery.span, &settlement);
-        tracing::Instrument::instrument(self.settle_raw(delivery.raw, attempt, settlement), span).await
+        let took = self.took(&delivery.watch, false);
+        tracing::Instrument::instrument(self.settle_raw(delivery.raw, attempt, settlement, took), span).await
     }
 
     /// The settlement's rules, for a delivery already claimed by whoever
     /// settles it (its handler, or its deadline).
-    async fn settle_raw(&self, raw: RawDelivery, attempt: u32, settlement: Settlement) -> Result<()> {
-        match settlement {
+    async fn settle_raw(&self, raw: RawDelivery, attempt: u32, settlement: Settlement, took: Took) -> Result<()> {
+        let seen = crate::events::enabled().then(|| Seen::of(&raw, attempt, &settlement));
+        let settled = match settlement {
             Settlement::Accept => {
                 self.link.ack(raw.tag);
                 self.counters.accepted.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                Ok(ProcessOutcome::Accepted)
             }
             Settlement::Retry { reason, error_class } => self.retry_or_exhaust(raw, attempt, &reason, error_class.as_deref()).await,
-            Settlement::Reject { reason, error_class } => self.dead_letter(raw, &reason, error_class.as_deref()).await,
+            Settlement::Reject { reason, error_class } => {
+                self.dead_letter(raw, &reason, error_class.as_deref()).await.map(|()| ProcessOutcome::DeadLettered)
+            }
             Settlement::Wait { reason, up_to } => self.wait(raw, attempt, &reason, up_to).await,
+        };
+        if let Some(seen) = seen {
+            self.processed(seen, took, settled.as_ref().ok().copied());
         }
+        settled.map(|_| ())
+    }
+
+    /// How long the delivery behind `watch` has been out, and whether its
+    /// deadline is what settles it.
+    fn took(&self, watch: &Watched, deadline: bool) -> Took {
+        let out = watch.deadline.checked_sub(self.options.timeout).map_or(Duration::ZERO, |t| t.elapsed());
+        Took { out, deadline }
+    }
+
+    /// The `process` event for a settlement (`settled` None: it failed).
+    #[cold]
+    fn processed(&self, seen: Seen, took: Took, settled: Option<ProcessOutcome>) {
+        let note = crate::events::take_note(&seen.message_id);
+        let outcome = match (settled, note) {
+            (None, _) => ProcessOutcome::Failed,
+            (Some(ProcessOutcome::Retried), _) if took.deadline => ProcessOutcome::TimedOut,
+            (Some(ProcessOutcome::Accepted), Some(Note::Duplicate)) => ProcessOutcome::Duplicate,
+            (Some(ProcessOutcome::Retried), Some(Note::InProgress)) => ProcessOutcome::InProgress,
+            (Some(o), _) => o,
+        };
+        crate::events::emit(|| Event::Process(events::Process {
+            consumer: self.options.name.clone().unwrap_or_else(|| self.queue.clone()),
+            queue: self.queue.clone(),
+            routing_key: seen.routing_key,
+            message_id: seen.message_id,
+            attempt: seen.attempt,
+            duration: took.out,
+            outcome,
+            reason: seen.reason,
+            error_class: seen.error_class,
+        }));
     }
 
     /// A retry, or past `max_attempts` a dead letter saying so.
-    async fn retry_or_exhaust(&self, raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>) -> Result<()> {
+    async fn retry_or_exhaust(&self, raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>) -> Result<ProcessOutcome> {
         if attempt >= self.options.retry.max_attempts {
             tracing::Span::current().record("acemq.outcome", "dead_lettered");
             let reason = format!("retries exhausted after {attempt} attempts: {reason}");
-            self.dead_letter(raw, &reason, error_class).await
+            self.dead_letter(raw, &reason, error_class).await.map(|()| ProcessOutcome::DeadLettered)
         } else {
-            self.retry(raw, attempt, reason, error_class).await
+            self.retry(raw, attempt, reason, error_class).await.map(|()| ProcessOutcome::Retried)
         }
     }
 
@@ -434,7 +515,7 @@ impl Consumer {
     /// rung. Past `up_to` since the first wait — a handler running longer
     /// than its claim — it is an ordinary retry; and with no rungs at all
     /// (`max_attempts` 1) there is nowhere to wait.
-    async fn wait(&self, mut raw: RawDelivery, attempt: u32, reason: &str, up_to: Duration) -> Result<()> {
+    async fn wait(&self, mut raw: RawDelivery, attempt: u32, reason: &str, up_to: Duration) -> Result<ProcessOutcome> {
         let max = self.options.retry.max_attempts;
         let now = now_secs();
         let h = &raw.props.headers;
@@ -454,7 +535,7 @@ impl Consumer {
         h.insert(ATTEMPT_HEADER.into(), Value::from(attempt));
         self.copy_then_ack(raw, &rung).await?;
         self.counters.waited.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        Ok(ProcessOutcome::Waited)
     }
 
     /// A delivery just taken off the queue, watched by its deadline.
@@ -506,16 +587,16 @@ impl Consumer {
 
     /// Settle, as retries, the deliveries whose deadline has passed.
     fn expire(self: &Arc<Self>, now: Instant) {
-        let expired: Vec<RawDelivery> = {
+        let expired: Vec<(RawDelivery, Took)> = {
             let mut watched = self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner());
             let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline <= now).map(|(id, _)| *id).collect();
             due.into_iter()
                 .filter_map(|id| watched.remove(&id))
                 .filter(|(w, _)| !w.settled.swap(true, Ordering::AcqRel))
-                .map(|(_, raw)| raw)
+                .map(|(w, raw)| (raw, self.took(&w, true)))
                 .collect()
         };
-        for raw in expired {
+        for (raw, took) in expired {
             self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
             let attempt = crate::wire::envelope_of(&raw.props).attempt;
             let reason = format!(
@@ -523,7 +604,7 @@ impl Consumer {
                 crate::checks::human(self.options.timeout)
             );
             let settlement = Settlement::Retry { reason, error_class: Some(TIMEOUT_CLASS.into()) };
-            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement).await });
+            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement, took).await });
         }
     }
 
@@ -547,8 +628,9 @@ impl Consumer {
         let attempt = delivery.message.envelope.attempt;
         let settlement = outcome.settlement();
         let span = settled_span(&delivery.span, &settlement);
+        let took = self.took(&delivery.watch, false);
         self.in_background(move |this| {
-            tracing::Instrument::instrument(async move { this.settle_raw(delivery.raw, attempt, settlement).await }, span)
+            tracing::Instrument::instrument(async move { this.settle_raw(delivery.raw, attempt, settlement, took).await }, span)
         });
     }
 
@@ -601,6 +683,10 @@ impl Consumer {
         delivery.span.record("acemq.outcome", "accepted");
         self.link.ack(delivery.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
+        if crate::events::enabled() {
+            let seen = Seen::of(&delivery.raw, delivery.message.envelope.attempt, &Settlement::Accept);
+            self.processed(seen, self.took(&delivery.watch, false), Some(ProcessOutcome::Accepted));
+        }
     }
 
     fn failure_headers(&self, raw: &mut RawDelivery, reason: &str, error_class: Option<&str>) {
@@ -627,8 +713,17 @@ impl Consumer {
         raw.props.headers.insert(ATTEMPT_HEADER.into(), Value::from(attempt + 1));
         raw.props.headers.remove(WAITING_SINCE_HEADER);
         raw.props.headers.remove(WAITS_HEADER);
+        let id = crate::events::enabled().then(|| crate::wire::envelope_of(&raw.props).id);
         self.copy_then_ack(raw, &rung).await?;
         self.counters.retried.fetch_add(1, Ordering::Relaxed);
+        crate::events::emit(|| Event::Retry(events::Retry {
+            queue: self.queue.clone(),
+            message_id: id.unwrap_or_default(),
+            attempt,
+            rung,
+            reason: reason.to_owned(),
+            error_class: error_class.map(str::to_owned),
+        }));
         Ok(())
     }
 
@@ -636,8 +731,17 @@ impl Consumer {
         self.failure_headers(&mut raw, reason, error_class);
         let attempt = crate::wire::envelope_of(&raw.props).attempt;
         raw.props.headers.insert(ATTEMPT_HEADER.into(), Value::from(attempt));
+        let id = crate::events::enabled().then(|| crate::wire::envelope_of(&raw.props).id);
         self.copy_then_ack(raw, &dlq_name(&self.queue)).await?;
         self.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        crate::events::emit(|| Event::DeadLetter(events::DeadLetter {
+            queue: self.queue.clone(),
+            message_id: id.unwrap_or_default(),
+            attempt,
+            dlq: dlq_name(&self.queue),
+            reason: reason.to_owned(),
+            error_class: error_class.map(str::to_owned),
+        }));
         Ok(())
     }
 

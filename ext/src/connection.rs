@@ -222,7 +222,7 @@ impl RbConnection {
 
     /// A pull consumer. `options` holds what the caller named, by name
     /// (prefetch, concurrency, max_attempts, initial_delay, max_delay,
-    /// queue_type, timeout, consumer_timeout, claim_timeout; seconds as
+    /// queue_type, timeout, consumer_timeout, claim_timeout, name; seconds as
     /// floats); what is missing or nil is core's default.
     fn consumer(ruby: &Ruby, rb_self: &Self, queue: String, options: RHash) -> Result<RbConsumer, Error> {
         let concurrency: usize = opt(&options, "concurrency")?.unwrap_or(1);
@@ -231,6 +231,7 @@ impl RbConnection {
         if let Some(p) = opt(&options, "prefetch")? {
             o.prefetch = p;
         }
+        o.name = opt(&options, "name")?;
         o.retry = retry_policy(ruby, opt(&options, "max_attempts")?, opt(&options, "initial_delay")?, opt(&options, "max_delay")?)?;
         if let Some(t) = opt::<f64>(&options, "consumer_timeout")? {
             o.broker_consumer_timeout = seconds(ruby, "consumer_timeout", t)?;

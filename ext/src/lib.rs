@@ -5,6 +5,7 @@
 mod connection;
 mod consumer;
 mod errors;
+mod events;
 mod gvl;
 mod idempotency;
 mod json;
@@ -30,5 +31,6 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     idempotency::init(ruby, amqp)?;
     outbox::init(ruby, amqp)?;
     runner::init(ruby, amqp)?;
+    events::init(ruby, acemq)?;
     Ok(())
 }

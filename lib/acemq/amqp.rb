@@ -3,6 +3,7 @@
 require "json"
 require "acemq/version"
 require "acemq/native"
+require "acemq/events"
 require "acemq/amqp/envelope"
 require "acemq/amqp/message"
 require "acemq/amqp/ack"

@@ -138,6 +138,22 @@ RSpec.describe "acemq run (processes)" do
     expect(File.exist?(file)).to be(false)
   end
 
+  it "serves the metrics on /metrics: what it handled, by outcome, and its state" do
+    runner = start_runner(env)
+    publish({ "n" => 1 }, { "n" => 2 }, { "n" => 3 })
+    eventually { runner.done.size == 3 }
+
+    response = runner.health("/metrics")
+    expect(response.code).to eq("200")
+    expect(response["Content-Type"]).to start_with("application/openmetrics-text")
+    labels = %(messaging_system="rabbitmq",messaging_destination_name="#{queue}",outcome="accepted")
+    text = eventually { (t = runner.health("/metrics").body).include?("messaging_client_consumed_messages_total{#{labels}} 3") && t }
+    expect(text).to include("messaging_process_duration_seconds_count{#{labels}} 3")
+    expect(text).to include(%(acemq_runner_state{state="running"} 1))
+    expect(text).to include("acemq_events_dropped_total 0")
+    expect(text.rstrip).to end_with("# EOF")
+  end
+
   it "writes every thread's backtrace to the log on TTIN and keeps running" do
     runner = start_runner(env)
     runner.signal("TTIN")

@@ -149,6 +149,7 @@ impl Guard {
             Some(k) if !k.is_empty() => k,
             _ => {
                 bump(&self.missing_keys);
+                crate::events::idempotency("missing_key", None, Some(MISSING_KEY_MESSAGE.to_string()));
                 return Before::Settle(Outcome::Raised {
                     class: MISSING_KEY_CLASS.to_string(),
                     message: MISSING_KEY_MESSAGE.to_string(),
@@ -164,6 +165,7 @@ impl Guard {
             Ok(false) => self.not_first(store, key).await,
             Err(e) => {
                 bump(&self.store_errors);
+                crate::events::idempotency("store_error", Some(key), Some(e.to_string()));
                 Before::Settle(Outcome::Ack(Ack::retry(format!(
                     "idempotency store failed, so the handler was not run: {e}"
                 ))))
@@ -184,15 +186,18 @@ impl Guard {
     async fn not_first<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str) -> Before {
         if !(store.can_confirm() && store.answers_confirmed()) {
             bump(&self.duplicates);
+            crate::events::idempotency("duplicate", Some(key), None);
             return Before::Duplicate;
         }
         match store.confirmed_async(key).await {
             Ok(true) => {
                 bump(&self.duplicates);
+                crate::events::idempotency("duplicate", Some(key), None);
                 Before::Duplicate
             }
             Ok(false) => {
                 bump(&self.in_progress);
+                crate::events::idempotency("in_progress", Some(key), None);
                 Before::InProgress {
                     reason: format!(
                         "idempotency key {key:?} is claimed by a handler that has not finished; waiting (without spending an attempt) so that it runs if that handler died (its claim expires after the claim timeout)"
@@ -202,6 +207,7 @@ impl Guard {
             }
             Err(e) => {
                 bump(&self.store_errors);
+                crate::events::idempotency("store_error", Some(key), Some(e.to_string()));
                 Before::Settle(Outcome::Ack(Ack::retry(format!(
                     "idempotency store failed, so the handler was not run: {e}"
                 ))))
@@ -240,8 +246,9 @@ impl Guard {
                 }
             }
             Err(e) => {
-                for (i, _) in &present {
+                for (i, key) in &present {
                     bump(&self.store_errors);
+                    crate::events::idempotency("store_error", Some(key), Some(e.to_string()));
                     out[*i] = Some(Before::Settle(Outcome::Ack(Ack::retry(format!(
                         "idempotency store failed, so the handler was not run: {e}"
                     )))));
@@ -263,6 +270,9 @@ impl Guard {
                 Ok(()) => self.confirmed.fetch_add(accepted.len() as u64, Ordering::Relaxed),
                 Err(e) => {
                     self.confirm_errors.fetch_add(accepted.len() as u64, Ordering::Relaxed);
+                    for k in &accepted {
+                        crate::events::idempotency("confirm_failed", Some(k), Some(e.to_string()));
+                    }
                     first_error = Some(e);
                     0
                 }
@@ -294,7 +304,10 @@ impl Guard {
             if !store.can_confirm() {
                 return Ok(());
             }
-            store.confirm_async(key).await.map(|()| bump(&self.confirmed)).inspect_err(|_| bump(&self.confirm_errors))
+            store.confirm_async(key).await.map(|()| bump(&self.confirmed)).inspect_err(|e| {
+                bump(&self.confirm_errors);
+                crate::events::idempotency("confirm_failed", Some(key), Some(e.to_string()));
+            })
         } else {
             self.release(store, key).await
         }
@@ -312,7 +325,10 @@ impl Guard {
         if !store.can_forget() {
             return Ok(());
         }
-        store.forget_async(key).await.map(|()| bump(&self.forgotten)).inspect_err(|_| bump(&self.forget_errors))
+        store.forget_async(key).await.map(|()| bump(&self.forgotten)).inspect_err(|e| {
+            bump(&self.forget_errors);
+            crate::events::idempotency("forget_failed", Some(key), Some(e.to_string()));
+        })
     }
 
     /// Decide whether the handler runs, with a blocking store: exactly

@@ -262,7 +262,9 @@ impl<T: RelayStore> Inner<T> {
         let store = self.store.clone();
         // Completing after the confirms, never before: a crash in between
         // publishes these again, where deleting first would lose them.
+        let failures = crate::events::outbox_failures(&completions);
         store.complete_for_relay(completions).await?;
+        crate::events::outbox_swept(records.len(), confirmed, failures, None);
         Ok(Swept { claimed: records.len(), confirmed })
     }
 

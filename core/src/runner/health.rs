@@ -1,7 +1,9 @@
 //! The runner's health endpoint: plain HTTP on a port of its own, for an
 //! orchestrator's probes. `GET /live` and `GET /ready` answer 200 or 503
 //! with a one-word body; `GET /status` (or `/`) answers the supervisor's
-//! JSON. Nothing else is served, and nothing here can change the runner.
+//! JSON; `GET /metrics` answers [`crate::metrics::render`] (Prometheus text,
+//! recording from the moment the endpoint starts). Nothing else is served,
+//! and nothing here can change the runner.
 
 use super::Supervisor;
 use crate::error::{Error, ErrorKind, Result};
@@ -41,6 +43,7 @@ impl HealthServer {
 /// process runtime, so it keeps answering while handler threads are busy.
 /// Not cancel safe once bound: close the returned server.
 pub async fn serve_health(addr: SocketAddr, supervisor: Arc<Supervisor>) -> Result<HealthServer> {
+    crate::metrics::enable();
     let listener = TcpListener::bind(addr).await.map_err(|e| {
         Error::new(
             ErrorKind::InvalidArgument,
@@ -94,6 +97,7 @@ fn respond(supervisor: &Supervisor, path: &str) -> (u16, &'static str, String) {
         "/live" | "/livez" => word(supervisor.live(), "live"),
         "/ready" | "/readyz" => word(supervisor.ready(), "ready"),
         "/" | "/status" => (200, "application/json", supervisor.status_json()),
-        _ => (404, "text/plain", "not found: try /live, /ready or /status\n".to_owned()),
+        "/metrics" => (200, crate::metrics::CONTENT_TYPE, crate::metrics::render()),
+        _ => (404, "text/plain", "not found: try /live, /ready, /status or /metrics\n".to_owned()),
     }
 }

@@ -237,17 +237,27 @@ impl Supervisor {
     /// Booted: every consumer is subscribed. Also the way back from quiet.
     pub fn running(&self) {
         let mut inner = self.lock();
-        if matches!(inner.state, RunnerState::Booting | RunnerState::Quiet) {
+        let changed = matches!(inner.state, RunnerState::Booting | RunnerState::Quiet);
+        if changed {
             inner.state = RunnerState::Running;
         }
+        drop(inner);
         self.beat();
+        if changed {
+            crate::events::runner("running", None);
+        }
     }
 
     /// Taking no new deliveries. Not ready, still live.
     pub fn quiet(&self) {
         let mut inner = self.lock();
-        if matches!(inner.state, RunnerState::Booting | RunnerState::Running) {
+        let changed = matches!(inner.state, RunnerState::Booting | RunnerState::Running);
+        if changed {
             inner.state = RunnerState::Quiet;
+        }
+        drop(inner);
+        if changed {
+            crate::events::runner("quiet", None);
         }
     }
 
@@ -257,25 +267,41 @@ impl Supervisor {
     /// broker delivers it again: never acknowledged unrun.
     pub fn stopping(&self) -> Instant {
         let mut inner = self.lock();
-        if !matches!(inner.state, RunnerState::Failed | RunnerState::Stopped) {
+        let changed = !matches!(inner.state, RunnerState::Failed | RunnerState::Stopped | RunnerState::Stopping);
+        if changed {
             inner.state = RunnerState::Stopping;
         }
-        *inner.stopping_since.get_or_insert_with(Instant::now) + self.options.shutdown_timeout
+        let deadline = *inner.stopping_since.get_or_insert_with(Instant::now) + self.options.shutdown_timeout;
+        drop(inner);
+        if changed {
+            crate::events::runner("stopping", None);
+        }
+        deadline
     }
 
     /// Shut down.
     pub fn stopped(&self) {
         let mut inner = self.lock();
-        if inner.state != RunnerState::Failed {
+        let changed = !matches!(inner.state, RunnerState::Failed | RunnerState::Stopped);
+        if changed {
             inner.state = RunnerState::Stopped;
+        }
+        drop(inner);
+        if changed {
+            crate::events::runner("stopped", None);
         }
     }
 
     /// Give up, with the reason (also what [`Verdict::GiveUp`] does).
     pub fn fail(&self, reason: &str) {
         let mut inner = self.lock();
+        let changed = inner.state != RunnerState::Failed;
         inner.state = RunnerState::Failed;
         inner.failure.get_or_insert_with(|| reason.to_owned());
+        drop(inner);
+        if changed {
+            crate::events::runner("failed", Some(reason));
+        }
     }
 
     /// The state now.
@@ -355,6 +381,8 @@ impl Supervisor {
             );
             inner.state = RunnerState::Failed;
             inner.failure.get_or_insert_with(|| reason.clone());
+            drop(inner);
+            crate::events::runner("failed", Some(&reason));
             return Verdict::GiveUp { reason };
         }
         let n = slot.restarts.len() as u32;

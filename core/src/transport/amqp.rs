@@ -191,6 +191,7 @@ impl AmqpBackend {
         // The next address first: the one that was lost is the likeliest to
         // be down (a node stopped, failed over), and the others are the
         // same cluster.
+        crate::events::connection("lost", self.endpoint(), None);
         let start = (self.at.load(std::sync::atomic::Ordering::Acquire) + 1) % self.urls.len();
         let (at, fresh) = dial_any(&self.urls, &self.endpoints, &self.origin, start, self.connect_timeout, self.tls.as_ref()).await?;
         self.at.store(at, std::sync::atomic::Ordering::Release);
@@ -198,6 +199,7 @@ impl AmqpBackend {
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         // What was known of the old broker may not hold for this one.
         self.known().clear();
+        crate::events::connection("recovered", self.endpoint(), None);
         Ok(fresh)
     }
 
@@ -274,6 +276,7 @@ impl AmqpBackend {
         if !self.blocked() {
             return Ok(());
         }
+        crate::events::connection("blocked", self.endpoint(), None);
         let start = std::time::Instant::now();
         while self.blocked() {
             if start.elapsed() >= self.confirm_timeout {
@@ -281,6 +284,7 @@ impl AmqpBackend {
             }
             tokio::time::sleep(BLOCKED_POLL).await;
         }
+        crate::events::connection("unblocked", self.endpoint(), None);
         Ok(())
     }
 
@@ -653,6 +657,7 @@ async fn supervise(
         if stopped.load(Acquire) || backend.closed.load(Acquire) {
             break;
         }
+        crate::events::subscription_ended(&queue, &failure);
         // The channel or the connection went away under us. Whatever the
         // old channel delivered and we had not acknowledged is the broker's
         // again; retire it and subscribe anew, backing off while it is down.
@@ -686,11 +691,13 @@ async fn supervise(
                     *current.lock().unwrap_or_else(|p| p.into_inner()) = generation;
                     *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     resubscribed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    crate::events::subscription("resubscribed", &queue, None);
                     subscribed_at = std::time::Instant::now();
                     stream = fresh;
                     continue 'subscription;
                 }
                 Err(e) => {
+                    crate::events::subscription("failed", &queue, Some(e.to_string()));
                     record(e);
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_RESUBSCRIBE_PAUSE);

@@ -25,7 +25,15 @@ pub(crate) enum Backend {
 
 /// A publish that has been sent; [`Confirm::wait`] resolves when the broker
 /// has confirmed it (or refused it).
-pub struct Confirm(ConfirmInner, tracing::Span);
+pub struct Confirm(ConfirmInner, tracing::Span, Option<Box<Watch>>);
+
+/// What the `publish` event needs, kept only while somebody listens.
+struct Watch {
+    sent: std::time::Instant,
+    exchange: String,
+    routing_key: String,
+    message_id: String,
+}
 
 enum ConfirmInner {
     Ready(Result<()>),
@@ -45,12 +53,36 @@ impl Confirm {
         if let Err(e) = &result {
             span.record("error.type", tracing::field::debug(e.kind()));
         }
+        if let Some(w) = self.2 {
+            crate::events::emit(|| crate::events::Event::Publish(crate::events::Publish {
+                exchange: w.exchange,
+                routing_key: w.routing_key,
+                message_id: w.message_id,
+                duration: w.sent.elapsed(),
+                outcome: if result.is_ok() { "confirmed" } else { "failed" },
+                error: result.as_ref().err().map(|e| e.to_string()),
+            }));
+        }
         result
+    }
+
+    /// Report this publish as a `publish` event when its confirm is awaited
+    /// (only while somebody listens: otherwise nothing is kept).
+    pub(crate) fn watched(mut self, exchange: &str, routing_key: &str, message_id: &str) -> Confirm {
+        if crate::events::enabled() {
+            self.2 = Some(Box::new(Watch {
+                sent: std::time::Instant::now(),
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
+                message_id: message_id.to_owned(),
+            }));
+        }
+        self
     }
 
     /// The same confirm, ending `span` (the publish span) when it resolves.
     pub(crate) fn in_span(self, span: tracing::Span) -> Confirm {
-        Confirm(self.0, span)
+        Confirm(self.0, span, self.2)
     }
 }
 
@@ -262,8 +294,8 @@ impl Backend {
 
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<Confirm> {
         match self {
-            Backend::Memory(b) => Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), tracing::Span::none())),
-            Backend::Amqp(a) => Ok(Confirm(ConfirmInner::Amqp(a.send(exchange, routing_key, body, props).await?), tracing::Span::none())),
+            Backend::Memory(b) => Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), tracing::Span::none(), None)),
+            Backend::Amqp(a) => Ok(Confirm(ConfirmInner::Amqp(a.send(exchange, routing_key, body, props).await?), tracing::Span::none(), None)),
         }
     }
 
@@ -272,9 +304,9 @@ impl Backend {
         match self {
             Backend::Memory(b) => items
                 .iter()
-                .map(|(exchange, routing_key, body, props)| Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), tracing::Span::none())))
+                .map(|(exchange, routing_key, body, props)| Ok(Confirm(ConfirmInner::Ready(b.publish(exchange, routing_key, body, props)), tracing::Span::none(), None)))
                 .collect(),
-            Backend::Amqp(a) => a.send_many(items).await.into_iter().map(|r| r.map(|c| Confirm(ConfirmInner::Amqp(c), tracing::Span::none()))).collect(),
+            Backend::Amqp(a) => a.send_many(items).await.into_iter().map(|r| r.map(|c| Confirm(ConfirmInner::Amqp(c), tracing::Span::none(), None))).collect(),
         }
     }
 

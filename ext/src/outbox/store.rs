@@ -181,6 +181,10 @@ impl RbOutboxStore {
         // After the confirms, never before: a crash in between publishes
         // these again, where deleting first would lose them.
         on_store!(ruby, rb_self, |s| s.complete(&completions))?;
+        if acemq::events::enabled() {
+            let backlog = on_store!(ruby, rb_self, |s| s.backlog()).ok().map(|b| (b.count, b.oldest_age));
+            acemq::events::outbox_swept(records.len(), confirmed, acemq::events::outbox_failures(&completions), backlog);
+        }
         Ok((records.len(), confirmed, failures))
     }
 

@@ -121,8 +121,11 @@ module AceMQ
       # By default 25 minutes, or an idempotent handler's claim_timeout when
       # that is shorter; it must be shorter than the broker's
       # consumer_timeout: (RabbitMQ's default, 30 minutes, unless given).
+      #
+      # name: is the consumer's name in events and metrics (the queue's by
+      # default; a Rails consumer passes its class name).
       def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil,
-                  timeout: nil, consumer_timeout: nil, &handler)
+                  timeout: nil, consumer_timeout: nil, name: nil, &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
 
         concurrency = Integer(concurrency)
@@ -144,7 +147,7 @@ module AceMQ
                                          initial_delay: policy.initial_delay, max_delay: policy.max_delay,
                                          queue_type: queue_type&.to_s, timeout: timeout && Float(timeout),
                                          consumer_timeout: consumer_timeout && Float(consumer_timeout),
-                                         claim_timeout: claim_timeout })
+                                         claim_timeout: claim_timeout, name: name&.to_s })
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
         Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
       end

@@ -199,7 +199,7 @@ module AceMQ
           handler = Around.wrap(pipeline(instance), around)
           connection.consume(queue_name, concurrency: concurrency, prefetch: prefetch, retries: retries,
                                          batch: batch, queue_type: queue_type, on_error: self.on_error || on_error,
-                                         timeout: timeout, consumer_timeout: consumer_timeout, &handler)
+                                         timeout: timeout, consumer_timeout: consumer_timeout, name: name, &handler)
         end
 
         # Settings as a Hash, for logs and the health endpoint.

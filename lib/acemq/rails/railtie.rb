@@ -14,6 +14,14 @@ module AceMQ
         load File.expand_path("../tasks/rails.rake", __dir__)
       end
 
+      # The events as ActiveSupport::Notifications (process.acemq, …) with
+      # their log lines: see docs/events.md.
+      initializer "acemq.events" do
+        require "acemq/rails/log_subscriber"
+        AceMQ::Rails::LogSubscriber.attach_to :acemq
+        AceMQ::Events.active_support!
+      end
+
       generators do
         require "generators/acemq/install/install_generator"
         require "generators/acemq/consumer/consumer_generator"

@@ -3,10 +3,17 @@
 module AceMQ
   module AMQP
     module Patterns
-      # The idempotency guard's events, for metrics and logs, without
-      # ActiveSupport:
+      # The idempotency guard's events, the older way to hear them: an alias
+      # for AceMQ.subscribe("idempotency.acemq") filtered by verdict, kept so
+      # code written against it goes on working.
       #
       #   AceMQ::AMQP::Patterns.on(:duplicate) { |event, detail| Stats.increment("payments.duplicates") }
+      #
+      # is the same as
+      #
+      #   AceMQ.subscribe("idempotency.acemq") do |e|
+      #     Stats.increment("payments.duplicates") if e[:verdict] == "duplicate"
+      #   end
       #
       # Events: :duplicate (first_time? answered false for a confirmed key —
       # the counter worth graphing), :in_progress (answered false for a key
@@ -18,8 +25,8 @@ module AceMQ
       # that raises is reported with warn and does not affect the message.
       EVENTS = %i[duplicate in_progress missing_key store_error confirm_failed forget_failed].freeze
 
-      @subscribers = Hash.new { |h, k| h[k] = [] }
-      @subscribers_lock = Mutex.new
+      @listeners = {}
+      @listeners_lock = Mutex.new
 
       class << self
         # Subscribe to event (one of EVENTS); returns the block, for #off.
@@ -29,7 +36,15 @@ module AceMQ
             raise ConfigurationError, "unknown event #{event.inspect}: use one of #{EVENTS.map(&:inspect).join(', ')}"
           end
 
-          @subscribers_lock.synchronize { @subscribers[event] = [*@subscribers[event], block] }
+          verdict = event.to_s
+          subscriber = AceMQ::Events.subscribe("idempotency.acemq") do |e|
+            next unless e[:verdict] == verdict
+
+            detail = { key: e[:key], message: e[:message] }
+            detail[:error] = e[:error] if e[:error]
+            block.call(event, detail)
+          end
+          @listeners_lock.synchronize { (@listeners[block] ||= []) << subscriber }
           block
         end
 
@@ -38,21 +53,19 @@ module AceMQ
 
         # Remove a subscriber returned by #on (from every event).
         def off(block)
-          @subscribers_lock.synchronize do
-            @subscribers.each_key { |e| @subscribers[e] = @subscribers[e] - [block] }
-          end
+          subscribers = @listeners_lock.synchronize { @listeners.delete(block) } || []
+          subscribers.each { |s| AceMQ::Events.unsubscribe(s) }
           nil
         end
 
-        # Call event's subscribers with detail. Returns whether any listened.
-        def instrument(event, **detail)
-          subscribers = @subscribers_lock.synchronize { @subscribers[event] }
-          subscribers.each do |s|
-            s.call(event, detail)
-          rescue StandardError => e
-            warn("acemq: a Patterns.on(#{event.inspect}) subscriber raised #{e.class}: #{e.message}")
-          end
-          !subscribers.empty?
+        # The guard's verdict as an idempotency.acemq event, on this thread.
+        # Returns whether anything listened.
+        def instrument(event, key: nil, message: nil, error: nil)
+          AceMQ::Events.instrument(
+            "idempotency.acemq",
+            { verdict: event.to_s, key: key, error: error, message_id: message&.envelope&.id,
+              queue: message&.delivery&.queue, message: message }
+          )
         end
       end
     end

@@ -1,0 +1,151 @@
+//! The event contract as a Rust service sees it, on memory:// (and on
+//! RabbitMQ when AMQP_URL is set): a publish, a retry, a dead letter and a
+//! duplicate, each with its payload.
+
+use acemq::events::{self, Event, ProcessOutcome};
+use acemq::idempotency::{Before, Guard, InMemoryIdempotencyStore};
+use acemq::{Ack, ConsumeOptions, Connection, Outcome, PublishOptions, RetryPolicy, Topology};
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", acemq::envelope::new_id())
+}
+
+/// Every event about `queue`, collected while the test runs.
+fn collect(queue: &str) -> (events::SubscriberId, Arc<Mutex<Vec<Event>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (s, q) = (seen.clone(), queue.to_owned());
+    let id = events::subscribe(move |e| {
+        let mine = match e {
+            Event::Publish(p) => p.routing_key == q,
+            Event::Process(p) => p.queue == q,
+            Event::Retry(r) => r.queue == q,
+            Event::DeadLetter(d) => d.queue == q,
+            _ => false,
+        };
+        if mine {
+            s.lock().unwrap().push(e.clone());
+        }
+    });
+    (id, seen)
+}
+
+async fn eventually(seen: &Mutex<Vec<Event>>, n: usize) -> Vec<Event> {
+    for _ in 0..200 {
+        if seen.lock().unwrap().len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    seen.lock().unwrap().clone()
+}
+
+async fn urls() -> Vec<String> {
+    let mut out = vec![format!("memory://{}", unique("ev"))];
+    if let Ok(u) = std::env::var("AMQP_URL") {
+        out.push(u);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publish_retry_dead_letter_and_duplicate_are_reported() {
+    for url in urls().await {
+        let mq = Connection::open(&url).await.unwrap();
+        let queue = unique("events");
+        mq.apply(&Topology::new().queue(&queue)).await.unwrap();
+        let (id, seen) = collect(&queue);
+
+        let env = mq.publish(&json!({"n": 1}), &queue, PublishOptions::default()).await.unwrap();
+        let options = ConsumeOptions {
+            retry: RetryPolicy::new(2, Duration::from_millis(50), Duration::from_millis(50)),
+            name: Some("EventsTest".into()),
+            ..Default::default()
+        };
+        let c = Arc::new(mq.consumer(&queue, options).await.unwrap());
+        // Attempt 1 retried, attempt 2 retried again: exhausted, dead-lettered.
+        for _ in 0..2 {
+            let d = c.next().await.unwrap();
+            c.settle(d, Outcome::Ack(Ack::retry("gateway timeout"))).await.unwrap();
+        }
+        let got = eventually(&seen, 4).await;
+        events::unsubscribe(id);
+        c.close().await;
+
+        let publish = got.iter().find_map(|e| if let Event::Publish(p) = e { Some(p.clone()) } else { None }).unwrap();
+        assert_eq!((publish.message_id.as_str(), publish.outcome), (env.id.as_str(), "confirmed"), "{url}");
+        let processed: Vec<_> = got.iter().filter_map(|e| if let Event::Process(p) = e { Some(p.clone()) } else { None }).collect();
+        assert_eq!(processed.iter().map(|p| p.outcome).collect::<Vec<_>>(), [ProcessOutcome::Retried, ProcessOutcome::DeadLettered], "{url}");
+        assert_eq!(processed[0].consumer, "EventsTest");
+        assert_eq!((processed[0].attempt, processed[1].attempt), (1, 2));
+        let retry = got.iter().find_map(|e| if let Event::Retry(r) = e { Some(r.clone()) } else { None }).unwrap();
+        assert_eq!(retry.rung, format!("{queue}.retry.50ms"));
+        let dead = got.iter().find_map(|e| if let Event::DeadLetter(d) = e { Some(d.clone()) } else { None }).unwrap();
+        assert!(dead.reason.starts_with("retries exhausted after 2 attempts"), "{}", dead.reason);
+        assert_eq!(dead.dlq, format!("{queue}.dlq"));
+        mq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_duplicate_is_reported_by_the_guard_and_settled_as_duplicate() {
+    let mq = Connection::open(&format!("memory://{}", unique("ev"))).await.unwrap();
+    let queue = unique("events-dup");
+    mq.apply(&Topology::new().queue(&queue)).await.unwrap();
+    let (id, seen) = collect(&queue);
+    let verdicts = Arc::new(Mutex::new(Vec::new()));
+    let v = verdicts.clone();
+    let guard_events = events::subscribe(move |e| {
+        if let Event::Idempotency(i) = e {
+            v.lock().unwrap().push((i.verdict, i.key.clone()));
+        }
+    });
+    let env = acemq::Envelope::default();
+    for _ in 0..2 {
+        let options = PublishOptions { envelope: Some(env.clone()), ..Default::default() };
+        mq.publish(&json!({"n": 1}), &queue, options).await.unwrap();
+    }
+    let store = InMemoryIdempotencyStore::new(Duration::from_secs(3600));
+    let guard = Guard::new();
+    let c = Arc::new(mq.consumer(&queue, ConsumeOptions::default()).await.unwrap());
+    for _ in 0..2 {
+        let d = c.next().await.unwrap();
+        match guard.before(&store, Some(&d.message.envelope.id)) {
+            Before::Run { key } => {
+                guard.after(&store, &key, &Outcome::Ack(Ack::Accept)).unwrap();
+                c.accept(d);
+            }
+            Before::Duplicate => c.accept(d),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let got = eventually(&seen, 3).await;
+    events::unsubscribe(id);
+    events::unsubscribe(guard_events);
+    let outcomes: Vec<_> = got.iter().filter_map(|e| if let Event::Process(p) = e { Some(p.outcome) } else { None }).collect();
+    assert_eq!(outcomes, [ProcessOutcome::Accepted, ProcessOutcome::Duplicate]);
+    assert!(verdicts.lock().unwrap().contains(&("duplicate", Some(env.id.clone()))));
+    c.close().await;
+    mq.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_count_what_was_consumed() {
+    acemq::metrics::enable();
+    let mq = Connection::open(&format!("memory://{}", unique("ev"))).await.unwrap();
+    let queue = unique("events-metrics");
+    mq.apply(&Topology::new().queue(&queue)).await.unwrap();
+    mq.publish(&json!({"n": 1}), &queue, PublishOptions::default()).await.unwrap();
+    let c = Arc::new(mq.consumer(&queue, ConsumeOptions::default()).await.unwrap());
+    let d = c.next().await.unwrap();
+    c.accept(d);
+    let text = acemq::metrics::render();
+    let labels = format!("messaging_system=\"rabbitmq\",messaging_destination_name=\"{queue}\",outcome=\"accepted\"");
+    assert!(text.contains(&format!("messaging_client_consumed_messages_total{{{labels}}} 1")), "{text}");
+    let sent = format!("messaging_client_sent_messages_total{{messaging_system=\"rabbitmq\",messaging_destination_name=\"{queue}\",outcome=\"confirmed\"}} 1");
+    assert!(text.contains(&sent), "{text}");
+    c.close().await;
+    mq.close().await;
+}

@@ -70,7 +70,11 @@ module Drill
   # themselves; what was in flight is redelivered.
   class CloseConnections < Phase
     TITLE = "broker closes connections"
-    MESSAGES = 2000
+    # Paced, 4000 would take 31 s; the faults are over in a few seconds on
+    # an idle machine and the rest is published unpaced (hurry). The length
+    # is for a loaded machine, where each recovery is waited out before the
+    # next fault and a shorter feed could end first.
+    MESSAGES = 4000
     RUNNERS = 2
     CLOSES = 3
     RATE = 130
@@ -120,7 +124,9 @@ module Drill
   # and persistent, confirmed messages survive both.
   class RestartBroker < Phase
     TITLE = "broker restart"
-    MESSAGES = 2400
+    # As for CloseConnections: long enough that the feed outlasts slow
+    # recoveries on a loaded machine; unpaced once the faults are done.
+    MESSAGES = 4800
     RUNNERS = 2
     RATE = 120
 

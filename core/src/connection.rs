@@ -152,7 +152,8 @@ pub fn check_destination(exchange: &str, routing_key: &str, props: &Props) -> Re
 }
 
 struct Inner {
-    backend: Backend,
+    /// Dropped only in the process that opened it (see `Drop for Inner`).
+    backend: std::mem::ManuallyDrop<Backend>,
     origin: String,
     url: String,
     closed: AtomicBool,
@@ -161,6 +162,20 @@ struct Inner {
     /// The type each main queue was applied with here, so a consumer of it
     /// declares its DLQ and rungs alike.
     applied: std::sync::Mutex<std::collections::HashMap<String, (QueueType, Option<u64>)>>,
+}
+
+/// A connection inherited by a forked child is leaked there, never dropped:
+/// its I/O thread is the parent's, and dropping lapin's handle to it detaches
+/// a thread that does not exist in the child (seen: SIGSEGV in
+/// `pthread_detach`, from Ruby's GC freeing a parent's connection in a child
+/// process). The child opens its own connections.
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.pid == std::process::id() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.backend) }
+        }
+    }
 }
 
 /// A connection to RabbitMQ (`amqp://`) or to an in-process broker (`memory://`).
@@ -206,7 +221,7 @@ impl Connection {
             Backend::open(&dialled, &origin, options.connect_timeout, options.confirm_timeout, options.tls.as_ref()).await?;
         Ok(Connection {
             inner: Arc::new(Inner {
-                backend,
+                backend: std::mem::ManuallyDrop::new(backend),
                 origin,
                 url: urls.join(" "),
                 closed: AtomicBool::new(false),
@@ -228,7 +243,7 @@ impl Connection {
 
     /// The in-process broker, for a `memory://` connection.
     pub fn memory_broker(&self) -> Option<Arc<MemoryBroker>> {
-        match &self.inner.backend {
+        match &*self.inner.backend {
             Backend::Memory(b) => Some(b.clone()),
             Backend::Amqp(_) => None,
         }

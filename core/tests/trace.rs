@@ -4,7 +4,7 @@
 
 use acemq::outbox::{AsyncSqlOutboxStore, OutboxRecord, OutboxRelay, OutboxStoreOptions, RelayOptions};
 use acemq::sql::{AsyncConnectionSource, AsyncSqliteConnection};
-use acemq::{Ack, ConsumeOptions, Connection, Consumer, Outcome, PublishOptions, RetryPolicy, Topology, TraceContext};
+use acemq::{Ack, ConsumeOptions, Connection, Outcome, PublishOptions, RetryPolicy, Topology, TraceContext};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,21 +17,8 @@ use tracing::{Event, Metadata, Subscriber};
 const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TS: &str = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7";
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
-}
-
-async fn transports() -> Vec<Connection> {
-    let mut out = vec![Connection::open(&format!("memory://{}", unique("t"))).await.unwrap()];
-    if let Ok(url) = std::env::var("AMQP_URL") {
-        out.push(Connection::open(&url).await.expect("AMQP_URL is set but the broker cannot be reached"));
-    }
-    out
-}
-
-async fn next(c: &Consumer) -> acemq::Delivery {
-    tokio::time::timeout(Duration::from_secs(10), c.next()).await.expect("no delivery within 10s").expect("consumer closed")
-}
+mod support;
+use support::{next, transports, unique};
 
 /// memory:// moves its clock; RabbitMQ waits out the rung's TTL.
 async fn wait_for_ladder(mq: &Connection) {

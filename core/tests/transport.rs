@@ -1,25 +1,12 @@
 //! The transport's observable behaviour, on memory:// always and on RabbitMQ
 //! when AMQP_URL is set (CI sets it). Every scenario runs on both.
 
-use acemq::{Ack, ConsumeOptions, Connection, Consumer, ErrorKind, ExchangeKind, Outcome, PublishOptions, RetryPolicy, Topology};
+use acemq::{Ack, ConsumeOptions, Connection, ErrorKind, ExchangeKind, Outcome, PublishOptions, RetryPolicy, Topology};
 use serde_json::json;
 use std::time::Duration;
 
-fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", uuid::Uuid::now_v7().simple())
-}
-
-async fn transports() -> Vec<Connection> {
-    let mut out = vec![Connection::open(&format!("memory://{}", unique("t"))).await.unwrap()];
-    if let Ok(url) = std::env::var("AMQP_URL") {
-        out.push(Connection::open(&url).await.expect("AMQP_URL is set but the broker cannot be reached"));
-    }
-    out
-}
-
-async fn next(c: &Consumer) -> acemq::Delivery {
-    tokio::time::timeout(Duration::from_secs(10), c.next()).await.expect("no delivery within 10s").expect("consumer closed")
-}
+mod support;
+use support::{next, transports, unique};
 
 fn short_ladder(max_attempts: u32) -> ConsumeOptions {
     ConsumeOptions { retry: RetryPolicy::new(max_attempts, Duration::from_millis(200), Duration::from_millis(400)), ..Default::default() }

@@ -11,6 +11,7 @@ require "acemq"
 require "acemq/amqp/patterns"
 require "bunny"
 require "fileutils"
+require "time"
 require "json"
 require "logger"
 require "pg"
@@ -167,6 +168,51 @@ module BenchCommon
         end
       end
     end
+  end
+
+  # Raw lapin from Rust (core/examples/bench.rs, `bench raw`): the most any
+  # client gets from this broker, one timed run on `queue` (declared by the
+  # caller; preloaded with n messages for :consume). Returns msg/s. Its
+  # connect happens before its clock starts, so the process start is not in
+  # the figure. `rake bench` builds the binary; BENCH_LAPIN points elsewhere.
+  LAPIN = ENV.fetch("BENCH_LAPIN", File.expand_path("../target/release/examples/bench", __dir__))
+
+  def self.lapin(kind, queue, n)
+    raise "#{LAPIN} is missing: run `cargo build --release --example bench` (rake bench does)" unless File.executable?(LAPIN)
+
+    out = IO.popen({ "AMQP_URL" => URL }, [LAPIN, "raw", kind.to_s, queue, n.to_s], &:read)
+    raise "bench raw #{kind} failed (#{$?.exitstatus}): #{out}" unless $?.success?
+
+    JSON.parse(out.lines.last)["rate"]
+  end
+
+  # The issue-12 table: every script adds the rows it measured (one JSON
+  # object a line, in ACEMQ_BENCH_ROWS, default tmp/bench/rows.jsonl), and
+  # bench/table.rb prints them together at the end of `rake bench`.
+  module Table
+    FILE = ENV.fetch("ACEMQ_BENCH_ROWS", File.expand_path("../tmp/bench/rows.jsonl", __dir__))
+
+    # path: what is measured; result: the figure as printed ("33.4k/s =
+    # 0.74x"); target: as printed (">= 0.90x"); pass: true/false; bound:
+    # what limits a miss, when known.
+    def self.row(path:, result:, target:, pass:, bound: nil)
+      FileUtils.mkdir_p(File.dirname(FILE))
+      File.open(FILE, "a") do |f|
+        f.puts JSON.generate(path: path, result: result, target: target, pass: pass, bound: bound,
+                             at: Time.now.utc.iso8601)
+      end
+      puts format("  table: %-60s %-28s %-10s %s", path, result, target, pass ? "pass" : "MISS")
+    end
+
+    # A ratio row: ours and base in msg/s, target the least ratio.
+    def self.ratio(path:, ours:, base:, target:, base_name: nil, bound: nil)
+      ratio = ours / base
+      result = format("%s = %.2fx%s", rate(ours), ratio, base_name ? " (#{base_name} #{rate(base)})" : "")
+      row(path: path, result: result, target: format(">= %.2fx", target), pass: ratio >= target, bound: bound)
+      ratio
+    end
+
+    def self.rate(x) = x >= 1000 ? format("%.1fk/s", x / 1000.0) : format("%.0f/s", x)
   end
 
   # The baseline's own SQL, straight through the Ruby driver: `?` for

@@ -1,0 +1,164 @@
+//! AMQP basic properties and field tables to and from the engine's
+//! [`Props`] and [`Headers`], bounded in depth.
+
+use crate::headers::Headers;
+use crate::wire::Props;
+use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::BasicProperties;
+use serde_json::{Number, Value};
+use std::sync::Arc;
+
+pub(super) fn to_basic_properties(p: &Props) -> BasicProperties {
+    let mut b = BasicProperties::default();
+    if let Some(ct) = &p.content_type {
+        b = b.with_content_type(ShortString::from(ct.as_str()));
+    }
+    if let Some(id) = &p.message_id {
+        b = b.with_message_id(ShortString::from(id.as_str()));
+    }
+    if let Some(k) = &p.kind {
+        b = b.with_type(ShortString::from(k.as_str()));
+    }
+    if let Some(a) = &p.app_id {
+        b = b.with_app_id(ShortString::from(a.as_str()));
+    }
+    if let Some(t) = p.timestamp {
+        b = b.with_timestamp(t);
+    }
+    if let Some(c) = &p.correlation_id {
+        b = b.with_correlation_id(ShortString::from(c.as_str()));
+    }
+    if p.persistent {
+        b = b.with_delivery_mode(2);
+    }
+    if !p.headers.is_empty() {
+        b = b.with_headers(to_field_table_keeping(&p.headers, p.received.0.as_deref()));
+    }
+    b
+}
+
+pub(super) fn from_basic_properties(b: &BasicProperties) -> Props {
+    let s = |v: &Option<ShortString>| v.as_ref().map(|x| x.as_str().to_owned());
+    Props {
+        content_type: s(b.content_type()),
+        message_id: s(b.message_id()),
+        kind: s(b.kind()),
+        app_id: s(b.app_id()),
+        timestamp: *b.timestamp(),
+        correlation_id: s(b.correlation_id()),
+        persistent: *b.delivery_mode() == Some(2),
+        headers: b.headers().as_ref().map(from_field_table).unwrap_or_default(),
+        received: crate::wire::Received(b.headers().as_ref().map(|t| Arc::new(t.clone()))),
+    }
+}
+
+/// The table for `h`, taking from `received` every value that `h` still
+/// has unchanged, as it arrived (see [`Props::received`]).
+pub(super) fn to_field_table_keeping(h: &Headers, received: Option<&FieldTable>) -> FieldTable {
+    let Some(received) = received else { return to_field_table(h) };
+    let mut t = FieldTable::default();
+    for (k, v) in h {
+        let kept = received.inner().get(k.as_str()).filter(|orig| from_amqp(orig) == *v);
+        t.insert(ShortString::from(k.as_str()), kept.cloned().unwrap_or_else(|| to_amqp(v)));
+    }
+    t
+}
+
+pub(crate) fn to_field_table(h: &Headers) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in h {
+        t.insert(ShortString::from(k.as_str()), to_amqp(v));
+    }
+    t
+}
+
+pub(super) fn to_amqp(v: &Value) -> AMQPValue {
+    match v {
+        Value::Null => AMQPValue::Void,
+        Value::Bool(b) => AMQPValue::Boolean(*b),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                AMQPValue::LongLongInt(i)
+            } else if let Some(u) = n.as_u64() {
+                AMQPValue::LongLongInt(u.min(i64::MAX as u64) as i64)
+            } else {
+                AMQPValue::Double(n.as_f64().unwrap_or(0.0))
+            }
+        }
+        Value::String(s) => AMQPValue::LongString(LongString::from(s.as_bytes().to_vec())),
+        Value::Array(a) => AMQPValue::FieldArray(FieldArray::from(a.iter().map(to_amqp).collect::<Vec<_>>())),
+        Value::Object(o) => AMQPValue::FieldTable(to_field_table(o)),
+    }
+}
+
+pub(super) fn from_field_table(t: &FieldTable) -> Headers {
+    table_at(t, 1)
+}
+
+/// `t`, a table `depth` levels down. Bounded like what the engine sends
+/// ([`crate::limits::MAX_HEADER_DEPTH`]): the frame filter already cuts
+/// deeper tables into long strings before lapin parses them, and this keeps
+/// the conversion from recursing without end should one get here anyway.
+pub(super) fn table_at(t: &FieldTable, depth: usize) -> Headers {
+    t.inner().iter().map(|(k, v)| (k.as_str().to_owned(), value_at(v, depth))).collect()
+}
+
+pub(super) fn from_amqp(v: &AMQPValue) -> Value {
+    value_at(v, 1)
+}
+
+/// `v`, found in a table or array `depth` levels down.
+pub(super) fn value_at(v: &AMQPValue, depth: usize) -> Value {
+    if matches!(v, AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_)) && depth >= crate::limits::MAX_HEADER_DEPTH {
+        return Value::from(format!("[nested deeper than {} levels]", crate::limits::MAX_HEADER_DEPTH));
+    }
+    match v {
+        AMQPValue::Boolean(b) => Value::Bool(*b),
+        AMQPValue::ShortShortInt(i) => Value::from(*i),
+        AMQPValue::ShortShortUInt(i) => Value::from(*i),
+        AMQPValue::ShortInt(i) => Value::from(*i),
+        AMQPValue::ShortUInt(i) => Value::from(*i),
+        AMQPValue::LongInt(i) => Value::from(*i),
+        AMQPValue::LongUInt(i) => Value::from(*i),
+        AMQPValue::LongLongInt(i) => Value::from(*i),
+        AMQPValue::Float(f) => Number::from_f64(*f as f64).map_or(Value::Null, Value::Number),
+        AMQPValue::Double(f) => Number::from_f64(*f).map_or(Value::Null, Value::Number),
+        AMQPValue::DecimalValue(d) => {
+            Number::from_f64(d.value as f64 / 10f64.powi(d.scale as i32)).map_or(Value::Null, Value::Number)
+        }
+        AMQPValue::ShortString(s) => Value::from(s.as_str()),
+        AMQPValue::LongString(s) => Value::from(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::FieldArray(a) => Value::Array(a.as_slice().iter().map(|x| value_at(x, depth + 1)).collect()),
+        AMQPValue::Timestamp(t) => Value::from(*t),
+        AMQPValue::FieldTable(t) => Value::Object(table_at(t, depth + 1)),
+        AMQPValue::ByteArray(b) => Value::from(String::from_utf8_lossy(b.as_slice()).into_owned()),
+        AMQPValue::Void => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn converting_headers_is_bounded_in_depth() {
+        // Deeper than the frame filter lets through, built bottom up.
+        let mut v = AMQPValue::LongLongInt(1);
+        for _ in 0..100 {
+            let mut t = FieldTable::default();
+            t.insert(ShortString::from("a"), v);
+            v = AMQPValue::FieldTable(t);
+        }
+        let AMQPValue::FieldTable(top) = v else { unreachable!() };
+        let mut h = Value::Object(from_field_table(&top));
+        let mut levels = 1;
+        while let Some(inner) = h.get("a").filter(|x| x.is_object()).cloned() {
+            h = inner;
+            levels += 1;
+        }
+        assert_eq!(levels, crate::limits::MAX_HEADER_DEPTH);
+        assert_eq!(h["a"], Value::from("[nested deeper than 32 levels]"));
+        let p = Props { headers: from_field_table(&top), ..Props::default() };
+        assert!(crate::limits::properties(&p).is_ok(), "what it converts to can be sent again");
+    }
+}

@@ -1,0 +1,178 @@
+//! `amqp://`: RabbitMQ through lapin, with publisher confirms on every
+//! publish, bounded prefetch, and acknowledgements coalesced into `multiple`
+//! acks when deliveries are settled in order.
+//!
+//! One concept per file: `redial` (dialling the addresses, and dialling
+//! again when the connection is lost), `exchanges` (the cache of exchanges
+//! known to exist), `publish` (sending one or a batch, and their confirms),
+//! `supervisor` (a subscription that subscribes again when its channel is
+//! lost), `declare` (topology declarations), `acks` (coalescing
+//! acknowledgements into `multiple` acks) and `fields` (AMQP properties and
+//! field tables to and from the engine's).
+
+mod acks;
+mod declare;
+mod exchanges;
+mod fields;
+mod publish;
+mod redial;
+mod supervisor;
+
+pub(crate) use declare::{bind, declare_exchange, declare_queue};
+pub(crate) use publish::AmqpConfirm;
+pub(crate) use supervisor::AmqpConsumer;
+
+use super::tls::Tls;
+use fields::from_basic_properties;
+use redial::{dial_any, endpoint_of};
+use crate::error::{Error, ErrorKind, Result};
+use crate::wire::RawDelivery;
+use lapin::options::{BasicGetOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::Channel;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(crate) struct AmqpBackend {
+    /// Every address it may dial, in the order given (the nodes of a
+    /// cluster, or one broker).
+    urls: Vec<String>,
+    /// The same without their passwords, for messages.
+    endpoints: Vec<String>,
+    /// The address of the current connection.
+    at: std::sync::atomic::AtomicUsize,
+    /// Shown as the connection's name in `rabbitmqctl list_connections` and
+    /// the management UI, so an operator can tell whose connection it is.
+    origin: String,
+    /// The current connection; replaced when the broker went away and a
+    /// later call dialled again.
+    conn: Mutex<Arc<lapin::Connection>>,
+    /// One redial at a time: the first caller to find the connection down
+    /// dials, the others wait for it and use what it got.
+    redial: tokio::sync::Mutex<()>,
+    closed: std::sync::atomic::AtomicBool,
+    connect_timeout: Duration,
+    /// Exchanges known to exist: declared through this connection, or
+    /// checked with a passive declare before the first publish to them. A
+    /// publish to a missing exchange makes RabbitMQ close the channel, and
+    /// publishes already pipelined behind it on that channel can then close
+    /// the whole connection (504, "expected 'channel.open'"); checking first,
+    /// on a throwaway channel, keeps the publishing channel out of it.
+    known_exchanges: std::sync::Mutex<std::collections::HashSet<String>>,
+    publish: Arc<tokio::sync::Mutex<Option<Channel>>>,
+    confirm_timeout: Duration,
+    /// For the `amqps://` addresses: read once at open, used by every dial.
+    tls: Option<Tls>,
+}
+
+pub(crate) fn map_error(e: &lapin::Error, context: &str) -> Error {
+    match e.kind() {
+        lapin::ErrorKind::ProtocolError(amqp) => {
+            let code = amqp.get_id();
+            Error::new(ErrorKind::Broker { reply_code: code }, format!("{} ({context})", amqp.get_message()))
+        }
+        lapin::ErrorKind::IOError(io) => Error::new(ErrorKind::ConnectionFailed, format!("{context}: {io}")),
+        lapin::ErrorKind::MissingHeartbeatError => {
+            Error::new(ErrorKind::ConnectionFailed, format!("{context}: the broker stopped sending heartbeats"))
+        }
+        other => Error::new(ErrorKind::Closed, format!("{context}: {other:?}")),
+    }
+}
+
+impl AmqpBackend {
+    pub(crate) async fn connect(
+        urls: &[String],
+        origin: &str,
+        connect_timeout: Duration,
+        confirm_timeout: Duration,
+        tls: Option<Tls>,
+    ) -> Result<Self> {
+        let endpoints: Vec<String> = urls.iter().map(|u| endpoint_of(u)).collect();
+        let (at, conn) = dial_any(urls, &endpoints, origin, 0, connect_timeout, tls.as_ref()).await?;
+        Ok(AmqpBackend {
+            urls: urls.to_vec(),
+            endpoints,
+            at: std::sync::atomic::AtomicUsize::new(at),
+            origin: origin.to_owned(),
+            conn: Mutex::new(Arc::new(conn)),
+            redial: tokio::sync::Mutex::new(()),
+            closed: std::sync::atomic::AtomicBool::new(false),
+            connect_timeout,
+            known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
+            publish: Arc::new(tokio::sync::Mutex::new(None)),
+            confirm_timeout,
+            tls,
+        })
+    }
+
+    async fn open_channel(&self, confirms: bool) -> Result<Channel> {
+        let conn = self.connection().await?;
+        let ch = conn.create_channel().await.map_err(|e| map_error(&e, "opening a channel"))?;
+        if confirms {
+            ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(|e| map_error(&e, "enabling publisher confirms"))?;
+        }
+        Ok(ch)
+    }
+
+    pub(crate) async fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::Release);
+        let conn = self.current();
+        if conn.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), conn.close(200, ShortString::from("OK"))).await;
+        }
+    }
+
+    /// A channel for reading a queue with basic.get (manual acks).
+    pub(crate) async fn reader_channel(&self) -> Result<Channel> {
+        self.open_channel(false).await
+    }
+
+    /// A passive declare of `queue`: its ready messages and consumers, or
+    /// None when it does not exist. On a channel of its own, because the
+    /// broker closes the channel that asks about a missing queue; within
+    /// the confirm timeout, so a status command never hangs on it.
+    pub(crate) async fn queue_counts(&self, queue: &str) -> Result<Option<super::QueueCounts>> {
+        let ch = self.open_channel(false).await?;
+        let declared = tokio::time::timeout(
+            self.confirm_timeout,
+            ch.queue_declare(
+                ShortString::from(queue),
+                QueueDeclareOptions { passive: true, ..Default::default() },
+                FieldTable::default(),
+            ),
+        )
+        .await;
+        if ch.status().connected() {
+            let _ = ch.close(200, ShortString::from("OK")).await;
+        }
+        let declared = declared.map_err(|_| {
+            Error::new(ErrorKind::Timeout, format!("asking the broker about queue '{queue}': no answer within the confirm timeout"))
+        })?;
+        match declared {
+            Ok(q) => Ok(Some(super::QueueCounts { ready: q.message_count().into(), consumers: q.consumer_count().into() })),
+            Err(e) => {
+                let err = map_error(&e, &format!("asking the broker about queue '{queue}'"));
+                if err.is_not_found() { Ok(None) } else { Err(err) }
+            }
+        }
+    }
+}
+
+/// One message off `queue` with basic.get, left unacknowledged on `ch`.
+pub(crate) async fn get(ch: &Channel, queue: &str) -> Result<Option<RawDelivery>> {
+    let got = ch
+        .basic_get(ShortString::from(queue), BasicGetOptions { no_ack: false })
+        .await
+        .map_err(|e| map_error(&e, &format!("reading from queue '{queue}'")))?;
+    Ok(got.map(|g| {
+        let d = g.delivery;
+        RawDelivery {
+            tag: d.delivery_tag,
+            exchange: d.exchange.to_string(),
+            routing_key: d.routing_key.to_string(),
+            redelivered: d.redelivered,
+            body: d.data,
+            props: from_basic_properties(&d.properties),
+        }
+    }))
+}

@@ -1,0 +1,164 @@
+//! Dialling: each address in turn, through the frame filter (and TLS for
+//! `amqps://`), and again, lazily, when the connection was lost.
+
+use super::{map_error, AmqpBackend};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::tls::Tls;
+use lapin::ConnectionProperties;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(super) fn endpoint_of(url: &str) -> String {
+    // Never echo the password back in an error message. The last @ ends the
+    // user and password: one inside an unencoded password must not leave
+    // its tail in the host part.
+    match url.rsplit_once('@') {
+        Some((_, rest)) => rest.to_owned(),
+        None => url.trim_start_matches("amqps://").trim_start_matches("amqp://").to_owned(),
+    }
+}
+
+impl AmqpBackend {
+    /// Where the current connection goes, for messages.
+    pub(super) fn endpoint(&self) -> &str {
+        &self.endpoints[self.at.load(std::sync::atomic::Ordering::Acquire).min(self.endpoints.len() - 1)]
+    }
+
+    pub(super) fn current(&self) -> Arc<lapin::Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The connection, dialled again if the broker went away (a restart, a
+    /// network cut, a forced close). lapin does not recover on its own; this
+    /// is the recovery, done lazily by whoever needs the connection next, so
+    /// a publish during an outage fails after `connect_timeout` rather than
+    /// hanging, and the first one after it works.
+    pub(super) async fn connection(&self) -> Result<Arc<lapin::Connection>> {
+        let c = self.current();
+        if c.status().connected() {
+            return Ok(c);
+        }
+        if self.closed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(Error::closed(format!("the connection to {} is closed: open a new one", self.endpoint())));
+        }
+        let _one_at_a_time = self.redial.lock().await;
+        let c = self.current();
+        if c.status().connected() {
+            return Ok(c);
+        }
+        // The next address first: the one that was lost is the likeliest to
+        // be down (a node stopped, failed over), and the others are the
+        // same cluster.
+        crate::events::connection("lost", self.endpoint(), None);
+        let start = (self.at.load(std::sync::atomic::Ordering::Acquire) + 1) % self.urls.len();
+        let (at, fresh) = dial_any(&self.urls, &self.endpoints, &self.origin, start, self.connect_timeout, self.tls.as_ref()).await?;
+        self.at.store(at, std::sync::atomic::Ordering::Release);
+        let fresh = Arc::new(fresh);
+        *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        // What was known of the old broker may not hold for this one.
+        self.known().clear();
+        crate::events::connection("recovered", self.endpoint(), None);
+        Ok(fresh)
+    }
+}
+
+/// Dial each address in turn from `start`, each within `connect_timeout`,
+/// and return the first that answers with its index. A refused login is
+/// reported as that (the same user is refused everywhere); otherwise what
+/// each address said.
+pub(super) async fn dial_any(
+    urls: &[String],
+    endpoints: &[String],
+    origin: &str,
+    start: usize,
+    connect_timeout: Duration,
+    tls: Option<&Tls>,
+) -> Result<(usize, lapin::Connection)> {
+    let mut failures = Vec::new();
+    // Every address failed in TLS: the same certificate problem everywhere
+    // (one cluster, one CA), which is what to report, not "unreachable".
+    let mut all_tls = true;
+    for i in 0..urls.len() {
+        let at = (start + i) % urls.len();
+        match dial(&urls[at], origin, &endpoints[at], connect_timeout, tls).await {
+            Ok(c) => return Ok((at, c)),
+            Err(e) if urls.len() == 1 || matches!(e.kind(), ErrorKind::AuthenticationFailed) => return Err(e),
+            Err(e) => {
+                all_tls &= e.is_tls();
+                failures.push(e.to_string());
+            }
+        }
+    }
+    Err(Error::new(
+        if all_tls { ErrorKind::Tls } else { ErrorKind::ConnectionFailed },
+        format!("could not connect to any of {} addresses: {}", urls.len(), failures.join("; ")),
+    ))
+}
+
+pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration, tls: Option<&Tls>) -> Result<lapin::Connection> {
+    let properties = ConnectionProperties::default().with_connection_name(origin.into());
+    let mut uri = url
+        .parse::<lapin::uri::AMQPUri>()
+        .map_err(|e| Error::new(ErrorKind::InvalidUrl, format!("cannot parse {endpoint:?} as an AMQP URL ({e})")))?;
+    // amqps:// is TLS done by the reactor, under the frame filter (tls.rs);
+    // lapin is handed the same address as amqp:// (the port stays what the
+    // URL said, or 5671) so that it does not try TLS itself.
+    let secure = matches!(uri.scheme, lapin::uri::AMQPScheme::AMQPS);
+    let tls_dial = match (secure, tls) {
+        (true, Some(tls)) => {
+            uri.scheme = lapin::uri::AMQPScheme::AMQP;
+            Some(tls.dial(&uri.authority.host)?)
+        }
+        (true, None) => unreachable!("Backend::open reads the TLS settings for an amqps:// URL"),
+        (false, _) => None,
+    };
+    // Through the frame filter: what another client published must not be
+    // able to crash lapin's parser or make it close the connection (see
+    // frame_filter.rs). It keeps repaired frames within the frame_max lapin
+    // negotiates, which the URL can lower.
+    let frame_max = uri.query.frame_max.unwrap_or(0);
+    let connect =
+        lapin::Connection::connect_uri_with_runtime(uri, properties, crate::transport::frame_filter::runtime(frame_max, tls_dial.clone()));
+    let outcome = tokio::time::timeout(connect_timeout, connect).await;
+    // A TLS failure reaches lapin as an I/O error ("invalid data"): the
+    // reason rustls gave is what the caller needs.
+    if let (Some(tls), Some(d)) = (tls, &tls_dial) {
+        if !matches!(outcome, Ok(Ok(_))) {
+            if let Some(failure) = d.failure() {
+                return Err(tls.explain(&failure, endpoint, &d.name()));
+            }
+        }
+    }
+    match outcome {
+        Err(_) => Err(Error::new(
+            ErrorKind::ConnectionFailed,
+            format!(
+                "could not connect to {endpoint} within {connect_timeout:?}: is RabbitMQ running and reachable? (connect_timeout: sets the limit)"
+            ),
+        )),
+        Ok(Err(e)) => Err(connect_error(&e, endpoint)),
+        Ok(Ok(c)) => Ok(c),
+    }
+}
+
+pub(super) fn connect_error(e: &lapin::Error, endpoint: &str) -> Error {
+    if let lapin::ErrorKind::ProtocolError(amqp) = e.kind() {
+        if amqp.get_id() == 403 {
+            return Error::new(
+                ErrorKind::AuthenticationFailed,
+                format!("{endpoint} refused the login ({}): check the user and password in the URL", amqp.get_message()),
+            );
+        }
+        if amqp.get_id() == 530 || amqp.get_id() == 402 {
+            return Error::new(
+                ErrorKind::Broker { reply_code: amqp.get_id() },
+                format!("{endpoint} refused the connection ({}): check the vhost in the URL", amqp.get_message()),
+            );
+        }
+    }
+    let mut err = map_error(e, &format!("could not connect to {endpoint}"));
+    if !matches!(err.kind(), ErrorKind::Broker { .. }) {
+        err = Error::new(ErrorKind::ConnectionFailed, format!("{err}: is RabbitMQ running and reachable?"));
+    }
+    err
+}

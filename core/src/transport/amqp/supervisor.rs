@@ -1,0 +1,262 @@
+//! A subscription that outlives its channel: the task that feeds its
+//! deliveries and subscribes again, backing off, when the channel is lost.
+
+use super::acks::{spawn_flusher, AckInner, AckState};
+use super::fields::from_basic_properties;
+use super::{map_error, AmqpBackend};
+use crate::error::{Error, ErrorKind, Result};
+use crate::transport::queue::DeliveryQueue;
+use crate::wire::RawDelivery;
+use futures_lite::StreamExt;
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::types::{FieldTable, ShortString};
+use lapin::Channel;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+impl AmqpBackend {
+    /// Subscribe to `queue`. The subscription outlives its channel and its
+    /// connection: when the broker takes either away, it subscribes again
+    /// (backing off while the broker is unreachable) and goes on feeding the
+    /// same delivery queue. Deliveries from the lost channel cannot be
+    /// acknowledged any more; the broker has put them back and delivers them
+    /// again, which is the redelivery the idempotent consumer is for.
+    pub(crate) async fn consume(self: &Arc<Self>, queue: &str, prefetch: u16) -> Result<AmqpConsumer> {
+        let (generation, stream) = subscribe(self, queue, prefetch, 1).await?;
+        let consumer = AmqpConsumer {
+            generation: Arc::new(Mutex::new(generation.clone())),
+            out: Arc::new(DeliveryQueue::default()),
+            stopped: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            supervisor: Mutex::new(None),
+            failure: Arc::new(Mutex::new(None)),
+            down_since: Arc::new(Mutex::new(None)),
+            resubscribed: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        };
+        let task = supervise(
+            self.clone(),
+            queue.to_owned(),
+            prefetch,
+            consumer.generation.clone(),
+            stream,
+            consumer.out.clone(),
+            consumer.stopped.clone(),
+            consumer.failure.clone(),
+            consumer.down_since.clone(),
+            consumer.resubscribed.clone(),
+        );
+        *consumer.supervisor.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::runtime::handle().spawn(task));
+        Ok(consumer)
+    }
+}
+
+/// Delivery tags are per channel and start again at 1 on a new one, so the
+/// tag handed out carries the subscription's generation in its high bits: a
+/// settlement for a delivery from a channel that is gone is recognised and
+/// dropped (the broker redelivers that message).
+pub(super) const GENERATION_SHIFT: u32 = 40;
+pub(super) const TAG_MASK: u64 = (1 << GENERATION_SHIFT) - 1;
+
+/// The first pause before subscribing again.
+pub(super) const MIN_RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(100);
+/// The longest: a broker back after a restart is picked up within this.
+pub(super) const MAX_RESUBSCRIBE_PAUSE: Duration = Duration::from_secs(5);
+/// A subscription that lived less than this before its channel went away
+/// died young: the next one waits, and the pause keeps growing.
+pub(super) const STABLE_SUBSCRIPTION: Duration = Duration::from_secs(5);
+
+pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16, id: u64) -> Result<(Arc<Generation>, lapin::Consumer)> {
+    let ch = backend.open_channel(false).await?;
+    ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
+    let stream = ch
+        .basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())
+        .await
+        .map_err(|e| map_error(&e, &format!("consuming from queue '{queue}'")))?;
+    let acks = Arc::new(AckState {
+        inner: Mutex::new(AckInner::default()),
+        notify: Notify::new(),
+        batch: (usize::from(prefetch.max(1)) / 2).max(1),
+    });
+    let flusher = spawn_flusher(ch.clone(), acks.clone());
+    let generation =
+        Arc::new(Generation { id, tag: stream.tag(), channel: ch, acks, flusher: Mutex::new(Some(flusher)) });
+    Ok((generation, stream))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn supervise(
+    backend: Arc<AmqpBackend>,
+    queue: String,
+    prefetch: u16,
+    current: Arc<Mutex<Arc<Generation>>>,
+    mut stream: lapin::Consumer,
+    out: Arc<DeliveryQueue>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    failure: Arc<Mutex<Option<Error>>>,
+    down_since: Arc<Mutex<Option<std::time::Instant>>>,
+    resubscribed: Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering::Acquire;
+    let record = |e: Error| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    // The pause before subscribing again. It grows while subscribing fails,
+    // and also while fresh subscriptions keep dying young: a message that
+    // makes the connection fail as soon as it is delivered would otherwise
+    // be a reconnect a few milliseconds apart, for ever.
+    let mut pause = MIN_RESUBSCRIBE_PAUSE;
+    let mut subscribed_at = std::time::Instant::now();
+    'subscription: loop {
+        let id = current.lock().unwrap_or_else(|p| p.into_inner()).id;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(d) => out.push(RawDelivery {
+                    tag: (id << GENERATION_SHIFT) | (d.delivery_tag & TAG_MASK),
+                    exchange: d.exchange.to_string(),
+                    routing_key: d.routing_key.to_string(),
+                    redelivered: d.redelivered,
+                    body: d.data,
+                    props: from_basic_properties(&d.properties),
+                }),
+                Err(e) => {
+                    record(map_error(&e, &format!("consuming from queue '{queue}'")));
+                    break;
+                }
+            }
+        }
+        if stopped.load(Acquire) || backend.closed.load(Acquire) {
+            break;
+        }
+        crate::events::subscription_ended(&queue, &failure);
+        // The channel or the connection went away under us. Whatever the
+        // old channel delivered and we had not acknowledged is the broker's
+        // again; retire it and subscribe anew, backing off while it is down.
+        current.lock().unwrap_or_else(|p| p.into_inner()).retire();
+        // What the lost channel delivered and no handler has taken yet can
+        // never be acknowledged: the broker has put it back and will deliver
+        // it again. Handing it out now would run it twice for nothing.
+        out.drain();
+        *down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        let lived = subscribed_at.elapsed();
+        if lived < STABLE_SUBSCRIPTION {
+            record(Error::new(
+                ErrorKind::Closed,
+                format!(
+                    "the subscription to '{queue}' died {}ms after subscribing; subscribing again in {}ms",
+                    lived.as_millis(),
+                    pause.as_millis()
+                ),
+            ));
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_RESUBSCRIBE_PAUSE);
+        } else {
+            pause = MIN_RESUBSCRIBE_PAUSE;
+        }
+        loop {
+            if stopped.load(Acquire) || backend.closed.load(Acquire) {
+                break 'subscription;
+            }
+            match subscribe(&backend, &queue, prefetch, id + 1).await {
+                Ok((generation, fresh)) => {
+                    *current.lock().unwrap_or_else(|p| p.into_inner()) = generation;
+                    *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    resubscribed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    crate::events::subscription("resubscribed", &queue, None);
+                    subscribed_at = std::time::Instant::now();
+                    stream = fresh;
+                    continue 'subscription;
+                }
+                Err(e) => {
+                    crate::events::subscription("failed", &queue, Some(e.to_string()));
+                    record(e);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RESUBSCRIBE_PAUSE);
+                }
+            }
+        }
+    }
+    out.close();
+}
+
+/// A subscription: the channel it is on now (a generation) and the task
+/// that feeds its deliveries and subscribes again when the channel is lost.
+pub(crate) struct AmqpConsumer {
+    generation: Arc<Mutex<Arc<Generation>>>,
+    pub(crate) out: Arc<DeliveryQueue>,
+    stopped: Arc<std::sync::atomic::AtomicBool>,
+    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(crate) failure: Arc<Mutex<Option<Error>>>,
+    /// Since when the subscription has been without a channel (None while
+    /// subscribed): what tells a broker that is restarting from a consumer
+    /// that will never subscribe again.
+    pub(crate) down_since: Arc<Mutex<Option<std::time::Instant>>>,
+    /// How many times it has subscribed again after losing its channel.
+    pub(crate) resubscribed: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// One channel's worth of a subscription.
+pub(super) struct Generation {
+    pub(super) id: u64,
+    pub(super) tag: ShortString,
+    pub(super) channel: Channel,
+    pub(super) acks: Arc<AckState>,
+    pub(super) flusher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Generation {
+    /// The channel is gone: stop its flusher (nothing it holds can be
+    /// acknowledged any more).
+    pub(super) fn retire(&self) {
+        self.acks.lock().closing = true;
+        self.acks.lock().pending.clear();
+        self.acks.notify.notify_one();
+    }
+}
+
+impl AmqpConsumer {
+    /// The generation a tag was handed out under, if it is still current.
+    pub(super) fn live(&self, tag: u64) -> Option<(Arc<Generation>, u64)> {
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (tag >> GENERATION_SHIFT == g.id).then_some((g, tag & TAG_MASK))
+    }
+
+    /// Put the delivery back on the queue (nothing was copied anywhere).
+    pub(crate) async fn requeue(&self, tag: u64) {
+        let Some((g, tag)) = self.live(tag) else { return };
+        g.acks.lock().settled.insert(tag);
+        let _ = g.channel.basic_nack(tag, BasicNackOptions { multiple: false, requeue: true }).await;
+        g.acks.notify.notify_one();
+    }
+
+    /// Stop new deliveries. What is buffered and not yet handed out goes back
+    /// to the queue when the channel closes.
+    pub(crate) async fn stop(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if g.channel.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.basic_cancel(g.tag.clone(), BasicCancelOptions::default())).await;
+        }
+        self.out.close();
+        self.out.drain();
+    }
+
+    /// Send the last acks, then close the channel: anything unsettled is
+    /// requeued by the broker.
+    pub(crate) async fn close(&self) {
+        self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        g.acks.lock().closing = true;
+        g.acks.notify.notify_one();
+        let flusher = g.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(f) = flusher {
+            let _ = tokio::time::timeout(Duration::from_secs(5), f).await;
+        }
+        if g.channel.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.close(200, ShortString::from("OK"))).await;
+        }
+        let supervisor = self.supervisor.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = supervisor {
+            // Its stream ends with the channel; if the broker is away it is
+            // backing off, and sees the stop within one pause.
+            let _ = tokio::time::timeout(Duration::from_secs(6), task).await;
+        }
+    }
+}

@@ -22,11 +22,16 @@ pub const MAX_SHORT: usize = 255;
 /// whoever reads it.
 pub const MAX_HEADER_DEPTH: usize = 32;
 
+/// The frame_max an `amqp://` connection proposes when its URL names none:
+/// RabbitMQ's default, so the least of it and the broker's is what is
+/// negotiated. It bounds one frame, not a message (a body spans as many
+/// frames as it needs, up to the broker's `max_message_size`).
+pub const FRAME_MAX: u32 = 128 * 1024;
+
 /// The properties and headers of one message must fit in the single
-/// content-header frame AMQP allows them: frame_max (128 KiB on RabbitMQ by
-/// default, the least any broker here negotiates) less the frame's own
-/// fields.
-pub const MAX_PROPERTIES: usize = 128 * 1024 - 1024;
+/// content-header frame AMQP allows them: frame_max ([`FRAME_MAX`] unless
+/// the URL lowers it) less the frame's own fields.
+pub const MAX_PROPERTIES: usize = FRAME_MAX as usize - 1024;
 
 /// The longest reason the engine writes into `x-acemq-reason`. A reason is
 /// for a person reading the DLQ; an exception message of 300 KB copied

@@ -480,3 +480,28 @@ async fn a_publish_keeps_the_envelopes_origin_and_goes_out_as_attempt_one() {
         mq.close().await;
     }
 }
+
+/// The frame_max a connection proposes (limits::FRAME_MAX, so that lapin's
+/// buffers are not grown and written through at connect) bounds a frame,
+/// not a message: a body 1 MiB short of RabbitMQ's default
+/// `max_message_size` (128 MiB) and headers close to the properties budget
+/// both still arrive whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_near_the_brokers_limits_round_trips() {
+    let Ok(url) = std::env::var("AMQP_URL") else { return };
+    let mq = Connection::open(&url).await.unwrap();
+    let q = unique("big");
+    mq.apply(&Topology::new().queue(&q)).await.unwrap();
+    let body = "x".repeat(127 * 1024 * 1024);
+    let mut headers = acemq::headers::Headers::new();
+    headers.insert("big".into(), json!("h".repeat(acemq::limits::MAX_PROPERTIES - 4096)));
+    mq.publish(&json!({ "blob": body }), &q, PublishOptions { headers, ..Default::default() }).await.unwrap();
+    let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(60), c.next()).await.expect("no delivery within 60s").expect("consumer closed");
+    assert_eq!(d.message.payload["blob"].as_str().map(str::len), Some(body.len()));
+    assert!(d.message.payload["blob"] == json!(body));
+    assert_eq!(d.message.envelope.headers["big"].as_str().map(str::len), Some(acemq::limits::MAX_PROPERTIES - 4096));
+    c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+    c.close().await;
+    mq.close().await;
+}

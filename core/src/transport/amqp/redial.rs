@@ -112,6 +112,19 @@ pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeou
         (true, None) => unreachable!("Backend::open reads the TLS settings for an amqps:// URL"),
         (false, _) => None,
     };
+    // lapin sizes its two ring buffers (read and write) at 32 frames of the
+    // frame_max it knows when it starts: with none in the URL that is AMQP's
+    // 4 KiB minimum, and once the broker's 128 KiB is negotiated it grows
+    // both to 4 MiB with `Vec::resize`, which writes every byte: 8 MiB
+    // resident per connection before a message is sent (7.6 MB measured,
+    // bench/memory.rb). Proposing RabbitMQ's default up front allocates the
+    // same buffers once, zeroed by the allocator, so their pages become
+    // resident only as traffic reaches them. Message size is not capped by
+    // this (bodies span as many frames as they need); the properties budget
+    // (`limits::MAX_PROPERTIES`) was this frame size already.
+    if uri.query.frame_max.is_none() {
+        uri.query.frame_max = Some(crate::limits::FRAME_MAX);
+    }
     // Through the frame filter: what another client published must not be
     // able to crash lapin's parser or make it close the connection (see
     // frame_filter.rs). It keeps repaired frames within the frame_max lapin

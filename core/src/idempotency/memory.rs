@@ -1,6 +1,7 @@
 //! The in-process store: a sliding window of keys in memory.
 
-use super::clock::{millis, Clock, SystemClock};
+use super::clock::{Clock, SystemClock};
+use crate::sql::time::millis;
 use super::store::IdempotencyStore;
 use crate::error::Result;
 use std::collections::{BTreeSet, HashMap};

@@ -5,11 +5,12 @@
 //! [`AsyncSqlIdempotencyStore`](super::AsyncSqlIdempotencyStore) over
 //! tokio-postgres or SQLite on the blocking pool.
 
-use super::clock::{millis, Clock, SystemClock};
+use super::clock::{Clock, SystemClock};
 use super::sql::SqlIdempotencyOptions;
 use crate::error::{Error, Result};
-use crate::sql::{AsyncSqlConnection, Dialect, SqlValue};
-use once_cell::sync::Lazy;
+use crate::sql::placeholders::number;
+use crate::sql::time::millis;
+use crate::sql::{begin, finish, table_name, AsyncSqlConnection, Dialect, SqlValue, WorkerId};
 use std::sync::Arc;
 
 const CLAIMED: &str = "CLAIMED";
@@ -18,6 +19,7 @@ const CONFIRMED: &str = "CONFIRMED";
 /// One table's rules: its options, its clock and its statements in both dialects.
 pub(crate) struct Keys {
     options: SqlIdempotencyOptions,
+    worker: WorkerId,
     clock: Arc<dyn Clock>,
     sqlite: Statements,
     postgres: Statements,
@@ -27,6 +29,7 @@ impl Keys {
     pub(crate) fn new(options: SqlIdempotencyOptions) -> Result<Self> {
         validate(&options)?;
         Ok(Keys {
+            worker: WorkerId::new("idempotency", options.worker.clone())?,
             sqlite: Statements::new(&options.table, Dialect::Sqlite),
             postgres: Statements::new(&options.table, Dialect::Postgres),
             options,
@@ -48,10 +51,7 @@ impl Keys {
     }
 
     pub(crate) fn worker(&self) -> String {
-        match &self.options.worker {
-            Some(w) => w.clone(),
-            None => format!("{}:{}", *HOSTNAME, std::process::id()),
-        }
+        self.worker.current()
     }
 
     pub(crate) fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
@@ -160,57 +160,10 @@ impl Keys {
     }
 }
 
-async fn begin<C: AsyncSqlConnection>(c: &C) -> Result<()> {
-    // IMMEDIATE on SQLite takes the write lock up front: a deferred
-    // transaction that reads then writes can fail with SQLITE_BUSY
-    // instead of waiting out the busy timeout.
-    let begin = match c.dialect() {
-        Dialect::Sqlite => "BEGIN IMMEDIATE",
-        Dialect::Postgres => "BEGIN",
-    };
-    c.execute(begin, &[]).await.map(drop)
-}
-
-async fn finish<C: AsyncSqlConnection, T>(c: &C, result: Result<T>) -> Result<T> {
-    match result {
-        Ok(r) => {
-            c.execute("COMMIT", &[]).await?;
-            Ok(r)
-        }
-        Err(e) => {
-            // The original error is the one worth reporting.
-            let _ = c.execute("ROLLBACK", &[]).await;
-            Err(e)
-        }
-    }
-}
-
-static HOSTNAME: Lazy<String> = Lazy::new(|| {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
-        .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
-        .unwrap_or_else(|| "localhost".to_string())
-});
-
 fn validate(o: &SqlIdempotencyOptions) -> Result<()> {
-    let t = &o.table;
-    let ident = !t.is_empty()
-        && t.len() <= 58 // PostgreSQL truncates identifiers at 63 bytes, and "_expiry" is added
-        && !t.starts_with(|c: char| c.is_ascii_digit())
-        && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !ident {
-        return Err(Error::invalid(format!(
-            "idempotency table name {t:?} is not a plain identifier: use letters, digits and underscores (at most 58)"
-        )));
-    }
+    table_name("idempotency", &o.table)?;
     if o.retention.is_zero() || o.claim_timeout.is_zero() {
         return Err(Error::invalid("idempotency retention and claim_timeout must be longer than zero"));
-    }
-    if o.worker.as_deref() == Some("") {
-        return Err(Error::invalid("idempotency worker id is empty: give a non-empty worker, or none for hostname:pid"));
     }
     Ok(())
 }
@@ -234,7 +187,7 @@ impl Statements {
             Dialect::Sqlite => "INTEGER",
             Dialect::Postgres => "BIGINT",
         };
-        let p = |sql: String| placeholders(&sql, dialect);
+        let p = |sql: String| number(dialect, &sql);
         Statements {
             create_table: format!(
                 "CREATE TABLE IF NOT EXISTS {t} (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
@@ -256,24 +209,3 @@ impl Statements {
         }
     }
 }
-
-/// `?` placeholders become `$1`, `$2`, ... for PostgreSQL. The statements
-/// above have no `?` inside literals, so a plain scan is exact.
-fn placeholders(sql: &str, dialect: Dialect) -> String {
-    if dialect == Dialect::Sqlite {
-        return sql.to_string();
-    }
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut n = 0;
-    for ch in sql.chars() {
-        if ch == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(ch);
-        }
-    }
-    out
-}
-

@@ -41,7 +41,9 @@ mod memory;
 mod sql;
 mod sql_async;
 mod sql_rules;
+mod statements;
 mod store;
+mod values;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use guard::{Before, Guard, GuardStats, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE};

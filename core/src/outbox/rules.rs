@@ -6,14 +6,14 @@
 //! or SQLite on the blocking pool. The two differ only in how a statement is
 //! executed.
 
-use super::statements::{begin, Statements};
+use super::statements::Statements;
 use super::values::{column, int, opt_int, opt_str, opt_text, text};
 use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::headers::Headers;
 use crate::sql::time::millis;
-use crate::sql::{AsyncSqlConnection, Dialect, SqlValue, WorkerId};
+use crate::sql::{finish, AsyncSqlConnection, Dialect, SqlValue, WorkerId};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -232,34 +232,12 @@ impl Rules {
     }
 
     async fn begin<C: AsyncSqlConnection>(&self, conn: &C) -> Result<()> {
-        conn.execute(begin(conn.dialect()), &[]).await.map(drop).map_err(|e| {
+        crate::sql::begin(conn).await.map_err(|e| {
             context(
                 e,
                 "cannot begin the outbox transaction; the store needs a connection of its own, not one inside a transaction",
             )
         })
-    }
-}
-
-/// Commit after `result`, or roll back after an error, so the connection is
-/// never left inside the transaction.
-async fn finish<C: AsyncSqlConnection, T>(conn: &C, result: Result<T>) -> Result<T> {
-    match result {
-        Ok(value) => match conn.execute("COMMIT", &[]).await {
-            Ok(_) => Ok(value),
-            Err(e) => {
-                // A COMMIT that failed may leave the transaction open on some
-                // drivers; the error that matters is the commit's.
-                let _ = conn.execute("ROLLBACK", &[]).await;
-                Err(e)
-            }
-        },
-        Err(e) => {
-            // The error that matters is the one above; a failed rollback
-            // (the transaction is already gone) adds nothing to it.
-            let _ = conn.execute("ROLLBACK", &[]).await;
-            Err(e)
-        }
     }
 }
 

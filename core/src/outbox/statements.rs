@@ -183,9 +183,7 @@ impl Statements {
     }
 }
 
-// The transaction statement and the database clock live with the shared SQL
-// plumbing (crate::sql), used by both stores.
-pub(crate) use crate::sql::begin_statement as begin;
+// The database clock lives with the shared SQL plumbing (crate::sql).
 pub(crate) use crate::sql::time::now_ms;
 
 fn number(dialect: Dialect, sql: &str) -> String {

@@ -80,7 +80,7 @@ pub(crate) use identifier::table_name;
 pub(crate) mod placeholders;
 pub(crate) mod time;
 mod transaction;
-pub(crate) use transaction::{begin, begin_statement, finish};
+pub(crate) use transaction::{begin, finish};
 mod worker;
 pub use worker::default_worker_id;
 pub(crate) use worker::WorkerId;

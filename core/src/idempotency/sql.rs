@@ -1,6 +1,7 @@
 //! The SQL store: the claim is an INSERT, SQLite and PostgreSQL alike.
 
 use super::clock::Clock;
+use super::options::SqlIdempotencyOptions;
 use super::sql_rules::Keys;
 use super::store::IdempotencyStore;
 use crate::error::{Error, Result};
@@ -8,47 +9,6 @@ use crate::sql::blocking::{run, Blocking};
 use crate::sql::ConnectionSource;
 use crate::sql::{Dialect, SqlConnection};
 use std::time::Duration;
-
-/// The table name when none is given.
-pub const DEFAULT_TABLE: &str = "acemq_idempotency";
-
-/// How long a key is remembered by default. It has to be longer than the
-/// longest a duplicate can take to arrive: the top rung of the retry ladder,
-/// a dead-letter queue drained by hand next week, a replay. A day is a
-/// starting point, not an answer.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
-
-/// Options for [`SqlIdempotencyStore`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct SqlIdempotencyOptions {
-    /// The table (default `acemq_idempotency`). A plain identifier: letters,
-    /// digits and underscores; use the search path for a PostgreSQL schema.
-    pub table: String,
-    /// How long a key is remembered before [`SqlIdempotencyStore::purge_expired`]
-    /// may remove it (default 24 hours).
-    pub retention: Duration,
-    /// How long an unfinished claim is honoured (default 300 seconds). Longer
-    /// than the slowest handler, or two consumers will work on one message at
-    /// once; shorter than anybody's patience, because a consumer killed
-    /// mid-handler leaves its claim behind and nothing handles the message
-    /// until it expires.
-    pub claim_timeout: Duration,
-    /// Who claims (`claimed_by`), so that `forget` removes only this worker's
-    /// own claim. `None` means `hostname:pid`, read at each call so that a
-    /// forked child (Puma, Unicorn) is a different worker from its parent.
-    pub worker: Option<String>,
-}
-
-impl Default for SqlIdempotencyOptions {
-    fn default() -> Self {
-        Self {
-            table: DEFAULT_TABLE.to_string(),
-            retention: DEFAULT_RETENTION,
-            claim_timeout: super::memory::DEFAULT_CLAIM_TIMEOUT,
-            worker: None,
-        }
-    }
-}
 
 /// Idempotency keys in a SQL table, through the SQL seam ([`SqlConnection`]).
 ///

@@ -3,7 +3,7 @@
 //! async seam.
 
 use super::clock::Clock;
-use super::sql::SqlIdempotencyOptions;
+use super::options::SqlIdempotencyOptions;
 use super::sql_rules::Keys;
 use super::store::AsyncIdempotencyStore;
 use crate::error::Result;

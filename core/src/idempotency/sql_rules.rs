@@ -6,12 +6,12 @@
 //! tokio-postgres or SQLite on the blocking pool.
 
 use super::clock::{Clock, SystemClock};
-use super::sql::SqlIdempotencyOptions;
+use super::options::SqlIdempotencyOptions;
 use crate::error::{Error, Result};
 use super::statements::{Statements, CLAIM_ROWS, CONFIRMED, CONFIRM_ROWS};
 use super::values;
 use crate::sql::time::millis;
-use crate::sql::{table_name, AsyncSqlConnection, Dialect, SqlValue, WorkerId};
+use crate::sql::{AsyncSqlConnection, Dialect, SqlValue, WorkerId};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
@@ -26,7 +26,7 @@ pub(crate) struct Keys {
 
 impl Keys {
     pub(crate) fn new(options: SqlIdempotencyOptions) -> Result<Self> {
-        validate(&options)?;
+        options.validate()?;
         Ok(Keys {
             worker: WorkerId::new("idempotency", options.worker.clone())?,
             sqlite: Statements::new(&options.table, Dialect::Sqlite),
@@ -157,12 +157,4 @@ impl Keys {
         }
         Ok(())
     }
-}
-
-fn validate(o: &SqlIdempotencyOptions) -> Result<()> {
-    table_name("idempotency", &o.table)?;
-    if o.retention.is_zero() || o.claim_timeout.is_zero() {
-        return Err(Error::invalid("idempotency retention and claim_timeout must be longer than zero"));
-    }
-    Ok(())
 }

@@ -31,15 +31,17 @@ use std::time::Duration;
 /// another one.
 ///
 /// The rules, exactly the guide's:
-/// - the claim is an `INSERT ... ON CONFLICT (message_id) DO NOTHING` that
-///   commits on its own (never inside the handler's transaction: a claim that
-///   rolls back with the work is not a claim); the row appearing is the answer
+/// - the claim is an `INSERT ... ON CONFLICT (message_id)` that commits on
+///   its own (never inside the handler's transaction: a claim that rolls back
+///   with the work is not a claim); the row being this worker's is the answer
 ///   to "am I the first?", because a primary key is the one thing two
-///   concurrent transactions cannot both win. `DO NOTHING` rather than
+///   concurrent transactions cannot both win. `ON CONFLICT` rather than
 ///   catching a unique violation, because on PostgreSQL a violation aborts
 ///   the caller's transaction;
 /// - on conflict, a `CLAIMED` row whose claim is older than the claim timeout
-///   is taken over with one conditional `UPDATE`; a `CONFIRMED` row never is;
+///   is taken over by the same statement (`DO UPDATE ... WHERE`, see the
+///   statements); a `CONFIRMED` row never is. One key or a batch, the claim
+///   is that one statement, one `VALUES` tuple per key;
 /// - `confirm` is an idempotent `UPDATE` to `CONFIRMED`;
 /// - `forget` deletes only this worker's own `CLAIMED` row;
 /// - nothing on the handling path deletes: schedule
@@ -94,16 +96,18 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
     }
 
     /// [`first_time`](IdempotencyStore::first_time) for each key, in one
-    /// transaction: one commit instead of one per key, for a consumer that
-    /// takes deliveries in batches. Each key follows exactly the one-message
-    /// rules (insert, else take over a stale claim), in order, so a key
-    /// repeated in the batch is claimed once. Opens its own transaction, so
-    /// do not call it inside one on the same connection.
+    /// statement (one per 249 distinct keys): one round trip and one commit
+    /// instead of one per key, for a consumer that takes deliveries in
+    /// batches. Each key is decided exactly by the one-message rules (insert,
+    /// else take over a stale claim, never a confirmed key), in order, and a
+    /// key repeated in the batch is first at most once. No transaction of
+    /// its own: like `first_time`, it commits on its own only outside one.
     pub fn claim_batch(&self, keys: &[&str]) -> Result<Vec<bool>> {
         self.with_conn("claim idempotency keys", |c| run(self.keys.claim_batch(&Blocking(c), keys)))
     }
 
-    /// [`confirm`](IdempotencyStore::confirm) each key in one transaction.
+    /// [`confirm`](IdempotencyStore::confirm) each key: one
+    /// `UPDATE ... WHERE message_id IN (...)` (per 999 distinct keys).
     pub fn confirm_batch(&self, keys: &[&str]) -> Result<()> {
         self.with_conn("confirm idempotency keys", |c| run(self.keys.confirm_batch(&Blocking(c), keys)))
     }
@@ -146,12 +150,12 @@ impl<C: ConnectionSource> IdempotencyStore for SqlIdempotencyStore<C> {
         self.with_conn("read an idempotency key", |c| run(self.keys.confirmed(&Blocking(c), key)))
     }
 
-    /// One transaction for the whole batch: [`claim_batch`](Self::claim_batch).
+    /// One statement for the whole batch: [`claim_batch`](Self::claim_batch).
     fn first_time_many(&self, keys: &[&str]) -> Result<Vec<bool>> {
         self.claim_batch(keys)
     }
 
-    /// One transaction for the whole batch: [`confirm_batch`](Self::confirm_batch).
+    /// One statement for the whole batch: [`confirm_batch`](Self::confirm_batch).
     fn confirm_many(&self, keys: &[&str]) -> Result<()> {
         self.confirm_batch(keys)
     }

@@ -261,9 +261,42 @@ module IdempotencyBench
                   r[:acemq], r[:bunny], r[:acemq] / r[:bunny])
     end
 
+    # The issue-12 rows: idempotent consume(batch: 100) against acemq's own
+    # consume + parse + accept with no store, all three sides alternated run
+    # by run in one set, so the ratios compare like with like.
+    def targets
+      plain = queue("target-plain")
+      pq = queue("target-pg")
+      sq = queue("target-path")
+      t = "#{@table_prefix}_target"
+      @pg_tables << t
+      pg_conn = pg
+      pg_store = Patterns::SQLIdempotencyStore.new(connection: pg_conn, table: t, worker: @worker)
+      pg_store.create_schema
+      pg_raw = C::Raw.for(pg_conn)
+      path = File.join(@dir, "target.db")
+      path_store = Patterns::SQLIdempotencyStore.new(path: path, table: t, worker: @worker)
+      path_store.create_schema
+      path_raw = C::Raw.for(C.sqlite(path, "NORMAL").tap { |db| @closers << db })
+      r = C.alternate(N, {
+                        alone: -> { acemq_consume_alone(plain, N) },
+                        pg: -> { acemq_run(pq, pg_store, pg_raw, t, N, batch: C::PREFETCH) },
+                        path: -> { acemq_run(sq, path_store, path_raw, t, N, batch: C::PREFETCH) }
+                      })
+      puts format("  %-58s %7.0f/s", "consume + parse + accept alone (no store)", r[:alone])
+      C::Table.ratio(path: "idempotent consume on PostgreSQL, consume(batch: 100), vs consume alone",
+                     ours: r[:pg], base: r[:alone], target: 0.40, base_name: "consume alone")
+      C::Table.ratio(path: "idempotent consume, SQLite `path:` store, batch 100, vs consume alone",
+                     ours: r[:path], base: r[:alone], target: 0.85, base_name: "consume alone")
+      @targets = r
+    end
+
     def run
       started = C.now
       C.banner("AceMQ idempotency bench (#{N} messages per run, prefetch #{C::PREFETCH})")
+      targets
+      return if ENV["BENCH_IDEMPOTENCY"] == "targets"
+
       consume_alone
       backend("SQLite, sqlite3 gem, WAL, synchronous=FULL (default)", "full",
               ours_conn: sqlite("full-acemq", "FULL"), base_conn: sqlite("full-bunny", "FULL"), target: 3.0)

@@ -44,7 +44,6 @@ mod rules;
 mod statements;
 mod store;
 mod values;
-mod worker_id;
 
 #[cfg(test)]
 mod tests;
@@ -57,4 +56,4 @@ pub use publisher::{OutboxPublisher, PublishFuture};
 pub use record::OutboxRecord;
 pub use relay::{OnError, OutboxRelay, RelayOptions, RelayStore};
 pub use store::SqlOutboxStore;
-pub use worker_id::default_worker_id;
+pub use crate::sql::default_worker_id;

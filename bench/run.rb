@@ -204,19 +204,30 @@ module Bench
       Bench.now - t
     end
 
-    # 4. Consume, parse, accept.
+    # Seconds for raw lapin (core/examples/bench.rs, `bench raw consume`)
+    # to consume n preloaded messages, parse each and ack every 50.
+    def lapin_consume(q, n)
+      preload(q, n)
+      n / BenchCommon.lapin(:consume, q, n)
+    end
+
+    # 4. Consume, parse, accept: against raw lapin (the issue-12 row) and
+    # Bunny, the three alternated run by run.
     def consume
       q = queue("consume")
       n = N_CONSUME
-      ours, base = pair(n,
-                        lambda do
-                          acemq_consume(q, n) do |m|
-                            m.payload["order_id"]
-                            Ack.accept
-                          end
-                        end,
-                        -> { bunny_consume(q, n) })
-      row("4 consume + parse + ack (prefetch #{PREFETCH})", ours, base, "Bunny", 3.0)
+      accept = lambda do |m|
+        m.payload["order_id"]
+        Ack.accept
+      end
+      rates = BenchCommon.alternate(n, { acemq: -> { acemq_consume(q, n, &accept) },
+                                         lapin: -> { lapin_consume(q, n) },
+                                         bunny: -> { bunny_consume(q, n) } })
+      row("4 consume + parse + ack (prefetch #{PREFETCH})", rates[:acemq], rates[:bunny], "Bunny", 3.0)
+      info_row("4 consume + parse + ack, vs raw lapin", rates[:acemq], rates[:lapin], "raw lapin")
+      BenchCommon::Table.ratio(path: "Ruby consume + parse + accept, vs raw lapin", ours: rates[:acemq],
+                               base: rates[:lapin], target: 0.90, base_name: "lapin",
+                               bound: "see bench/README.md, Ruby consume")
     end
 
     # 5. Retry every message once through the ladder (a 50 ms first rung),
@@ -239,6 +250,54 @@ module Bench
                           end
                         end)
       info_row("5 retry once then accept (ladder 50 ms)", ours, base, "acemq accept")
+      BenchCommon::Table.ratio(path: "retry once then accept, vs accept", ours: ours, base: base, target: 0.30,
+                               base_name: "accept",
+                               bound: "two enqueues and two deliveries per message: about 0.4x is the broker's own")
+    end
+
+    # 7. A delivery that is not JSON, dead-lettered by the engine before any
+    # handler sees it, against a handler rejecting a JSON one: the clock
+    # stops when the DLQ holds all n, the same end for both.
+    def undecodable
+      q = queue("undecodable")
+      dlq = "#{q}.dlq"
+      n = N_RETRY
+      ch = @bunny.create_channel
+      ch.confirm_select
+      x = ch.default_exchange
+      load = lambda do |json|
+        purge(q)
+        purge(dlq)
+        body = json ? JSON.generate(PAYLOADS[0]) : "not json #{'x' * 1015}"
+        n.times do |i|
+          x.publish(body, routing_key: q, persistent: true, content_type: "application/json", message_id: "m-#{i}")
+        end
+        ch.wait_for_confirms
+      end
+      until_dead_lettered = lambda do |handler|
+        GC.start
+        t = Bench.now
+        sub = @mq.consume(q, prefetch: PREFETCH, &handler)
+        deadline = t + RUN_LIMIT
+        sleep 0.005 until @admin.queue_declare(dlq, passive: true).message_count >= n || Bench.now > deadline
+        took = Bench.now - t
+        sub.cancel
+        took
+      end
+      rates = BenchCommon.alternate(n, {
+                                      engine: lambda do
+                                        load.call(false)
+                                        until_dead_lettered.call(->(_m) { raise "a handler ran for an undecodable delivery" })
+                                      end,
+                                      handler: lambda do
+                                        load.call(true)
+                                        until_dead_lettered.call(->(_m) { Ack.reject("no") })
+                                      end
+                                    })
+      ch.close
+      info_row("7 undecodable dead-lettered, vs handler reject", rates[:engine], rates[:handler], "handler reject")
+      BenchCommon::Table.ratio(path: "undecodable delivery dead-lettered, vs a handler's reject", ours: rates[:engine],
+                               base: rates[:handler], target: 0.8, base_name: "reject")
     end
 
     # 6. Case 4 with one subscriber to process.acemq (the engine builds an
@@ -281,12 +340,10 @@ module Bench
       so = $LOADED_FEATURES.find { |f| f.end_with?("acemq/acemq.so") }
       puts format("extension: %s (%.1f MB%s)", so, File.size(so) / 1e6,
                   File.size(so) > 20e6 ? ", looks like a debug build: figures will be low" : "")
-      publish_each
-      publish_threads
-      publish_batch
-      consume
-      retry_once
-      consume_subscribed
+      # BENCH_CASES=consume,retry_once runs only those.
+      cases = ENV.fetch("BENCH_CASES", "publish_each,publish_threads,publish_batch,consume,retry_once,undecodable," \
+                                       "consume_subscribed").split(",")
+      cases.each { |c| public_send(c.strip) }
       table
       puts format("(%.0f s)", Bench.now - started)
     ensure

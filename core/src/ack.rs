@@ -59,8 +59,9 @@ impl Ack {
 pub enum Outcome {
     /// The handler returned an [`Ack`].
     Ack(Ack),
-    /// The handler raised (Ruby) or returned an error (Rust).
-    /// `fatal` is true for `AceMQ::AMQP::FatalError` and its subclasses.
+    /// The handler failed: raised, returned an error, panicked.
+    /// `fatal` is true for an error that says retrying cannot help (the
+    /// Ruby layer sets it for `AceMQ::AMQP::FatalError` and its subclasses).
     Raised {
         /// The error's class or type name.
         class: String,
@@ -134,7 +135,7 @@ impl Outcome {
                 }
             }
             Outcome::NotAnAck { what } => Settlement::Reject {
-                reason: format!("handler returned {what}, not an Ack: return Ack.accept, Ack.retry(reason) or Ack.reject(reason)"),
+                reason: format!("handler returned {what}, not an Ack: return an accept, a retry or a reject (each with its reason)"),
                 error_class: None,
             },
             Outcome::Wait { reason, up_to } => Settlement::Wait { reason, up_to },
@@ -159,7 +160,7 @@ mod tests {
             r.settlement(),
             Settlement::Retry { reason: "RuntimeError: boom".into(), error_class: Some("RuntimeError".into()) }
         );
-        let f = Outcome::Raised { class: "AceMQ::AMQP::FatalError".into(), message: "no".into(), fatal: true };
+        let f = Outcome::Raised { class: "BadOrder".into(), message: "no".into(), fatal: true };
         assert!(matches!(f.settlement(), Settlement::Reject { .. }));
     }
 

@@ -106,9 +106,14 @@ impl ConsumeOptions {
 /// One delivery being handled: the message and what is needed to settle it.
 #[derive(Debug)]
 pub struct Delivery {
-    /// The message, for the handler.
+    /// The message, for the handler (see [`Delivery::take_message`]).
     pub message: Message,
-    raw: RawDelivery,
+    /// The attempt it arrived as: what settling needs of the message, kept
+    /// apart from it so that the message can be handed to the handler.
+    attempt: u32,
+    /// Shared with the deadline's watch, which settles it without its
+    /// handler: one copy of the body and headers per delivery, not two.
+    raw: Arc<RawDelivery>,
     watch: Arc<Watched>,
     span: tracing::Span,
 }
@@ -127,7 +132,7 @@ struct Watched {
 #[derive(Default)]
 struct InFlight {
     next_id: AtomicU64,
-    watched: Mutex<HashMap<u64, (Arc<Watched>, RawDelivery)>>,
+    watched: Mutex<HashMap<u64, (Arc<Watched>, Arc<RawDelivery>)>>,
     watching: AtomicBool,
     closed: AtomicBool,
 }
@@ -141,6 +146,26 @@ impl Delivery {
     /// The body as it arrived, byte for byte.
     pub fn body(&self) -> &[u8] {
         &self.raw.body
+    }
+
+    /// The message, moved out for a handler that takes it by value (the
+    /// push consumer, the Ruby extension's delivery object), without a
+    /// copy of its payload. What is left can still be settled: settling
+    /// reads nothing of `message`, which is empty afterwards.
+    pub fn take_message(&mut self) -> Message {
+        let hollow = Message {
+            payload: Value::Null,
+            envelope: crate::envelope::Envelope {
+                id: String::new(),
+                kind: None,
+                origin: None,
+                timestamp: 0,
+                attempt: self.attempt,
+                headers: crate::headers::Headers::new(),
+            },
+            delivery: crate::message::DeliveryInfo::default(),
+        };
+        std::mem::replace(&mut self.message, hollow)
     }
 
     /// Its consumer span (`process`, see [`crate::trace`]): from hand-out
@@ -437,7 +462,7 @@ impl Consumer {
         if !self.claim(&delivery) {
             return Ok(());
         }
-        let attempt = delivery.message.envelope.attempt;
+        let attempt = delivery.attempt;
         let settlement = outcome.settlement();
         let span = settled_span(&delivery.span, &settlement);
         let took = self.took(&delivery.watch, false);
@@ -446,7 +471,7 @@ impl Consumer {
 
     /// The settlement's rules, for a delivery already claimed by whoever
     /// settles it (its handler, or its deadline).
-    async fn settle_raw(&self, raw: RawDelivery, attempt: u32, settlement: Settlement, took: Took) -> Result<()> {
+    async fn settle_raw(&self, raw: Arc<RawDelivery>, attempt: u32, settlement: Settlement, took: Took) -> Result<()> {
         let seen = crate::events::enabled().then(|| Seen::of(&raw, attempt, &settlement));
         let settled = match settlement {
             Settlement::Accept => {
@@ -454,11 +479,16 @@ impl Consumer {
                 self.counters.accepted.fetch_add(1, Ordering::Relaxed);
                 Ok(ProcessOutcome::Accepted)
             }
-            Settlement::Retry { reason, error_class } => self.retry_or_exhaust(raw, attempt, &reason, error_class.as_deref()).await,
-            Settlement::Reject { reason, error_class } => {
-                self.dead_letter(raw, &reason, error_class.as_deref()).await.map(|()| ProcessOutcome::DeadLettered)
+            // A copy is made of it: the watch has let go of its share by
+            // now (claimed), so this takes the delivery without copying.
+            Settlement::Retry { reason, error_class } => {
+                self.retry_or_exhaust(Arc::unwrap_or_clone(raw), attempt, &reason, error_class.as_deref()).await
             }
-            Settlement::Wait { reason, up_to } => self.wait(raw, attempt, &reason, up_to).await,
+            Settlement::Reject { reason, error_class } => self
+                .dead_letter(Arc::unwrap_or_clone(raw), &reason, error_class.as_deref())
+                .await
+                .map(|()| ProcessOutcome::DeadLettered),
+            Settlement::Wait { reason, up_to } => self.wait(Arc::unwrap_or_clone(raw), attempt, &reason, up_to).await,
         };
         if let Some(seen) = seen {
             self.processed(seen, took, settled.as_ref().ok().copied());
@@ -545,9 +575,10 @@ impl Consumer {
             deadline: Instant::now() + self.options.timeout,
             settled: AtomicBool::new(false),
         });
+        let raw = Arc::new(raw);
         self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
         let span = crate::trace::process_span(&message, raw.tag);
-        Delivery { message, raw, watch, span }
+        Delivery { attempt: message.envelope.attempt, message, raw, watch, span }
     }
 
     /// Take the right to settle `delivery`: false when its deadline settled
@@ -587,7 +618,7 @@ impl Consumer {
 
     /// Settle, as retries, the deliveries whose deadline has passed.
     fn expire(self: &Arc<Self>, now: Instant) {
-        let expired: Vec<(RawDelivery, Took)> = {
+        let expired: Vec<(Arc<RawDelivery>, Took)> = {
             let mut watched = self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner());
             let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline <= now).map(|(id, _)| *id).collect();
             due.into_iter()
@@ -625,7 +656,7 @@ impl Consumer {
         if !self.claim(&delivery) {
             return;
         }
-        let attempt = delivery.message.envelope.attempt;
+        let attempt = delivery.attempt;
         let settlement = outcome.settlement();
         let span = settled_span(&delivery.span, &settlement);
         let took = self.took(&delivery.watch, false);
@@ -684,7 +715,7 @@ impl Consumer {
         self.link.ack(delivery.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         if crate::events::enabled() {
-            let seen = Seen::of(&delivery.raw, delivery.message.envelope.attempt, &Settlement::Accept);
+            let seen = Seen::of(&delivery.raw, delivery.attempt, &Settlement::Accept);
             self.processed(seen, self.took(&delivery.watch, false), Some(ProcessOutcome::Accepted));
         }
     }
@@ -830,12 +861,12 @@ impl ConsumerHandle {
                 let c = consumer.clone();
                 let h = handler.clone();
                 tokio::spawn(async move {
-                    while let Some(d) = c.next().await {
+                    while let Some(mut d) = c.next().await {
                         // The handler runs as a task of its own: past its
                         // deadline this worker goes on to the next delivery
                         // and the handler is left to finish (never dropped
                         // mid-await), its outcome discarded.
-                        let mut running = tokio::spawn(tracing::Instrument::instrument(h(d.message.clone()), d.span.clone()));
+                        let mut running = tokio::spawn(tracing::Instrument::instrument(h(d.take_message()), d.span.clone()));
                         let deadline = tokio::time::Instant::from_std(d.watch.deadline);
                         tokio::select! {
                             done = &mut running => match done {

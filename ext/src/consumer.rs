@@ -3,6 +3,7 @@
 //! delivery (waiting without the GVL), calls the block with the GVL, and
 //! settles the delivery here; core decides what the settlement does.
 
+use crate::delivery::RbDelivery;
 use crate::gvl;
 use acemq::{Ack, Consumer, Delivery, Next, Outcome};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
@@ -23,27 +24,16 @@ impl RbConsumer {
         RbConsumer { inner, inflight: Mutex::new(HashMap::new()) }
     }
 
-    fn hand_out(&self, ruby: &Ruby, d: Delivery) -> Result<Value, Error> {
-        let m = &d.message;
-        let e = &m.envelope;
-        let arr: RArray = ruby.ary_new_capa(12);
-        arr.push(d.tag())?;
-        arr.push(crate::json::payload_to_ruby(ruby, &m.payload, d.body())?)?;
-        arr.push(if e.id.is_empty() { None } else { Some(e.id.as_str()) })?;
-        arr.push(e.kind.as_deref())?;
-        arr.push(e.origin.as_deref())?;
-        arr.push(e.timestamp)?;
-        arr.push(e.attempt)?;
-        arr.push(crate::json::to_ruby(ruby, &serde_json::Value::Object(e.headers.clone()))?)?;
-        arr.push(m.delivery.queue.as_str())?;
-        arr.push(m.delivery.exchange.as_str())?;
-        arr.push(m.delivery.routing_key.as_str())?;
-        arr.push(m.delivery.redelivered)?;
+    /// A delivery as the Ruby object a handler's Message reads: its message
+    /// moves into the object, what settles it stays here until `_settle`.
+    fn hand_out(&self, ruby: &Ruby, mut d: Delivery) -> Result<Value, Error> {
+        let message = d.take_message();
+        let native = RbDelivery::new(d.tag(), message, d.body());
         self.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(d.tag(), d);
-        Ok(arr.into_value_with(ruby))
+        Ok(native.into_value_with(ruby))
     }
 
-    /// The next delivery as an array, nil when nothing arrived within
+    /// The next delivery (a NativeDelivery), nil when nothing arrived within
     /// `timeout` seconds, false once the consumer is closed.
     fn next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Value, Error> {
         // The fast path keeps the GVL: a delivery already buffered is handed
@@ -76,8 +66,8 @@ impl RbConsumer {
     /// when nothing arrived within `timeout`, false once closed.
     fn next_many(ruby: &Ruby, rb_self: &Self, max: usize, timeout: f64) -> Result<Value, Error> {
         let first = Self::next(ruby, rb_self, timeout)?;
-        if RArray::from_value(first).is_none() {
-            return Ok(first); // nil or false
+        if first.is_nil() || first.is_kind_of(ruby.class_false_class()) {
+            return Ok(first);
         }
         let batch = ruby.ary_new_capa(max.max(1));
         batch.push(first)?;
@@ -90,46 +80,32 @@ impl RbConsumer {
         Ok(batch.into_value_with(ruby))
     }
 
-    /// Settle the delivery `tag`. `kind` is accept, retry, reject, raised or
-    /// not_an_ack; the rules for each live in core. A retry or reject runs in
-    /// the background (core's `settle_later`), so the handler thread goes on
-    /// to the next delivery while the copy is confirmed. Returns the errors
-    /// earlier background settlements met, as exceptions (nil when none):
-    /// each of their messages went back to the queue.
-    fn settle(
-        ruby: &Ruby,
-        rb_self: &Self,
-        tag: u64,
-        kind: String,
-        reason: Option<String>,
-        error_class: Option<String>,
-        fatal: bool,
-        wait: Option<f64>,
-    ) -> Result<Option<RArray>, Error> {
-        let Some(delivery) = rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag) else {
+    /// Settle `delivery` with what its handler produced: an Ack, the
+    /// StandardError it raised, or anything else (not an Ack); the rules for
+    /// each live in core (`delivery::outcome` reads it, `Outcome::settlement`
+    /// decides). A retry or reject runs in the background (core's
+    /// `settle_later`), so the handler thread goes on to the next delivery
+    /// while the copy is confirmed. Returns the errors earlier background
+    /// settlements met, as exceptions (nil when none): each of their
+    /// messages went back to the queue.
+    fn settle(ruby: &Ruby, rb_self: &Self, delivery: &RbDelivery, result: Value) -> Result<Option<RArray>, Error> {
+        let tag = delivery.tag();
+        let Some(d) = rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag) else {
             return Err(Error::new(
                 ruby.exception_arg_error(),
                 format!("delivery {tag} is not in flight on this consumer (settled twice?)"),
             ));
         };
-        let reason = reason.unwrap_or_default();
-        let outcome = match (kind.as_str(), error_class) {
-            ("accept", _) => {
-                rb_self.inner.accept(delivery);
-                return Ok(rb_self.errors(ruby));
+        match crate::delivery::outcome(ruby, result) {
+            Ok(Outcome::Ack(Ack::Accept)) => rb_self.inner.accept(d),
+            Ok(outcome) => rb_self.inner.settle_later(d, outcome),
+            Err(e) => {
+                // Unreadable (an Ack whose reader raised): back in flight, so
+                // the delivery is not lost with the exception.
+                rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(tag, d);
+                return Err(e);
             }
-            ("retry", None) => Outcome::Ack(Ack::retry(reason)),
-            ("reject", None) => Outcome::Ack(Ack::reject(reason)),
-            ("retry", Some(class)) => Outcome::Raised { class, message: reason, fatal: false },
-            ("reject", Some(class)) => Outcome::Raised { class, message: reason, fatal: true },
-            ("wait", _) => Outcome::Wait {
-                reason,
-                up_to: crate::connection::seconds(ruby, "wait", wait.unwrap_or(0.0))?,
-            },
-            ("raised", class) => Outcome::Raised { class: class.unwrap_or_else(|| "StandardError".into()), message: reason, fatal },
-            (_, _) => Outcome::NotAnAck { what: reason },
-        };
-        rb_self.inner.settle_later(delivery, outcome);
+        }
         Ok(rb_self.errors(ruby))
     }
 
@@ -217,7 +193,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeConsumer", ruby.class_object())?;
     class.define_method("_next", method!(RbConsumer::next, 1))?;
     class.define_method("_next_many", method!(RbConsumer::next_many, 2))?;
-    class.define_method("_settle", method!(RbConsumer::settle, 6))?;
+    class.define_method("_settle", method!(RbConsumer::settle, 2))?;
     class.define_method("_warnings", method!(RbConsumer::warnings, 0))?;
     class.define_method("_timeout", method!(RbConsumer::timeout, 0))?;
     class.define_method("_stop", method!(RbConsumer::stop, 0))?;

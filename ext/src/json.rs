@@ -8,6 +8,17 @@ pub fn to_ruby(ruby: &Ruby, v: &Json) -> Result<Value, Error> {
     to_ruby_noting(ruby, v, &mut false)
 }
 
+/// A JSON object (headers) as a Ruby Hash, without copying it first.
+pub fn map_to_ruby(ruby: &Ruby, map: &serde_json::Map<String, Json>) -> Result<Value, Error> {
+    let h: RHash = ruby.hash_new();
+    for (k, item) in map {
+        let key = ruby.str_new(k);
+        key.freeze();
+        h.aset(key, to_ruby_noting(ruby, item, &mut false)?)?;
+    }
+    Ok(h.into_value_with(ruby))
+}
+
 /// A message payload as Ruby objects. serde_json reads an integer past 64
 /// bits as a float, and does not promise the closest float for a number
 /// written with 16 or more digits; JSON.parse does both exactly. So when

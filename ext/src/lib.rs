@@ -4,6 +4,7 @@
 
 mod connection;
 mod consumer;
+mod delivery;
 mod errors;
 mod events;
 mod gvl;
@@ -27,6 +28,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     amqp.define_module_function("_new_id", function!(new_id, 0))?;
     connection::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;
+    delivery::init(ruby, amqp)?;
     sql::init(ruby, amqp)?;
     idempotency::init(ruby, amqp)?;
     outbox::init(ruby, amqp)?;

@@ -17,12 +17,14 @@ use crate::sql::blocking::run;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The error class of the outcome for a message with no key. Fatal, because
-/// the same key function produces the same nothing on every retry.
-pub const MISSING_KEY_CLASS: &str = "AceMQ::AMQP::FatalError";
+/// the same key function produces the same nothing on every retry. (The Ruby
+/// layer settles it as its own `AceMQ::AMQP::FatalError`, with a Ruby
+/// example in the message.)
+pub const MISSING_KEY_CLASS: &str = "MissingIdempotencyKey";
 
 /// The message of that outcome: what happened and what to do about it.
-pub const MISSING_KEY_MESSAGE: &str = "idempotency key is missing: give Patterns.idempotent a key: that finds one \
-     (e.g. key: ->(m) { (id = m.payload[\"order_id\"]) && \"charge:#{id}\" }, which is nil when the field is), \
+pub const MISSING_KEY_MESSAGE: &str = "idempotency key is missing: give the guard a key function that finds one \
+     (for instance \"charge:\" followed by the payload's order_id, and none when the payload has no order_id), \
      or publish the message with an id \
      (a message from another client without message_id has no envelope id)";
 
@@ -137,7 +139,7 @@ impl Guard {
     ///
     /// - no key (`None` or empty, which is what the default key gives for a
     ///   message with no id): [`Before::Settle`] with a fatal
-    ///   `AceMQ::AMQP::FatalError`, because retrying produces the same
+    ///   [`MISSING_KEY_CLASS`], because retrying produces the same
     ///   nothing and a guard that cannot key a message is not guarding it;
     /// - the store fails: [`Before::Settle`] with a retry, because the store
     ///   is what is broken, not the message, and carrying on could be the

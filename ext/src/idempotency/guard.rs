@@ -9,9 +9,9 @@ use super::memory::RbInMemoryStore;
 use super::ruby_store::RbStore;
 use super::sql_store::RbSqlStore;
 use crate::sql;
-use acemq::idempotency::{Before, Guard, IdempotencyStore};
-use acemq::{Ack, Outcome};
-use magnus::{function, method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, Ruby, Value};
+use acemq::idempotency::{Before, Guard, IdempotencyStore, MISSING_KEY_CLASS};
+use acemq::Outcome;
+use magnus::{function, method, prelude::*, typed_data::Obj, Error, IntoValue, RArray, RHash, RModule, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::NativeGuard", free_immediately, size)]
 pub struct RbGuard {
@@ -32,42 +32,36 @@ fn with_store<R>(ruby: &Ruby, store: Value, f: impl FnOnce(&dyn IdempotencyStore
     sql::finish(ruby, Ok(r))
 }
 
-fn outcome(kind: &str) -> Outcome {
-    match kind {
-        "accept" => Outcome::Ack(Ack::Accept),
-        "retry" => Outcome::Ack(Ack::retry("")),
-        "reject" => Outcome::Ack(Ack::reject("")),
-        "raised" => Outcome::Raised { class: String::new(), message: String::new(), fatal: false },
-        other => Outcome::NotAnAck { what: other.to_string() },
-    }
-}
+/// The Ruby wording of core's missing-key rule: the same rule, with the
+/// class a Ruby handler would raise for it and a Ruby key function as the
+/// example of what to give.
+const MISSING_KEY_RUBY: &str = "idempotency key is missing: give Patterns.idempotent a key: that finds one \
+     (e.g. key: ->(m) { (id = m.payload[\"order_id\"]) && \"charge:#{id}\" }, which is nil when the field is), \
+     or publish the message with an id \
+     (a message from another client without message_id has no envelope id)";
 
-/// A decision as the Ruby middleware reads it: `[verdict, detail, class,
-/// wait]`, where wait is how long (seconds) an in-progress message may wait
-/// without spending attempts (the store's claim timeout), else nil.
-type Verdict = (String, Option<String>, Option<String>, Option<f64>);
-
-fn verdict(before: Before) -> Verdict {
-    if let Before::InProgress { reason, wait } = before {
-        return ("in_progress".into(), Some(reason), None, wait.map(|w| w.as_secs_f64()));
+/// What `_before` hands back: the claimed key (a String) when the handler
+/// is to run, else `[ack, event]`: the Ack to settle with, unrun, and the
+/// idempotency event it is (`:duplicate`, `:in_progress`, `:store_error`,
+/// `:missing_key`). `why` replaces the reason of a missing key (the Ruby
+/// side knows why its key: function found none).
+fn decided(ruby: &Ruby, before: Before, why: Option<String>) -> Result<Value, Error> {
+    let event = match &before {
+        Before::Run { key } => return Ok(ruby.str_new(key).into_value_with(ruby)),
+        Before::Duplicate => "duplicate",
+        Before::InProgress { .. } => "in_progress",
+        Before::Settle(Outcome::Raised { class, .. }) if class == MISSING_KEY_CLASS => "missing_key",
+        Before::Settle(_) => "store_error",
+    };
+    let mut outcome = before.outcome_without_running().expect("only Run runs the handler");
+    if event == "missing_key" {
+        let fatal = crate::delivery::fatal_error_name(ruby)?;
+        outcome = Outcome::Raised { class: fatal, message: why.unwrap_or_else(|| MISSING_KEY_RUBY.into()), fatal: true };
     }
-    let (v, detail, class) = plain_verdict(before);
-    (v, detail, class, None)
-}
-
-fn plain_verdict(before: Before) -> (String, Option<String>, Option<String>) {
-    match before {
-        Before::Run { key } => ("run".into(), Some(key), None),
-        Before::Duplicate => ("duplicate".into(), None, None),
-        Before::InProgress { reason, .. } => ("in_progress".into(), Some(reason), None),
-        Before::Settle(Outcome::Ack(Ack::Retry { reason })) => ("retry".into(), Some(reason), None),
-        Before::Settle(Outcome::Ack(Ack::Reject { reason })) => ("reject".into(), Some(reason), None),
-        Before::Settle(Outcome::Raised { class, message, fatal: true }) => ("reject".into(), Some(message), Some(class)),
-        Before::Settle(Outcome::Raised { class, message, fatal: false }) => ("retry".into(), Some(message), Some(class)),
-        Before::Settle(Outcome::Ack(Ack::Accept)) => ("duplicate".into(), None, None),
-        Before::Settle(Outcome::NotAnAck { what }) => ("reject".into(), Some(what), None),
-        Before::Settle(Outcome::Wait { reason, .. }) => ("retry".into(), Some(reason), None),
-    }
+    let pair = ruby.ary_new_capa(2);
+    pair.push(crate::delivery::ack(ruby, outcome)?)?;
+    pair.push(ruby.to_symbol(event))?;
+    Ok(pair.into_value_with(ruby))
 }
 
 impl RbGuard {
@@ -75,19 +69,20 @@ impl RbGuard {
         RbGuard { inner: Guard::new() }
     }
 
-    /// `["run", key]`, `["duplicate", nil, nil]`, `["retry", reason, nil]` or
-    /// `["reject", reason, error_class]`.
-    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value) -> Result<Verdict, Error> {
+    /// The claimed key (run the handler), or `[ack, event]` (see `decided`).
+    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value, why: Option<String>) -> Result<Value, Error> {
         let key = super::key(ruby, key)?;
         let before = with_store(ruby, store, |s| rb_self.inner.before(s, key.as_deref()))?;
-        Ok(verdict(before))
+        decided(ruby, before, why)
     }
 
-    /// Settle the key after the handler: `kind` is what it did (accept,
-    /// retry, reject, raised, or what it returned). Nil, or the message of a
-    /// confirm/forget that failed (the handler's outcome stands either way).
-    fn after(ruby: &Ruby, rb_self: &Self, store: Value, key: String, kind: String) -> Result<Option<String>, Error> {
-        let r = with_store(ruby, store, |s| rb_self.inner.after(s, &key, &outcome(&kind)))?;
+    /// Settle the key after the handler: `result` is what it produced (an
+    /// Ack, the StandardError it raised, anything else), read as the
+    /// consumer reads it. Nil, or the message of a confirm/forget that
+    /// failed (the handler's outcome stands either way).
+    fn after(ruby: &Ruby, rb_self: &Self, store: Value, key: String, result: Value) -> Result<Option<String>, Error> {
+        let outcome = crate::delivery::outcome(ruby, result)?;
+        let r = with_store(ruby, store, |s| rb_self.inner.after(s, &key, &outcome))?;
         Ok(r.err().map(|e| e.to_string()))
     }
 
@@ -98,21 +93,43 @@ impl RbGuard {
     }
 
     /// `_before` for a batch: the keys claimed together (one transaction on
-    /// a SQL store), one decision each, in order.
-    fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray) -> Result<Vec<Verdict>, Error> {
+    /// a SQL store), one decision each, in order; `whys` as `_before`'s why.
+    fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray, whys: Vec<Option<String>>) -> Result<RArray, Error> {
         let keys: Vec<Option<String>> = keys.into_iter().map(|k| super::key(ruby, k)).collect::<Result<_, _>>()?;
         let refs: Vec<Option<&str>> = keys.iter().map(|k| k.as_deref()).collect();
-        let decided = with_store(ruby, store, |s| rb_self.inner.before_many(s, &refs))?;
-        Ok(decided.into_iter().map(verdict).collect())
+        let decisions = with_store(ruby, store, |s| rb_self.inner.before_many(s, &refs))?;
+        let out = ruby.ary_new_capa(decisions.len());
+        let mut whys = whys.into_iter();
+        for before in decisions {
+            out.push(decided(ruby, before, whys.next().flatten())?)?;
+        }
+        Ok(out)
     }
 
-    /// `_after` for a batch of `[key, kind]`: the accepted confirmed
-    /// together, the rest forgotten. Nil, or the first failure's message.
-    fn after_many(ruby: &Ruby, rb_self: &Self, store: Value, settled: Vec<(String, String)>) -> Result<Option<String>, Error> {
-        let outcomes: Vec<Outcome> = settled.iter().map(|(_, kind)| outcome(kind)).collect();
-        let pairs: Vec<(&str, &Outcome)> = settled.iter().zip(&outcomes).map(|((k, _), o)| (k.as_str(), o)).collect();
-        let r = with_store(ruby, store, |s| rb_self.inner.after_many(s, &pairs))?;
-        Ok(r.err().map(|e| e.to_string()))
+    /// `_after` for a batch: `settled` is `[key, result]` for each handler
+    /// that finished (the accepted confirmed together, the rest forgotten),
+    /// `abandoned` the keys of handlers that never did (killed, or never
+    /// started after one was): forgotten and counted as abandoned. Nil, or
+    /// the first failure's message.
+    fn after_many(ruby: &Ruby, rb_self: &Self, store: Value, settled: RArray, abandoned: Vec<String>) -> Result<Option<String>, Error> {
+        let mut keys = Vec::with_capacity(settled.len());
+        let mut outcomes = Vec::with_capacity(settled.len());
+        for pair in settled {
+            let (key, result): (String, Value) = magnus::TryConvert::try_convert(pair)?;
+            keys.push(key);
+            outcomes.push(crate::delivery::outcome(ruby, result)?);
+        }
+        let pairs: Vec<(&str, &Outcome)> = keys.iter().map(String::as_str).zip(&outcomes).collect();
+        let r = with_store(ruby, store, |s| {
+            let mut first = rb_self.inner.after_many(s, &pairs).err();
+            for key in &abandoned {
+                if let Err(e) = rb_self.inner.abandon(s, key) {
+                    first.get_or_insert(e);
+                }
+            }
+            first
+        })?;
+        Ok(r.map(|e| e.to_string()))
     }
 
     fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
@@ -139,11 +156,11 @@ impl RbGuard {
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let class = patterns.define_class("NativeGuard", ruby.class_object())?;
     class.define_singleton_method("new", function!(RbGuard::new, 0))?;
-    class.define_method("_before", method!(RbGuard::before, 2))?;
+    class.define_method("_before", method!(RbGuard::before, 3))?;
     class.define_method("_after", method!(RbGuard::after, 3))?;
     class.define_method("_abandon", method!(RbGuard::abandon, 2))?;
-    class.define_method("_before_many", method!(RbGuard::before_many, 2))?;
-    class.define_method("_after_many", method!(RbGuard::after_many, 2))?;
+    class.define_method("_before_many", method!(RbGuard::before_many, 3))?;
+    class.define_method("_after_many", method!(RbGuard::after_many, 3))?;
     class.define_method("stats", method!(RbGuard::stats, 0))?;
     Ok(())
 }

@@ -10,30 +10,69 @@ module AceMQ
     # One message as a handler sees it: the parsed JSON payload, the
     # envelope, and the delivery it arrived by (nil for a message built by
     # hand in a spec).
+    #
+    # A consumed message reads the engine's delivery object
+    # (NativeDelivery) field by field, each the first time it is asked for:
+    # the payload becomes Ruby objects on the first #payload, the envelope
+    # is built on the first #envelope, and #id, #type, #attempt and
+    # #headers never build it. A handler pays for what it reads.
     class Message
-      attr_reader :payload, :envelope, :delivery
-
       def initialize(payload:, envelope: Envelope.new, delivery: nil)
         @payload = payload
         @envelope = envelope
         @delivery = delivery
+        @native = nil
         freeze
       end
 
-      # Built from what NativeConsumer#_next hands over.
-      def self.from_native(d)
-        envelope = Envelope.new(id: d[2], type: d[3], origin: d[4], timestamp: d[5], attempt: d[6], headers: d[7])
-        delivery = Delivery.new(queue: d[8], exchange: d[9], routing_key: d[10], redelivered: d[11])
-        new(payload: d[1], envelope: envelope, delivery: delivery)
+      # Built from what NativeConsumer#_next hands over: a NativeDelivery.
+      def self.from_native(native) = allocate.__send__(:read_from, native)
+
+      def payload = @native ? lazily(:payload) { @native.payload } : @payload
+
+      def envelope
+        return @envelope unless @native
+
+        lazily(:envelope) do
+          Envelope.new(id: @native.id, type: @native.type, origin: @native.origin, timestamp: @native.timestamp,
+                       attempt: @native.attempt, headers: headers)
+        end
       end
 
-      def id = envelope.id
-      def type = envelope.type
-      def attempt = envelope.attempt
-      def headers = envelope.headers
+      def delivery
+        return @delivery unless @native
+
+        lazily(:delivery) do
+          Delivery.new(queue: @native.queue, exchange: @native.exchange, routing_key: @native.routing_key,
+                       redelivered: @native.redelivered?)
+        end
+      end
+
+      def id = @native ? lazily(:id) { @native.id } : envelope&.id
+      def type = @native ? lazily(:type) { @native.type } : envelope.type
+      def attempt = @native ? @native.attempt : envelope.attempt
+      def headers = @native ? lazily(:headers) { @native.headers.freeze } : envelope.headers
+
+      # The engine's delivery, for the subscription to settle (nil for a
+      # message built by hand).
+      def native_delivery = @native
 
       def inspect
-        "#<AceMQ::AMQP::Message id=#{envelope.id.inspect} type=#{envelope.type.inspect} payload=#{payload.inspect}>"
+        "#<AceMQ::AMQP::Message id=#{id.inspect} type=#{type.inspect} payload=#{payload.inspect}>"
+      end
+
+      private
+
+      def read_from(native)
+        @native = native
+        # What has been read so far: the message itself is frozen, as one
+        # built by hand is; this holds the fields already converted.
+        @read = {}
+        freeze
+      end
+
+      def lazily(name)
+        @read.fetch(name) { @read[name] = yield }
       end
     end
   end

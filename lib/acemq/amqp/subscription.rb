@@ -222,7 +222,7 @@ module AceMQ
             e
           end.tap { |r| Tracing.outcome(span, r) }
         end
-        settle_result(delivery[0], result)
+        settle(delivery, result)
       end
 
       # call_many returns one result per message: an Ack, or the
@@ -236,23 +236,17 @@ module AceMQ
           # messages: each is retried, none is left unsettled.
           Array.new(deliveries.size, e)
         end
-        deliveries.each_with_index { |d, i| settle_result(d[0], results[i]) }
+        deliveries.each_with_index { |d, i| settle(d, results[i]) }
       end
 
-      def settle_result(tag, result)
-        case result
-        when Ack then settle(tag, result.kind.to_s, result.reason, result.error_class, false, result.up_to)
-        when StandardError then settle(tag, "raised", result.message, result.class.name, result.is_a?(FatalError))
-        else settle(tag, "not_an_ack", describe(result), nil, false)
-        end
-      end
-
+      # The engine reads the result itself (an Ack, the StandardError the
+      # handler raised, or anything else, which is not an Ack) and settles.
       # A retry or reject is settled in the background (its copy is
       # confirmed before the original is acknowledged); what went wrong with
       # earlier ones comes back here. Each of those messages was put back on
       # the queue: say so, and go on.
-      def settle(tag, kind, reason, error_class, fatal, up_to = nil)
-        report(@native._settle(tag, kind, reason, error_class, fatal, up_to))
+      def settle(delivery, result)
+        report(@native._settle(delivery, result))
       end
 
       # Thread#join re-raises what killed the thread; a subscription being
@@ -266,12 +260,6 @@ module AceMQ
       def report(errors)
         errors&.each { |e| @on_error&.call(e) }
         nil
-      end
-
-      def describe(value)
-        text = value.inspect
-        text = "#{text[0, 120]}..." if text.length > 120
-        "#{text} (#{value.class})"
       end
     end
   end

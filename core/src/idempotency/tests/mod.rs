@@ -176,9 +176,9 @@ fn missing_key_is_a_fatal_reject_and_the_handler_does_not_run() {
     let out = block_on(h.handle(message("")));
     match &out {
         Outcome::Raised { class, message, fatal } => {
-            assert_eq!(class, "AceMQ::AMQP::FatalError");
+            assert_eq!(class, MISSING_KEY_CLASS);
             assert!(*fatal);
-            assert!(message.contains("key is missing") && message.contains("key:"), "{message}");
+            assert!(message.contains("key is missing") && message.contains("key function"), "{message}");
         }
         other => panic!("{other:?}"),
     }

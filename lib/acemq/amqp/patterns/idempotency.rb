@@ -26,7 +26,7 @@ module AceMQ
       #   (when it answers forget) so the retry really runs. A handler that
       #   raises has its key forgotten and the same exception re-raised.
       class Idempotency
-        DEFAULT_KEY = ->(message) { message.envelope&.id }
+        DEFAULT_KEY = ->(message) { message.is_a?(Message) ? message.id : message.envelope&.id }
 
         attr_reader :store, :guard
 
@@ -44,12 +44,13 @@ module AceMQ
           @guard = NativeGuard.new
         end
 
-        # The middleware: app is the guarded handler.
+        # The middleware: app is the guarded handler. The engine's guard
+        # answers with the claimed key (run the handler) or with the Ack to
+        # settle with unrun and the event that is.
         def call(message, app)
           key, why = key_of(message)
-          verdict, detail, error_class, wait = @guard._before(@store, key)
-          detail = why if why
-          verdict == "run" ? run(message, app, detail) : without_running(message, key, verdict, detail, error_class, wait)
+          decided = @guard._before(@store, key, why)
+          decided.is_a?(String) ? run(message, app, decided) : without_running(message, key, *decided)
         end
 
         # The same for a batch: the keys are claimed together and the
@@ -61,17 +62,14 @@ module AceMQ
         # this returns, so the keys are facts before any delivery is settled.
         def call_many(messages, app)
           found = messages.map { |m| key_of(m) }
-          keys = found.map(&:first)
-          verdicts = @guard._before_many(@store, keys).each_with_index.map do |v, i|
-            (why = found[i][1]) ? [v[0], why, v[2], v[3]] : v
-          end
+          decisions = @guard._before_many(@store, found.map(&:first), found.map(&:last))
           results = Array.new(messages.size)
           settled = []
-          pending = verdicts.each_with_index.select { |(verdict, _, _), _| verdict == "run" }.map { |(_, key, _), i| [i, key] }
+          pending = decisions.select { |d| d.is_a?(String) }
           begin
             messages.each_with_index do |message, i|
-              verdict, detail, error_class, wait = verdicts[i]
-              next results[i] = without_running(message, keys[i], verdict, detail, error_class, wait) unless verdict == "run"
+              decided = decisions[i]
+              next results[i] = without_running(message, found[i][0], *decided) unless decided.is_a?(String)
 
               results[i] = begin
                 app.call(message)
@@ -79,15 +77,17 @@ module AceMQ
                 e
               end
               pending.shift
-              settled << [detail, kind_of(results[i])]
+              settled << [decided, results[i]]
             end
           ensure
             # A handler that never finished (Thread#kill, Interrupt, throw),
             # and every message after it that never ran: their keys must not
-            # stand.
-            settled.concat(pending.map { |_, key| [key, "abandoned"] })
-            failed = @guard._after_many(@store, settled)
-            report_after(messages.first, settled.first&.first, settled.any? { |_, k| k == "accept" }, failed) if failed
+            # stand, and the guard counts them as abandoned.
+            failed = @guard._after_many(@store, settled, pending)
+            if failed
+              key = settled.first&.first || pending.first
+              report_after(messages.first, key, settled.any? { |_, r| r.is_a?(Ack) && r.accept? }, failed)
+            end
           end
           results
         end
@@ -132,9 +132,9 @@ module AceMQ
           begin
             result = app.call(message)
             finished = true
-          rescue StandardError
+          rescue StandardError => e
             finished = true
-            settle(message, key, "raised")
+            settle(message, key, e)
             raise
           ensure
             # Not finished and not a StandardError: Thread#kill, Interrupt,
@@ -145,13 +145,14 @@ module AceMQ
               Patterns.instrument(:forget_failed, key: key, message: message, error: failed) if failed
             end
           end
-          settle(message, key, result.is_a?(Ack) ? result.kind.to_s : "not_an_ack")
+          settle(message, key, result)
           result
         end
 
-        def settle(message, key, kind)
-          failed = @guard._after(@store, key, kind)
-          report_after(message, key, kind == "accept", failed) if failed
+        # The guard reads the handler's result as the consumer does.
+        def settle(message, key, result)
+          failed = @guard._after(@store, key, result)
+          report_after(message, key, result.is_a?(Ack) && result.accept?, failed) if failed
         end
 
         # The handler's outcome stands: the work was done (or not), and
@@ -163,29 +164,11 @@ module AceMQ
           warn("acemq: idempotency #{confirming ? 'confirm' : 'forget'} failed for #{key.inspect}: #{failed}")
         end
 
-        def kind_of(result)
-          case result
-          when Ack then result.kind.to_s
-          when StandardError then "raised"
-          else "not_an_ack"
-          end
-        end
-
-        def without_running(message, key, verdict, detail, error_class, wait = nil)
-          case verdict
-          when "duplicate"
-            Patterns.instrument(:duplicate, key: key, message: message)
-            Ack.accept
-          when "in_progress"
-            Patterns.instrument(:in_progress, key: key, message: message)
-            wait ? Ack.wait(detail, up_to: wait) : Ack.retry(detail)
-          when "retry"
-            Patterns.instrument(:store_error, key: key, message: message, error: detail)
-            Ack.retry(detail, error: error_class)
-          else
-            Patterns.instrument(:missing_key, key: nil, message: message, error: detail) if error_class
-            Ack.reject(detail, error: error_class)
-          end
+        # The guard's Ack for a message it does not run, with its event.
+        def without_running(message, key, ack, event)
+          error = event == :store_error || event == :missing_key ? ack.reason : nil
+          Patterns.instrument(event, key: event == :missing_key ? nil : key, message: message, error: error)
+          ack
         end
       end
 

@@ -122,8 +122,13 @@ pub struct PublishOptions {
     pub envelope: Option<Envelope>,
     /// The message type, when no envelope is given (or to override it).
     pub kind: Option<String>,
-    /// Extra headers.
+    /// Extra headers, over the envelope's own.
     pub headers: Headers,
+    /// A trace context (`traceparent`, `tracestate`) to carry, added only
+    /// when the headers have no `traceparent` yet: one already there is the
+    /// caller's (a message forwarded with the context it came with), and a
+    /// publish never rewrites a context.
+    pub trace_context: Headers,
 }
 
 /// One message for [`Connection::send_json_batch`]: a JSON body and where it
@@ -321,6 +326,11 @@ impl Connection {
         }
         for (k, v) in &options.headers {
             env.headers.insert(k.clone(), v.clone());
+        }
+        if !env.headers.contains_key(crate::trace::TRACEPARENT_HEADER) {
+            for (k, v) in &options.trace_context {
+                env.headers.insert(k.clone(), v.clone());
+            }
         }
         if env.origin.is_none() {
             env.origin = Some(self.inner.origin.clone());

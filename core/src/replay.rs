@@ -111,6 +111,9 @@ impl Connection {
             return Err(Error::invalid("peek needs the queue whose dead letters to show"));
         }
         crate::limits::queue(queue)?;
+        if limit == 0 {
+            return Err(Error::invalid("peek limit must be at least 1: it is how many dead letters to show"));
+        }
         let reader = self.backend().reader(&dlq_name(queue)).await?;
         let mut seen = Vec::new();
         let result: Result<()> = async {
@@ -149,6 +152,11 @@ impl Connection {
             return Err(Error::invalid("replay needs the queue whose dead letters to replay"));
         }
         crate::limits::queue(queue)?;
+        // Some(0) would replay nothing and report success: a caller who
+        // computed a limit of 0 meant something else.
+        if options.limit == Some(0) {
+            return Err(Error::invalid("replay limit must be at least 1, or none (None / limit: nil) to replay them all"));
+        }
         let backend = self.backend();
         let reader = backend.reader(&dlq_name(queue)).await?;
         let mut report = ReplayReport::default();

@@ -10,6 +10,7 @@ mod gvl;
 mod idempotency;
 mod json;
 mod outbox;
+mod outgoing;
 mod runner;
 mod sql;
 
@@ -26,6 +27,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let amqp: RModule = acemq.define_module("AMQP")?;
     amqp.define_module_function("_new_id", function!(new_id, 0))?;
     connection::init(ruby, amqp)?;
+    outgoing::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;
     sql::init(ruby, amqp)?;
     idempotency::init(ruby, amqp)?;

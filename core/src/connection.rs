@@ -122,8 +122,13 @@ pub struct PublishOptions {
     pub envelope: Option<Envelope>,
     /// The message type, when no envelope is given (or to override it).
     pub kind: Option<String>,
-    /// Extra headers.
+    /// Extra headers, over the envelope's own.
     pub headers: Headers,
+    /// A trace context (`traceparent`, `tracestate`) to carry, added only
+    /// when the headers have no `traceparent` yet: one already there is the
+    /// caller's (a message forwarded with the context it came with), and a
+    /// publish never rewrites a context.
+    pub trace_context: Headers,
 }
 
 /// One message for [`Connection::send_json_batch`]: a JSON body and where it
@@ -198,13 +203,23 @@ fn default_origin() -> String {
 }
 
 impl Connection {
-    /// Open `url` with default options. Not cancel safe (a dropped future may
-    /// leave a half-open connection that the broker closes on its own).
+    /// Open `url` with default options.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a future dropped while dialling may leave a half-open
+    /// connection, which the broker closes on its own after its handshake
+    /// timeout. Nothing else is left behind.
     pub async fn open(url: &str) -> Result<Connection> {
         Self::open_with(url, ConnectionOptions::default()).await
     }
 
     /// Open `url` with `options`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Connection::open`]: not cancel safe, a half-open connection may be
+    /// left for the broker to close.
     pub async fn open_with(url: &str, options: ConnectionOptions) -> Result<Connection> {
         Self::open_any(&[url], options).await
     }
@@ -213,6 +228,11 @@ impl Connection {
     /// order to try them. When the connection is lost later, the next one
     /// in the list is dialled first, and so on round. One URL is the same
     /// as [`Connection::open_with`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Connection::open`]: not cancel safe, a half-open connection may be
+    /// left for the broker to close.
     pub async fn open_any(urls: &[&str], options: ConnectionOptions) -> Result<Connection> {
         let origin = options.origin.unwrap_or_else(default_origin);
         crate::limits::short("origin", &origin)?;
@@ -251,7 +271,12 @@ impl Connection {
 
     /// How many messages wait in `queue` and how many consumers it has, by
     /// a passive declare (nothing is created); `Ok(None)` when the queue
-    /// does not exist. What `acemq status` shows. Cancel safe.
+    /// does not exist. What `acemq status` shows.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only asks. A dropped future leaves at most the channel
+    /// it asked on open until the broker answers.
     pub async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>> {
         self.check_open()?;
         crate::limits::queue(queue)?;
@@ -281,6 +306,12 @@ impl Connection {
 
     /// Declare `topology` (each queue with its `{queue}.dlq`). Idempotent:
     /// run it from every process at boot.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe, but safe to repeat: a dropped future may have
+    /// declared part of the topology, and applying it again declares the
+    /// rest (declarations are idempotent).
     pub async fn apply(&self, topology: &Topology) -> Result<()> {
         self.check_open()?;
         self.inner.backend.apply(topology).await?;
@@ -322,6 +353,11 @@ impl Connection {
         for (k, v) in &options.headers {
             env.headers.insert(k.clone(), v.clone());
         }
+        if !env.headers.contains_key(crate::trace::TRACEPARENT_HEADER) {
+            for (k, v) in &options.trace_context {
+                env.headers.insert(k.clone(), v.clone());
+            }
+        }
         if env.origin.is_none() {
             env.origin = Some(self.inner.origin.clone());
         }
@@ -330,6 +366,13 @@ impl Connection {
 
     /// Publish `payload` as JSON to `routing_key` and wait for the broker's
     /// confirm. Returns the envelope it went out with.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a future dropped after the message was sent loses
+    /// only the broker's answer, so the message may or may not be stored.
+    /// Publishing the returned envelope again is the same message id again,
+    /// which a consumer's idempotency guard sees as a duplicate.
     pub async fn publish<T: Serialize + ?Sized>(&self, payload: &T, routing_key: &str, options: PublishOptions) -> Result<Envelope> {
         let body = serde_json::to_vec(payload)?;
         let env = self.envelope_for(&options);
@@ -340,6 +383,12 @@ impl Connection {
     /// Send a JSON body with `envelope` and return without waiting for the
     /// confirm: await [`Confirm::wait`] on each, together, to publish many
     /// at the speed of the network rather than of a round trip each.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a future dropped while the frames are being written
+    /// may have sent the message, with no [`Confirm`] to say whether the
+    /// broker stored it.
     pub async fn send_json(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope) -> Result<Confirm> {
         self.check_open()?;
         let props = props_for(envelope);
@@ -354,7 +403,12 @@ impl Connection {
     /// for any confirm: one [`Confirm`] (or the reason it could not be sent)
     /// per message, in the same order. Faster than calling
     /// [`Connection::send_json`] in a loop: the sends are not waited for one
-    /// by one. Not cancel safe: a dropped future may have sent some.
+    /// by one.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped future may have sent some of the messages,
+    /// in order, and there are no [`Confirm`]s to say which were stored.
     pub async fn send_json_batch(&self, messages: &[JsonMessage<'_>]) -> Vec<Result<Confirm>> {
         if let Err(e) = self.check_open() {
             return messages.iter().map(|_| Err(e.clone())).collect();
@@ -388,6 +442,13 @@ impl Connection {
 
     /// Open a pull consumer on `queue`: [`Consumer::next`] and
     /// [`Consumer::settle`]. Declares the queue's retry ladder and DLQ.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe, but safe to repeat: a dropped future may have
+    /// declared the ladder and DLQ (idempotent) and subscribed; nothing it
+    /// was delivered is acknowledged, so the broker puts it back when that
+    /// channel or the connection closes.
     pub async fn consumer(&self, queue: &str, options: ConsumeOptions) -> Result<Consumer> {
         self.check_open()?;
         Consumer::open(self.clone(), queue, options).await
@@ -395,6 +456,11 @@ impl Connection {
 
     /// Run `handler` for every message on `queue`, `options.concurrency` at a
     /// time, until the returned handle is cancelled.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Connection::consumer`], which it awaits before anything runs: no
+    /// handler has been called when a dropped future returns.
     pub async fn consume<H, Fut>(&self, queue: &str, options: ConsumeOptions, handler: H) -> Result<ConsumerHandle>
     where
         H: Fn(Message) -> Fut + Send + Sync + 'static,
@@ -406,6 +472,12 @@ impl Connection {
 
     /// Close the connection. Consumers' unsettled messages go back to their
     /// queues.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the connection is marked closed before anything is
+    /// awaited, so a dropped future leaves it refusing new work; the broker
+    /// closes the socket and requeues unsettled messages on its own.
     pub async fn close(&self) {
         // In a forked child the socket is the parent's: closing it from here
         // would close the parent's connection, or wait on a runtime that is

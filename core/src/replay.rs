@@ -106,11 +106,20 @@ impl Connection {
     /// without taking them: each is read unacknowledged and every one goes
     /// back, in its place, when the reading channel closes. What an operator
     /// runs before deciding to replay.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: nothing is taken. What a dropped future had read stays
+    /// unacknowledged, and the broker puts it back, in place, when the
+    /// reading channel or the connection closes.
     pub async fn peek_dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>> {
         if queue.is_empty() {
             return Err(Error::invalid("peek needs the queue whose dead letters to show"));
         }
         crate::limits::queue(queue)?;
+        if limit == 0 {
+            return Err(Error::invalid("peek limit must be at least 1: it is how many dead letters to show"));
+        }
         let reader = self.backend().reader(&dlq_name(queue)).await?;
         let mut seen = Vec::new();
         let result: Result<()> = async {
@@ -144,11 +153,23 @@ impl Connection {
     /// the first time. A message leaves the DLQ only once its copy is
     /// confirmed; a crash in between leaves it in both (a duplicate, never a
     /// loss). Messages that do not match stay where they are, in order.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe, but never lossy: a dropped future may have replayed
+    /// some (each removed from the DLQ only after its copy was confirmed),
+    /// and the one in flight may be in both queues. Running it again goes on
+    /// with what is left.
     pub async fn replay_dead_letters(&self, queue: &str, options: ReplayOptions) -> Result<ReplayReport> {
         if queue.is_empty() {
             return Err(Error::invalid("replay needs the queue whose dead letters to replay"));
         }
         crate::limits::queue(queue)?;
+        // Some(0) would replay nothing and report success: a caller who
+        // computed a limit of 0 meant something else.
+        if options.limit == Some(0) {
+            return Err(Error::invalid("replay limit must be at least 1, or none (None / limit: nil) to replay them all"));
+        }
         let backend = self.backend();
         let reader = backend.reader(&dlq_name(queue)).await?;
         let mut report = ReplayReport::default();

@@ -505,3 +505,34 @@ async fn a_message_near_the_brokers_limits_round_trips() {
     c.close().await;
     mq.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replay_or_peek_limit_of_zero_is_refused() {
+    for mq in transports().await {
+        let q = unique("limits");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let err = mq.replay_dead_letters(&q, acemq::ReplayOptions { limit: Some(0), ..Default::default() }).await.unwrap_err();
+        assert_eq!(*err.kind(), ErrorKind::InvalidArgument, "{err}");
+        assert!(err.to_string().contains("at least 1"), "{err}");
+        let err = mq.peek_dead_letters(&q, 0).await.unwrap_err();
+        assert_eq!(*err.kind(), ErrorKind::InvalidArgument, "{err}");
+        mq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn envelope_for_adds_a_trace_context_only_where_there_is_none() {
+    let mq = Connection::open(&format!("memory://{}", unique("trace"))).await.unwrap();
+    let mut context = acemq::headers::Headers::new();
+    context.insert("traceparent".into(), json!("00-aaaa-bbbb-01"));
+    context.insert("tracestate".into(), json!("k=v"));
+    let fresh = mq.envelope_for(&PublishOptions { trace_context: context.clone(), ..Default::default() });
+    assert_eq!(fresh.headers["traceparent"], "00-aaaa-bbbb-01");
+    assert_eq!(fresh.headers["tracestate"], "k=v");
+    let mut forwarded = acemq::headers::Headers::new();
+    forwarded.insert("traceparent".into(), json!("00-cccc-dddd-01"));
+    let kept = mq.envelope_for(&PublishOptions { headers: forwarded, trace_context: context, ..Default::default() });
+    assert_eq!(kept.headers["traceparent"], "00-cccc-dddd-01");
+    assert!(!kept.headers.contains_key("tracestate"), "a context already there is left whole: {:?}", kept.headers);
+    mq.close().await;
+}

@@ -3,12 +3,13 @@
 
 use crate::consumer::RbConsumer;
 use crate::errors::IntoRuby;
+use crate::outgoing::RbOutgoing;
 use crate::gvl;
 use acemq::topology::{BindingSpec, ExchangeSpec, QueueSpec};
 use acemq::{
-    ConnectionOptions, ConsumeOptions, Envelope, ExchangeKind, JsonMessage, PublishOptions, RetryPolicy, TlsOptions, Topology,
+    ConnectionOptions, ConsumeOptions, ExchangeKind, JsonMessage, RetryPolicy, TlsOptions, Topology,
 };
-use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, RString, Ruby};
+use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, Ruby};
 use std::time::Duration;
 
 #[magnus::wrap(class = "AceMQ::AMQP::Connection", free_immediately, size)]
@@ -17,7 +18,7 @@ pub struct RbConnection {
 }
 
 /// `options[:name]`, None when absent or nil.
-fn opt<T: magnus::TryConvert>(options: &RHash, name: &str) -> Result<Option<T>, Error> {
+pub(crate) fn opt<T: magnus::TryConvert>(options: &RHash, name: &str) -> Result<Option<T>, Error> {
     let ruby = Ruby::get_with(*options);
     options.lookup::<_, Option<T>>(ruby.to_symbol(name))
 }
@@ -29,54 +30,6 @@ pub(crate) fn seconds(ruby: &Ruby, what: &str, secs: f64) -> Result<Duration, Er
             format!("{what} must be a number of seconds, zero or more (got {secs})"),
         )
     })
-}
-
-/// One message to publish, as the Ruby side hands it over.
-pub(crate) struct Outgoing {
-    pub(crate) body: Vec<u8>,
-    pub(crate) exchange: String,
-    pub(crate) routing_key: String,
-    pub(crate) envelope: Envelope,
-}
-
-/// What `Connection#publish` hands its native half (the body already JSON,
-/// the id, the type, the timestamp, the headers as JSON, the envelope's own
-/// origin or nil), with the envelope made the way every publish makes it:
-/// `envelope_for`, which adds this connection's origin where the envelope
-/// has none. The outbox's records are built here too.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn outgoing(
-    ruby: &Ruby,
-    conn: &acemq::Connection,
-    body: RString,
-    exchange: String,
-    routing_key: String,
-    id: String,
-    kind: Option<String>,
-    timestamp: u64,
-    headers_json: Option<String>,
-    origin: Option<String>,
-) -> Result<Outgoing, Error> {
-    let headers = match headers_json {
-        Some(text) => match crate::json::parse(ruby, &text, "headers")? {
-            serde_json::Value::Object(map) => map,
-            _ => Default::default(),
-        },
-        None => Default::default(),
-    };
-    let mut envelope = Envelope::new().with_id(id);
-    envelope.kind = kind;
-    envelope.timestamp = timestamp;
-    envelope.headers = headers;
-    // The envelope's own origin, when it has one: envelope_for fills in the
-    // connection's only where it has none (the rule is core's, for both).
-    envelope.origin = origin;
-    // The same rules as every publish: the connection's origin where the
-    // envelope has none.
-    let envelope = conn.envelope_for(&PublishOptions { envelope: Some(envelope), ..Default::default() });
-    // Copied while the GVL is held: the Ruby string may move once it is released.
-    let body = unsafe { body.as_slice() }.to_vec();
-    Ok(Outgoing { body, exchange, routing_key, envelope })
 }
 
 /// The `tls:` Hash as Connection.open checked it: Symbol keys, String
@@ -125,51 +78,30 @@ impl RbConnection {
         Ok(RbConnection { inner: conn })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn publish(
-        ruby: &Ruby,
-        rb_self: &Self,
-        body: RString,
-        exchange: String,
-        routing_key: String,
-        id: String,
-        kind: Option<String>,
-        timestamp: u64,
-        headers_json: Option<String>,
-        origin: Option<String>,
-    ) -> Result<String, Error> {
-        let out = outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers_json, origin)?;
-        let conn = &rb_self.inner;
+    /// Send one message built by `Outgoing._build` and wait for its confirm.
+    fn publish(ruby: &Ruby, rb_self: &Self, out: &RbOutgoing) -> Result<(), Error> {
+        let (conn, out) = (&rb_self.inner, &out.inner);
         gvl::block_on(ruby, async {
             conn.send_json(&out.body, &out.exchange, &out.routing_key, &out.envelope).await?.wait().await
         })?
-        .rb(ruby)?;
-        Ok(out.envelope.origin.unwrap_or_default())
+        .rb(ruby)
     }
 
-    /// Send every message, then wait for all the confirms together. Raises
-    /// the first failure after every confirm has been waited for; returns the
-    /// number published.
+    /// Send every message (each an `Outgoing`), then wait for all the
+    /// confirms together. Raises the first failure after every confirm has
+    /// been waited for; returns the number published.
     fn publish_batch(ruby: &Ruby, rb_self: &Self, items: RArray) -> Result<usize, Error> {
-        let mut batch = Vec::with_capacity(items.len());
+        let mut batch: Vec<&RbOutgoing> = Vec::with_capacity(items.len());
         for item in items.into_iter() {
-            #[allow(clippy::type_complexity)]
-            let (body, exchange, routing_key, id, kind, timestamp, headers, origin): (
-                RString,
-                String,
-                String,
-                String,
-                Option<String>,
-                u64,
-                Option<String>,
-                Option<String>,
-            ) = magnus::TryConvert::try_convert(item)?;
-            batch.push(outgoing(ruby, &rb_self.inner, body, exchange, routing_key, id, kind, timestamp, headers, origin)?);
+            batch.push(magnus::TryConvert::try_convert(item)?);
         }
         let conn = &rb_self.inner;
+        // Borrowed, not copied: `items` (on this stack, so marked by the GC)
+        // keeps every Outgoing alive while the GVL is released, and nothing
+        // changes one once it is built.
         let messages: Vec<JsonMessage<'_>> = batch
             .iter()
-            .map(|o| JsonMessage { body: &o.body, exchange: &o.exchange, routing_key: &o.routing_key, envelope: &o.envelope })
+            .map(|o| JsonMessage { body: &o.inner.body, exchange: &o.inner.exchange, routing_key: &o.inner.routing_key, envelope: &o.inner.envelope })
             .collect();
         let results = gvl::block_on(ruby, async {
             let confirms = conn.send_json_batch(&messages).await;
@@ -374,7 +306,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_rung_queues", magnus::function!(rung_queues, 4))?;
     let class = amqp.define_class("Connection", ruby.class_object())?;
     class.define_singleton_method("_open", function!(RbConnection::open, 6))?;
-    class.define_private_method("_publish", method!(RbConnection::publish, 8))?;
+    class.define_private_method("_publish", method!(RbConnection::publish, 1))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
     class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;

@@ -11,6 +11,7 @@ mod gvl;
 mod idempotency;
 mod json;
 mod outbox;
+mod outgoing;
 mod runner;
 mod sql;
 
@@ -27,6 +28,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let amqp: RModule = acemq.define_module("AMQP")?;
     amqp.define_module_function("_new_id", function!(new_id, 0))?;
     connection::init(ruby, amqp)?;
+    outgoing::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;
     delivery::init(ruby, amqp)?;
     sql::init(ruby, amqp)?;

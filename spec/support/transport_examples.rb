@@ -283,4 +283,33 @@ RSpec.shared_examples "a transport" do
     expect(got["big"]).to be_an(Integer)
     expect(got["f"]).to eq(0.30000000000000004)
   end
+
+  it "returns the envelope the message went out with, not the one passed in" do
+    consume { |m| received << m; AceMQ::AMQP::Ack.accept }
+    given = AceMQ::AMQP::Envelope.new(type: "a.v1", attempt: 3, headers: { "kept" => 1, "over" => "old" })
+    sent = @mq.publish({ "n" => 1 }, to: queue, envelope: given, type: "b.v1", headers: { over: "new" })
+    expect(sent).not_to equal(given)
+    expect(sent.id).to eq(given.id)
+    expect(sent.attempt).to eq(1) # a publish is a first delivery, whatever envelope it reuses
+    expect(sent.origin).to eq(@mq.origin)
+    expect(sent.type).to eq("b.v1")
+    expect(sent.headers).to eq("kept" => 1, "over" => "new")
+    got = take.envelope
+    expect([got.id, got.type, got.attempt, got.origin, got.timestamp]).to eq([sent.id, sent.type, 1, sent.origin, sent.timestamp])
+    expect(got.headers).to include(sent.headers)
+    batch_env = nil
+    @mq.batch { |b| batch_env = b.publish({ "n" => 2 }, to: queue, envelope: given) }
+    expect([batch_env.id, batch_env.attempt, batch_env.origin, batch_env.type]).to eq([given.id, 1, @mq.origin, "a.v1"])
+  end
+
+  it "refuses a replay or peek limit below 1 with the engine's ConfigurationError" do
+    [0, -1].each do |limit|
+      expect { @mq.replay_dead_letters(queue, limit: limit) }
+        .to raise_error(AceMQ::AMQP::ConfigurationError, /replay limit must be at least 1/)
+      expect { @mq.peek_dead_letters(queue, limit: limit) }
+        .to raise_error(AceMQ::AMQP::ConfigurationError, /peek limit must be at least 1/)
+    end
+    expect { @mq.replay_dead_letters(queue, limit: "many") }.to raise_error(AceMQ::AMQP::ConfigurationError, /whole number/)
+    expect(@mq.replay_dead_letters(queue, limit: nil)).to eq(replayed: 0, skipped: 0)
+  end
 end

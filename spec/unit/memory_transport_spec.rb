@@ -38,7 +38,8 @@ RSpec.describe "memory:// transport" do
     q = unique("garbage")
     AceMQ::AMQP::Topology.new.queue(q).apply(mq)
     # Bypass publish's JSON encoding: a foreign client's body.
-    mq.__send__(:_publish, "<xml/>", "", q, "foreign-1", nil, 0, nil, nil)
+    foreign = AceMQ::AMQP::Outgoing._build(mq, "<xml/>", { to: q, envelope: AceMQ::AMQP::Envelope.new(id: "foreign-1", timestamp: 0) })
+    mq.__send__(:_publish, foreign)
     mq.publish({ "ok" => true }, to: q)
     seen = Queue.new
     sub = mq.consume(q) { |m| seen << m.payload; AceMQ::AMQP::Ack.accept }

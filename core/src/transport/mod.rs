@@ -41,8 +41,13 @@ enum ConfirmInner {
 }
 
 impl Confirm {
-    /// Wait for the broker's verdict. Cancel safe in the sense that dropping
-    /// it loses only the answer, not the message: it has been sent.
+    /// Wait for the broker's verdict.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in the sense that dropping it loses only the answer, not
+    /// the message: it has been sent, and the broker stores it or not
+    /// whether anyone waits.
     pub async fn wait(self) -> Result<()> {
         use tracing::Instrument;
         let span = self.1;

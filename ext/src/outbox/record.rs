@@ -3,11 +3,11 @@
 //! a direct publish would. lib/acemq/amqp/patterns/outbox_record.rb adds the
 //! readers and `Patterns.record`.
 
-use crate::connection::RbConnection;
+use crate::outgoing::RbOutgoing;
 use crate::errors::IntoRuby;
 use acemq::outbox::OutboxRecord;
 use acemq::{Error as CoreError, ErrorKind};
-use magnus::{function, method, prelude::*, Error, RModule, RString, Ruby};
+use magnus::{function, method, prelude::*, Error, RModule, Ruby};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::OutboxRecord", free_immediately, size)]
 pub struct RbOutboxRecord {
@@ -15,33 +15,20 @@ pub struct RbOutboxRecord {
 }
 
 impl RbOutboxRecord {
-    /// What `Connection#publish` hands its native half (the body already
-    /// JSON, a fresh id, now, the type, the headers as JSON), made into an
-    /// envelope the way publish makes it: `envelope_for`, which adds this
-    /// connection's origin. Stored as it is and sent as it is by the relay.
-    #[allow(clippy::too_many_arguments)]
-    fn build(
-        ruby: &Ruby,
-        mq: &RbConnection,
-        body: RString,
-        exchange: String,
-        routing_key: String,
-        id: String,
-        kind: Option<String>,
-        timestamp: u64,
-        headers_json: Option<String>,
-        origin: Option<String>,
-    ) -> Result<Self, Error> {
-        let out = crate::connection::outgoing(ruby, &mq.inner, body, exchange, routing_key, id, kind, timestamp, headers_json, origin)?;
+    /// The message `Connection#outgoing` built (core's `envelope_for`
+    /// made its envelope, as for a direct publish), stored as it is and
+    /// sent as it is by the relay.
+    fn build(ruby: &Ruby, out: &RbOutgoing) -> Result<Self, Error> {
+        let out = &out.inner;
         // Refused now, in the caller's code, rather than as a row the relay
         // can never send.
         acemq::connection::check_destination(&out.exchange, &out.routing_key, &acemq::wire::props_for(&out.envelope)).rb(ruby)?;
         // The body is a TEXT column: JSON.generate gives UTF-8, anything else
         // is refused here rather than mangled in the table.
-        let body = String::from_utf8(out.body).map_err(|_| {
+        let body = String::from_utf8(out.body.clone()).map_err(|_| {
             crate::errors::to_ruby(ruby, CoreError::new(ErrorKind::Encoding, "the outbox body is not UTF-8 JSON text"))
         })?;
-        Ok(Self { inner: OutboxRecord::new(out.exchange, out.routing_key, body, out.envelope) })
+        Ok(Self { inner: OutboxRecord::new(out.exchange.clone(), out.routing_key.clone(), body, out.envelope.clone()) })
     }
 
     fn exchange(&self) -> String {
@@ -67,7 +54,7 @@ impl RbOutboxRecord {
 
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let class = patterns.define_class("OutboxRecord", ruby.class_object())?;
-    class.define_singleton_method("_build", function!(RbOutboxRecord::build, 9))?;
+    class.define_singleton_method("_build", function!(RbOutboxRecord::build, 1))?;
     class.define_method("exchange", method!(RbOutboxRecord::exchange, 0))?;
     class.define_method("routing_key", method!(RbOutboxRecord::routing_key, 0))?;
     class.define_method("body", method!(RbOutboxRecord::body, 0))?;

@@ -69,7 +69,10 @@ module AceMQ
       #
       # to: is the queue name (through the default exchange) or, with
       # exchange:, the routing key. An envelope: keeps its id, so publishing
-      # one envelope twice is one message id twice. Returns the Envelope.
+      # one envelope twice is one message id twice. type: and headers: go
+      # over the envelope's. Returns the Envelope the message went out with
+      # (the engine's: this connection's origin where the envelope had none,
+      # attempt 1), which is not the one passed in.
       #
       # Raises Unroutable when nothing is bound to take it (it was not
       # stored), NotFound for a missing exchange, PublishNacked when the
@@ -80,10 +83,10 @@ module AceMQ
       # envelope already has one (docs/tracing.md).
       def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil)
         Tracing.publish(exchange, to) do |span|
-          item, env = outgoing(payload, to, exchange, envelope, type, headers)
+          out, env = outgoing(payload, to, exchange, envelope, type, headers)
           span&.set_attribute("messaging.message.id", env.id.to_s)
-          origin = _publish(*item)
-          env.origin ? env : env.with(origin: origin)
+          _publish(out)
+          env
         end
       end
 
@@ -158,10 +161,7 @@ module AceMQ
       # or whose type is type:. A message leaves the DLQ only once its copy
       # is confirmed. Returns { replayed:, skipped: }.
       def replay_dead_letters(queue, limit: nil, reason: nil, type: nil)
-        limit = limit && Integer(limit)
-        raise ConfigurationError, "limit: must be at least 1 (or nil for all)" if limit && limit < 1
-
-        replayed, skipped = _replay(queue.to_s, limit, reason&.to_s, type&.to_s)
+        replayed, skipped = _replay(queue.to_s, Connection.count(:limit, limit), reason&.to_s, type&.to_s)
         { replayed: replayed, skipped: skipped }
       end
 
@@ -169,10 +169,7 @@ module AceMQ
       # they are: each a Hash of id, type, attempt, reason, error_class,
       # failed_at (a Time) and body (the bytes as they arrived).
       def peek_dead_letters(queue, limit: 10)
-        limit = Integer(limit)
-        raise ConfigurationError, "limit: must be at least 1" if limit < 1
-
-        _peek(queue.to_s, limit).map do |id, type, attempt, reason, error_class, failed_at, body|
+        _peek(queue.to_s, Connection.count(:limit, limit) || 0).map do |id, type, attempt, reason, error_class, failed_at, body|
           { id: id, type: type, attempt: attempt, reason: reason, error_class: error_class,
             failed_at: failed_at && Time.at(failed_at), body: body }
         end
@@ -206,21 +203,21 @@ module AceMQ
 
       private
 
+      # The message as it will be sent, and its Envelope: built once by the
+      # engine (Outgoing), whose envelope_for holds every rule (a fresh
+      # envelope unless one is given, type and headers over it, the trace
+      # context unless one is there, this connection's origin, attempt 1).
+      # What was left out goes as nil. publish, a batch and Patterns.record
+      # (an outbox row) all come through here, so they carry the same.
       def outgoing(payload, to, exchange, envelope, type, headers)
         raise ConfigurationError, "envelope: must be an AceMQ::AMQP::Envelope" if envelope && !envelope.is_a?(Envelope)
         unless headers.nil? || headers.is_a?(Hash)
           raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
         end
 
-        env = envelope || Envelope.new(type: type)
-        env = env.with(type: type) if envelope && type
-        env = env.with(headers: env.headers.merge(headers.transform_keys(&:to_s))) if headers && !headers.empty?
-        # Here, so publish, a batch and Patterns.record (an outbox row) all
-        # carry the current trace context; a no-op without OpenTelemetry.
-        traced = Tracing.inject(env.headers)
-        env = env.with(headers: traced) unless traced.equal?(env.headers)
-        hdrs = env.headers.empty? ? nil : JSON.generate(env.headers)
-        [[encode(payload), exchange.to_s, to.to_s, env.id.to_s, env.type, env.timestamp, hdrs, env.origin], env]
+        out = Outgoing._build(self, encode(payload), { exchange: exchange.to_s, to: to.to_s, envelope: envelope,
+                                                         type: type&.to_s, headers: headers, trace: Tracing.context })
+        [out, Envelope.__send__(:made, *out.__send__(:_envelope))]
       end
 
       def encode(payload)
@@ -236,6 +233,15 @@ module AceMQ
       rescue JSON::JSONError, TypeError, ArgumentError => e
         raise EncodingError, "the payload cannot be sent as JSON (#{e.message}): publish a Hash, Array, String, " \
                              "number, true, false or nil"
+      end
+
+      # A count for the engine, which checks it (at least 1): nil stays nil,
+      # and a negative one, which cannot cross into its unsigned field, goes
+      # as 0 to get the engine's own refusal.
+      def self.count(name, value)
+        value.nil? ? nil : Integer(value).clamp(0, 2**62)
+      rescue ArgumentError, TypeError
+        raise ConfigurationError, "#{name}: must be a whole number, got #{value.inspect}"
       end
 
       # The first value in payload that JSON would write as its to_s, or nil.

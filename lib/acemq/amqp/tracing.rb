@@ -35,16 +35,16 @@ module AceMQ
 
         def enabled? = !otel.nil?
 
-        # headers with the current context injected. A traceparent already
-        # there is the caller's (a message forwarded with the context it came
-        # with) and is left as it is: publishing never rewrites a context.
-        def inject(headers)
+        # The current trace context as headers (traceparent, tracestate) for
+        # the engine to add to a publish that carries none, or nil without
+        # OpenTelemetry (or outside any trace).
+        def context
           ot = otel
-          return headers if ot.nil? || headers.key?(TRACEPARENT)
+          return nil if ot.nil?
 
           carrier = {}
           ot.propagation.inject(carrier)
-          carrier.empty? ? headers : headers.merge(carrier.transform_keys(&:to_s))
+          carrier.empty? ? nil : carrier.transform_keys(&:to_s)
         end
 
         # Run the block in a producer span for a publish to exchange with

@@ -21,10 +21,10 @@ module AceMQ
                                     "carries, got #{mq.class}"
         end
 
-        # publish's own preparation (JSON, id, timestamp, headers), so the two
-        # paths cannot drift apart; the native half then applies envelope_for.
-        item, = mq.__send__(:outgoing, payload, to, exchange, nil, type, headers)
-        OutboxRecord._build(mq, *item)
+        # publish's own preparation (JSON, and the envelope core's envelope_for
+        # makes), so the two paths cannot drift apart.
+        out, = mq.__send__(:outgoing, payload, to, exchange, nil, type, headers)
+        OutboxRecord._build(out)
       end
 
       # One message waiting to be added to the outbox (Patterns.record builds

@@ -166,6 +166,39 @@ module IdempotencyBench
       end
     end
 
+    # consume(batch:) with a handler that answers call_many and does what
+    # the guarded handler does minus the store: the batch path's own cost.
+    def acemq_batched_alone(q, n)
+      preload(q, n)
+      latch = C::Latch.new(n)
+      handler = lambda do |m|
+        m.payload["order_id"]
+        latch.hit
+        Ack.accept
+      end
+      handler.define_singleton_method(:call_many) { |ms| ms.map { |m| handler.call(m) } }
+      C.time do
+        sub = @mq.consume(q, prefetch: C::PREFETCH, batch: C::PREFETCH, &handler)
+        latch.wait(C::RUN_LIMIT)
+        sub.cancel
+      end
+    end
+
+    # The guard's batch calls over the store alone, no broker: claim 100
+    # keys in one statement, confirm them in another.
+    def store_batches(store, clear_with, t, n)
+      clear(clear_with, t)
+      guarded = Patterns.idempotent(store) { Ack.accept }
+      batches = Array.new(n) { SecureRandom.uuid }.each_slice(BATCH).map do |keys|
+        keys.map { |k| AceMQ::AMQP::Message.new(payload: { "order_id" => k }, envelope: AceMQ::AMQP::Envelope.new(id: k)) }
+      end
+      C.time do
+        batches.each do |ms|
+          raise "not all accepted" unless guarded.call_many(ms).all?(&:accept?)
+        end
+      end
+    end
+
     def acemq_consume_alone(q, n)
       preload(q, n)
       latch = C::Latch.new(n)
@@ -280,10 +313,22 @@ module IdempotencyBench
       path_raw = C::Raw.for(C.sqlite(path, "NORMAL").tap { |db| @closers << db })
       r = C.alternate(N, {
                         alone: -> { acemq_consume_alone(plain, N) },
+                        batched: -> { acemq_batched_alone(plain, N) },
                         pg: -> { acemq_run(pq, pg_store, pg_raw, t, N, batch: C::PREFETCH) },
-                        path: -> { acemq_run(sq, path_store, path_raw, t, N, batch: C::PREFETCH) }
+                        path: -> { acemq_run(sq, path_store, path_raw, t, N, batch: C::PREFETCH) },
+                        pg_store: -> { store_batches(pg_store, pg_raw, t, N) },
+                        path_store: -> { store_batches(path_store, path_raw, t, N) }
                       })
       puts format("  %-58s %7.0f/s", "consume + parse + accept alone (no store)", r[:alone])
+      # What bounds the rows: the batch path with no store at all, and the
+      # store's claim + confirm of 100 keys with no broker.
+      puts format("  %-58s %7.0f/s  %5.2fx of consume alone", "consume(batch: #{C::PREFETCH}), no store (pass-through call_many)",
+                  r[:batched], r[:batched] / r[:alone])
+      %i[pg path].each do |side|
+        puts format("  %-58s %7.0f/s  %6.1f us/msg over the no-store batch path; store alone %6.1f us/msg",
+                    "#{side == :pg ? 'PostgreSQL (ruby-pg)' : 'SQLite path:'} consume(batch: #{C::PREFETCH})",
+                    r[side], us(r[side]) - us(r[:batched]), us(r[:"#{side}_store"]))
+      end
       C::Table.ratio(path: "idempotent consume on PostgreSQL, consume(batch: 100), vs consume alone",
                      ours: r[:pg], base: r[:alone], target: 0.40, base_name: "consume alone")
       C::Table.ratio(path: "idempotent consume, SQLite `path:` store, batch 100, vs consume alone",

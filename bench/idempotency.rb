@@ -199,6 +199,37 @@ module IdempotencyBench
       end
     end
 
+    # The store's two batch statements, built as the engine builds them,
+    # straight through ruby-pg: what PostgreSQL itself costs for a batch.
+    def raw_batches(conn, t, n)
+      clear(C::Raw.for(conn), t)
+      claim = ->(k) do
+        i = 0
+        values = Array.new(k) { "($#{i += 1}, 'CLAIMED', $#{i += 1}, $#{i += 1}, $#{i += 1})" }.join(", ")
+        "INSERT INTO #{t} (message_id, state, claimed_by, recorded_at, expires_at) VALUES #{values} " \
+          "ON CONFLICT (message_id) DO UPDATE SET claimed_by = excluded.claimed_by, recorded_at = excluded.recorded_at, " \
+          "expires_at = excluded.expires_at WHERE #{t}.state = 'CLAIMED' AND #{t}.recorded_at < $#{i + 1} RETURNING message_id"
+      end
+      confirm = ->(k) { "UPDATE #{t} SET state = 'CONFIRMED' WHERE message_id IN (#{(1..k).map { |i| "$#{i}" }.join(', ')})" }
+      batches = Array.new(n) { SecureRandom.uuid }.each_slice(BATCH).to_a
+      C.time do
+        batches.each do |keys|
+          ms = (Time.now.to_f * 1000).to_i
+          params = keys.flat_map { |k| [k, @worker, ms, ms + DAY_MS] } << ms - 300_000
+          r = conn.exec_params(claim.(keys.size), params)
+          raise "claimed #{r.ntuples} of #{keys.size}" unless r.ntuples == keys.size
+
+          r.clear
+          conn.exec_params(confirm.(keys.size), keys).clear
+        end
+      end
+    end
+
+    # n autocommitted one-row INSERTs: what one commit costs on this database.
+    def commits(conn, t, n)
+      C.time { n.times { conn.exec_params("INSERT INTO #{t} VALUES ($1, 'X', 'w', 0, 0)", [SecureRandom.uuid]).clear } }
+    end
+
     def acemq_consume_alone(q, n)
       preload(q, n)
       latch = C::Latch.new(n)
@@ -317,13 +348,20 @@ module IdempotencyBench
                         pg: -> { acemq_run(pq, pg_store, pg_raw, t, N, batch: C::PREFETCH) },
                         path: -> { acemq_run(sq, path_store, path_raw, t, N, batch: C::PREFETCH) },
                         pg_store: -> { store_batches(pg_store, pg_raw, t, N) },
-                        path_store: -> { store_batches(path_store, path_raw, t, N) }
+                        path_store: -> { store_batches(path_store, path_raw, t, N) },
+                        pg_raw: -> { raw_batches(pg_conn, t, N) },
+                        # n / 10 commits, scaled so its "rate" is commits per second.
+                        pg_commit: -> { commits(pg_conn, t, N / 10) * 10 }
                       })
       puts format("  %-58s %7.0f/s", "consume + parse + accept alone (no store)", r[:alone])
       # What bounds the rows: the batch path with no store at all, and the
       # store's claim + confirm of 100 keys with no broker.
       puts format("  %-58s %7.0f/s  %5.2fx of consume alone", "consume(batch: #{C::PREFETCH}), no store (pass-through call_many)",
                   r[:batched], r[:batched] / r[:alone])
+      puts format("  %-58s %7.0f/s  (%6.1f us/msg): the same two statements a batch, bare ruby-pg, no acemq",
+                  "PostgreSQL, claim + confirm of 100 through ruby-pg alone", r[:pg_raw], us(r[:pg_raw]))
+      puts format("  %-58s %7.2f ms: one autocommitted one-row INSERT here (its WAL flush); two a batch = %5.1f us/msg",
+                  "PostgreSQL commit", us(r[:pg_commit]) / 1000, 2 * us(r[:pg_commit]) / BATCH)
       %i[pg path].each do |side|
         puts format("  %-58s %7.0f/s  %6.1f us/msg over the no-store batch path; store alone %6.1f us/msg",
                     "#{side == :pg ? 'PostgreSQL (ruby-pg)' : 'SQLite path:'} consume(batch: #{C::PREFETCH})",

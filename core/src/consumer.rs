@@ -13,7 +13,7 @@ use crate::topology::{QueueSpec, QueueType, Topology};
 use crate::transport::queue::Pop;
 use crate::transport::Link;
 use crate::wire::{
-    decode, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    decode, decode_as, Payload, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
     QUEUE_HEADER, REASON_HEADER,
 };
 use serde_json::Value;
@@ -412,8 +412,14 @@ impl Consumer {
     /// thread (a Ruby thread holding the GVL) never waits on the broker for
     /// it, and a copy that fails reaches [`Consumer::take_errors`].
     pub fn next_blocking(self: &Arc<Self>, timeout: Duration) -> Next {
+        self.next_blocking_as(timeout, Payload::Parsed)
+    }
+
+    /// [`Consumer::next_blocking`], reading the payload as `payload` says
+    /// (see [`Payload::Checked`]).
+    pub fn next_blocking_as(self: &Arc<Self>, timeout: Duration, payload: Payload) -> Next {
         match self.link.queue().pop_blocking(timeout) {
-            Pop::Item(raw) => match decode(&self.queue, &raw) {
+            Pop::Item(raw) => match decode_as(&self.queue, &raw, payload) {
                 Ok(message) => {
                     self.watch_deadlines();
                     Next::Delivery(Box::new(self.hand_out(message, raw)))
@@ -431,6 +437,11 @@ impl Consumer {
     /// Like [`Consumer::next_blocking`] without waiting at all.
     pub fn try_next(self: &Arc<Self>) -> Next {
         self.next_blocking(Duration::ZERO)
+    }
+
+    /// [`Consumer::try_next`], reading the payload as `payload` says.
+    pub fn try_next_as(self: &Arc<Self>, payload: Payload) -> Next {
+        self.next_blocking_as(Duration::ZERO, payload)
     }
 
     /// Wake every thread blocked in [`Consumer::next_blocking`] (they return `Empty`).

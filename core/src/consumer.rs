@@ -469,6 +469,14 @@ impl Consumer {
     /// A delivery its deadline has settled already (see
     /// [`ConsumeOptions::timeout`]) is not settled again: the outcome is
     /// discarded and counted as `abandoned`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the delivery is claimed when this is first polled,
+    /// so a dropped settle leaves it unsettled (and uncounted) until the
+    /// subscription closes, when the broker redelivers it. A copy already
+    /// confirmed is not taken back: that is a duplicate, never a loss. Use
+    /// [`Consumer::settle_later`] to settle without awaiting.
     pub async fn settle(&self, delivery: Delivery, outcome: Outcome) -> Result<()> {
         if !self.claim(&delivery) {
             return Ok(());
@@ -828,6 +836,11 @@ impl Consumer {
     /// Stop receiving. Messages already handed out can still be settled;
     /// buffered ones go back to the queue. Call [`Consumer::close`] after the
     /// handlers are done.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: once first polled the consumer is stopped; a drop only
+    /// skips waiting for the broker's cancel-ok.
     pub async fn stop(&self) {
         if !self.stopped.swap(true, Ordering::AcqRel) {
             self.link.stop().await;
@@ -836,6 +849,12 @@ impl Consumer {
 
     /// Stop, send the last acknowledgements and release the subscription.
     /// Anything unsettled goes back to the queue.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped part way, settlements in the background may
+    /// still be running and the subscription may stay open (stopped). Await
+    /// it to the end.
     pub async fn close(&self) {
         self.stop().await;
         // Settlements still in flight finish first: their acknowledgements
@@ -950,6 +969,12 @@ impl ConsumerHandle {
     }
 
     /// Stop, let the handlers in progress finish and settle, then close.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped cancel leaves the handlers running and the
+    /// subscription open (stopped). Use [`ConsumerHandle::drain`] to bound
+    /// the wait.
     pub async fn cancel(self) {
         self.consumer.stop().await;
         for t in self.tasks {

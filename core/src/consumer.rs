@@ -13,7 +13,7 @@ use crate::topology::{QueueSpec, QueueType, Topology};
 use crate::transport::queue::Pop;
 use crate::transport::Link;
 use crate::wire::{
-    decode, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
+    decode, decode_as, Payload, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER,
     QUEUE_HEADER, REASON_HEADER,
 };
 use serde_json::Value;
@@ -412,8 +412,14 @@ impl Consumer {
     /// thread (a Ruby thread holding the GVL) never waits on the broker for
     /// it, and a copy that fails reaches [`Consumer::take_errors`].
     pub fn next_blocking(self: &Arc<Self>, timeout: Duration) -> Next {
+        self.next_blocking_as(timeout, Payload::Parsed)
+    }
+
+    /// [`Consumer::next_blocking`], reading the payload as `payload` says
+    /// (see [`Payload::Checked`]).
+    pub fn next_blocking_as(self: &Arc<Self>, timeout: Duration, payload: Payload) -> Next {
         match self.link.queue().pop_blocking(timeout) {
-            Pop::Item(raw) => match decode(&self.queue, &raw) {
+            Pop::Item(raw) => match decode_as(&self.queue, &raw, payload) {
                 Ok(message) => {
                     self.watch_deadlines();
                     Next::Delivery(Box::new(self.hand_out(message, raw)))
@@ -431,6 +437,11 @@ impl Consumer {
     /// Like [`Consumer::next_blocking`] without waiting at all.
     pub fn try_next(self: &Arc<Self>) -> Next {
         self.next_blocking(Duration::ZERO)
+    }
+
+    /// [`Consumer::try_next`], reading the payload as `payload` says.
+    pub fn try_next_as(self: &Arc<Self>, payload: Payload) -> Next {
+        self.next_blocking_as(Duration::ZERO, payload)
     }
 
     /// Wake every thread blocked in [`Consumer::next_blocking`] (they return `Empty`).
@@ -458,6 +469,14 @@ impl Consumer {
     /// A delivery its deadline has settled already (see
     /// [`ConsumeOptions::timeout`]) is not settled again: the outcome is
     /// discarded and counted as `abandoned`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: the delivery is claimed when this is first polled,
+    /// so a dropped settle leaves it unsettled (and uncounted) until the
+    /// subscription closes, when the broker redelivers it. A copy already
+    /// confirmed is not taken back: that is a duplicate, never a loss. Use
+    /// [`Consumer::settle_later`] to settle without awaiting.
     pub async fn settle(&self, delivery: Delivery, outcome: Outcome) -> Result<()> {
         if !self.claim(&delivery) {
             return Ok(());
@@ -817,6 +836,11 @@ impl Consumer {
     /// Stop receiving. Messages already handed out can still be settled;
     /// buffered ones go back to the queue. Call [`Consumer::close`] after the
     /// handlers are done.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: once first polled the consumer is stopped; a drop only
+    /// skips waiting for the broker's cancel-ok.
     pub async fn stop(&self) {
         if !self.stopped.swap(true, Ordering::AcqRel) {
             self.link.stop().await;
@@ -825,6 +849,12 @@ impl Consumer {
 
     /// Stop, send the last acknowledgements and release the subscription.
     /// Anything unsettled goes back to the queue.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped part way, settlements in the background may
+    /// still be running and the subscription may stay open (stopped). Await
+    /// it to the end.
     pub async fn close(&self) {
         self.stop().await;
         // Settlements still in flight finish first: their acknowledgements
@@ -939,6 +969,12 @@ impl ConsumerHandle {
     }
 
     /// Stop, let the handlers in progress finish and settle, then close.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: a dropped cancel leaves the handlers running and the
+    /// subscription open (stopped). Use [`ConsumerHandle::drain`] to bound
+    /// the wait.
     pub async fn cancel(self) {
         self.consumer.stop().await;
         for t in self.tasks {

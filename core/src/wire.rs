@@ -145,8 +145,29 @@ fn json_content_type(ct: &str) -> bool {
         || (base.starts_with("application/") && base.ends_with("+json"))
 }
 
+/// How a delivery's JSON body is read when it becomes a [`Message`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Payload {
+    /// Parsed into [`Message::payload`]. What a Rust handler wants.
+    #[default]
+    Parsed,
+    /// Checked to be JSON (the same deliveries are refused as with
+    /// `Parsed`, for the same reasons) but not built: `Message::payload` is
+    /// `Null`, and the caller builds its own values from the body, once. For
+    /// an adapter whose handlers want their own objects: the Ruby extension
+    /// builds Ruby objects straight from the bytes, only when the handler
+    /// reads the payload, instead of from a `Value` built and dropped for it.
+    Checked,
+}
+
 /// Turn a delivery from `queue` into a message, or say why it cannot be one.
 pub fn decode(queue: &str, raw: &RawDelivery) -> Result<Message, Undecodable> {
+    decode_as(queue, raw, Payload::Parsed)
+}
+
+/// [`decode`], reading the payload as `payload` says.
+pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Message, Undecodable> {
     if let Some(what) = raw.props.headers.get(MALFORMED_HEADER) {
         // Its values are not what the publisher sent: handling it as if
         // they were would key the idempotent consumer on a repaired id, and
@@ -169,9 +190,20 @@ pub fn decode(queue: &str, raw: &RawDelivery) -> Result<Message, Undecodable> {
             });
         }
     }
-    let payload: Value = serde_json::from_slice(&raw.body).map_err(|e| Undecodable {
+    let not_json = |e: &dyn std::fmt::Display| Undecodable {
         reason: format!("body is not JSON ({e}); the body is kept byte for byte on the dead-letter queue"),
-    })?;
+    };
+    let payload: Value = match payload {
+        Payload::Parsed => serde_json::from_slice(&raw.body).map_err(|e| not_json(&e))?,
+        Payload::Checked => {
+            // JSON text is UTF-8 (RFC 8259), and a Value's strings must be:
+            // checked over the whole body at once, then the syntax without
+            // building anything.
+            std::str::from_utf8(&raw.body).map_err(|e| not_json(&format_args!("invalid UTF-8: {e}")))?;
+            serde_json::from_slice::<serde::de::IgnoredAny>(&raw.body).map_err(|e| not_json(&e))?;
+            Value::Null
+        }
+    };
     Ok(Message {
         payload,
         envelope: envelope_of(&raw.props),
@@ -223,6 +255,23 @@ mod tests {
         assert!(decode("q", &raw("{}", Some("application/json; charset=utf-8"))).is_ok());
         assert!(decode("q", &raw("{}", Some("application/octet-stream"))).is_ok());
         assert!(decode("q", &raw("nope", Some("application/octet-stream"))).is_err());
+    }
+
+    #[test]
+    fn checked_refuses_what_parsed_refuses_and_builds_nothing() {
+        for body in ["{\"a\":1}", "not json", "{\"a\":", "[1,2]", "\"s\"", "{} trailing"] {
+            let r = raw(body, Some("application/json"));
+            let parsed = decode("q", &r);
+            let checked = decode_as("q", &r, Payload::Checked);
+            assert_eq!(parsed.is_ok(), checked.is_ok(), "{body}");
+            if let Ok(m) = checked {
+                assert_eq!(m.payload, Value::Null);
+            }
+        }
+        let mut bad = raw("", Some("application/json"));
+        bad.body = b"{\"a\":\"\xff\"}".to_vec();
+        assert!(decode("q", &bad).is_err());
+        assert!(decode_as("q", &bad, Payload::Checked).unwrap_err().reason.contains("not JSON"));
     }
 
     #[test]

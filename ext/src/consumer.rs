@@ -5,11 +5,16 @@
 
 use crate::delivery::RbDelivery;
 use crate::gvl;
+use acemq::wire::Payload;
 use acemq::{Ack, Consumer, Delivery, Next, Outcome};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Core checks that a body is JSON and builds nothing: the delivery object
+/// builds the Ruby payload from the bytes, once, when a handler reads it.
+const PAYLOAD: Payload = Payload::Checked;
 
 #[magnus::wrap(class = "AceMQ::AMQP::NativeConsumer", free_immediately, size)]
 pub struct RbConsumer {
@@ -38,7 +43,7 @@ impl RbConsumer {
     fn next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Value, Error> {
         // The fast path keeps the GVL: a delivery already buffered is handed
         // out without a thread switch.
-        match rb_self.inner.try_next() {
+        match rb_self.inner.try_next_as(PAYLOAD) {
             Next::Delivery(d) => return rb_self.hand_out(ruby, *d),
             Next::Closed => return Ok(false.into_value_with(ruby)),
             Next::Empty => {}
@@ -52,7 +57,7 @@ impl RbConsumer {
             let consumer = rb_self.inner.clone();
             let waker = rb_self.inner.clone();
             let slice = remaining.min(gvl::SLICE);
-            let next = gvl::without_gvl(ruby, move || consumer.next_blocking(slice), move || waker.wake())?;
+            let next = gvl::without_gvl(ruby, move || consumer.next_blocking_as(slice, PAYLOAD), move || waker.wake())?;
             match next {
                 Next::Delivery(d) => return rb_self.hand_out(ruby, *d),
                 Next::Closed => return Ok(false.into_value_with(ruby)),
@@ -72,7 +77,7 @@ impl RbConsumer {
         let batch = ruby.ary_new_capa(max.max(1));
         batch.push(first)?;
         while batch.len() < max {
-            match rb_self.inner.try_next() {
+            match rb_self.inner.try_next_as(PAYLOAD) {
                 Next::Delivery(d) => batch.push(rb_self.hand_out(ruby, *d)?)?,
                 Next::Empty | Next::Closed => break,
             }

@@ -5,9 +5,10 @@
 //! A delivery crosses into Ruby as this object, not as values by position:
 //! lib/acemq/amqp/message.rb reads it through its readers, and each reader
 //! converts only its own field, when it is first asked for. The payload is
-//! parsed once, by core (it decides whether a delivery is a message at all),
-//! and becomes Ruby objects only on the first `payload` read (Message keeps
-//! it): a handler that never reads it, such as a duplicate the idempotent
+//! parsed once: core checks that the body is JSON (it decides whether a
+//! delivery is a message at all) without building anything, and the first
+//! `payload` read builds Ruby objects straight from the bytes (Message keeps
+//! them). A handler that never reads it, such as a duplicate the idempotent
 //! guard settles unrun, never pays for it.
 
 use acemq::{Ack, Message, Outcome};
@@ -18,8 +19,8 @@ use magnus::{method, prelude::*, Error, ExceptionClass, RClass, RModule, RString
 pub struct RbDelivery {
     tag: u64,
     message: Message,
-    /// The body as it arrived: read again only for a payload with a long
-    /// number (see `json::payload_to_ruby`).
+    /// The body as it arrived, checked to be JSON by core and built into
+    /// Ruby objects only when read (`json::body_to_ruby`).
     body: Vec<u8>,
 }
 
@@ -35,7 +36,7 @@ impl RbDelivery {
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
     /// object every call: Message keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
-        crate::json::payload_to_ruby(ruby, &rb_self.message.payload, &rb_self.body)
+        crate::json::body_to_ruby(ruby, &rb_self.body)
     }
 
     /// The envelope id, nil for a foreign message without one.

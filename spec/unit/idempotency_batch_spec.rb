@@ -63,7 +63,24 @@ RSpec.describe "Patterns.idempotent in batches" do
     Thread.pass until t.status == "sleep"
     t.kill
     t.join
+    expect(once.stats).to include(runs: 3, abandoned: 3, forgotten: 3)
     expect(%w[a b c].map { |k| store.first_time?(k) }).to eq([true, true, true])
+  end
+
+  it "counts a killed handler and the ones after it as abandoned, not merely forgotten" do
+    gate = Queue.new
+    once = AceMQ::AMQP::Patterns.idempotent(store) do |m|
+      gate.pop if m.id == "b"
+      AceMQ::AMQP::Ack.accept
+    end
+    t = Thread.new { once.call_many([message.call("a"), message.call("b"), message.call("c")]) }
+    Thread.pass until t.status == "sleep"
+    t.kill
+    t.join
+    # a finished and was confirmed; b was killed mid-handler and c never ran.
+    expect(once.stats).to include(runs: 3, confirmed: 1, abandoned: 2, forgotten: 2)
+    expect(store.confirmed?("a")).to be(true)
+    expect(%w[b c].map { |k| store.first_time?(k) }).to eq([true, true])
   end
 
   it "refuses a batch below 1" do

@@ -146,6 +146,12 @@ impl Guard {
     ///   duplicate the store exists to prevent;
     /// - not the first time: [`Before::Duplicate`];
     /// - the first time: [`Before::Run`], and the key is now claimed.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped after the store claimed the key and before
+    /// this returns, the key stays claimed with nobody to run or forget it;
+    /// its redeliveries wait until the claim expires, then run.
     pub async fn before_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: Option<&str>) -> Before {
         let key = match key {
             Some(k) if !k.is_empty() => k,
@@ -226,6 +232,11 @@ impl Guard {
     /// later finds its key confirmed. A process that dies part way through a
     /// batch leaves the unrun keys claimed: their redeliveries are retried
     /// (in progress) until the claim is stale, then run — later, never twice.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe, as [`before_async`](Self::before_async): keys
+    /// claimed before the drop stay claimed until their claims expire.
     pub async fn before_many_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, keys: &[Option<&str>]) -> Vec<Before> {
         let mut out: Vec<Option<Before>> = vec![None; keys.len()];
         let mut present: Vec<(usize, &str)> = Vec::with_capacity(keys.len());
@@ -263,6 +274,12 @@ impl Guard {
     /// [`after`](Self::after) for a batch: the accepted keys are confirmed
     /// together ([`IdempotencyStore::confirm_many`]), the others forgotten
     /// one by one. Returns the first error; the outcomes stand either way.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped part way, some keys are confirmed or
+    /// forgotten and the rest stay claimed until their claims expire (a
+    /// redelivery waits, then runs). Await it before acknowledging.
     pub async fn after_many_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, settled: &[(&str, &Outcome)]) -> Result<()> {
         let accepted: Vec<&str> =
             settled.iter().filter(|(_, o)| matches!(o, Outcome::Ack(Ack::Accept))).map(|(k, _)| *k).collect();
@@ -301,6 +318,11 @@ impl Guard {
     ///   (confirm inside the handler's own transaction to close that gap);
     /// - forget failed: the row stays CLAIMED until the claim timeout, and a
     ///   redelivery before then is settled as a duplicate without running.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped before the store answered, the key stays
+    /// claimed until its claim expires (a redelivery waits, then runs).
     pub async fn after_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str, outcome: &Outcome) -> Result<()> {
         if matches!(outcome, Outcome::Ack(Ack::Accept)) {
             if !store.can_confirm() {
@@ -318,6 +340,12 @@ impl Guard {
     /// The handler never produced an outcome (its future was dropped, it
     /// panicked, its Ruby thread was killed): forget the key, because the
     /// message was not handled and will be redelivered.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: dropped before the store answered, the key stays
+    /// claimed until its claim expires; it is counted as abandoned either
+    /// way. From a destructor use [`abandon_now_or_later`](Self::abandon_now_or_later).
     pub async fn abandon_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str) -> Result<()> {
         bump(&self.abandoned);
         self.release(store, key).await

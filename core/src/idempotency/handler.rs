@@ -89,6 +89,8 @@ where
     /// Handle one message: claim its key, run the handler the first time,
     /// then confirm the key on accept or forget it otherwise.
     ///
+    /// # Cancel safety
+    ///
     /// Cancel safe in the sense that matters: if this future is dropped, or
     /// the handler panics, while the handler runs, the claim is forgotten
     /// (the message was not settled and will be redelivered, and that

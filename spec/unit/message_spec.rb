@@ -1,0 +1,55 @@
+# frozen_string_literal: true
+
+# A consumed message reads the engine's delivery object (NativeDelivery)
+# field by field; one built by hand holds what it was given. Both answer the
+# same readers.
+RSpec.describe AceMQ::AMQP::Message do
+  let(:mq) { AceMQ::AMQP::Connection.open(memory_url) }
+  let(:queue) { unique("message") }
+
+  def consumed(payload, envelope)
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    mq.publish(payload, to: queue, envelope: envelope)
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m; AceMQ::AMQP::Ack.accept }
+    message = got.pop
+    eventually { sub.stats[:accepted] == 1 }
+    sub.cancel
+    message
+  end
+
+  it "reads every field of a delivery, after it was settled too, and builds each once" do
+    envelope = AceMQ::AMQP::Envelope.new(type: "order.placed.v1", headers: { "tenant" => "acme" }, timestamp: 1_700_000_000)
+    m = consumed({ "order_id" => "A-1", "n" => [1, 2.5, nil, true], "big" => 2**70 }, envelope)
+    expect(m.native_delivery).to be_a(AceMQ::AMQP::NativeDelivery)
+    expect(m.payload).to eq("order_id" => "A-1", "n" => [1, 2.5, nil, true], "big" => 2**70)
+    expect(m.payload).to equal(m.payload) # built on the first read, kept
+    expect(m.payload.keys).to all(be_frozen)
+    expect([m.id, m.type, m.attempt, m.headers]).to eq([envelope.id, "order.placed.v1", 1, { "tenant" => "acme" }])
+    expect(m.envelope).to eq(AceMQ::AMQP::Envelope.new(id: envelope.id, type: "order.placed.v1", origin: mq.origin,
+                                                       timestamp: 1_700_000_000, headers: { "tenant" => "acme" }))
+    expect(m.envelope).to equal(m.envelope)
+    expect(m.delivery.to_h).to eq(queue: queue, exchange: "", routing_key: queue, redelivered: false)
+    expect(m).to be_frozen
+    expect(m.inspect).to include(envelope.id, "order.placed.v1", "A-1")
+  end
+
+  it "keeps a number JSON.parse reads exactly, exactly" do
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    text = '{"f":0.1000000000000000055511151231257827,"i":123456789012345678901234567890}'
+    m = consumed(JSON.parse(text), AceMQ::AMQP::Envelope.new)
+    expect(m.payload).to eq(JSON.parse(text))
+  end
+
+  it "is a NativeDelivery only the engine makes" do
+    expect { AceMQ::AMQP::NativeDelivery.new }.to raise_error(TypeError, /allocator undefined/)
+  end
+
+  it "answers the same readers when built by hand" do
+    envelope = AceMQ::AMQP::Envelope.new(type: "t", headers: { "h" => 1 })
+    m = described_class.new(payload: { "a" => 1 }, envelope: envelope)
+    expect([m.payload, m.id, m.type, m.attempt, m.headers, m.delivery, m.native_delivery])
+      .to eq([{ "a" => 1 }, envelope.id, "t", 1, { "h" => 1 }, nil, nil])
+    expect(m).to be_frozen
+  end
+end

@@ -84,7 +84,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// `x-acemq-*` headers), built by hand: the baseline does the same work on
 /// the broker, so the ratio measures the client.
 fn lapin_props() -> BasicProperties {
-    let id = acemq::envelope::new_id();
+    let id = acemq::new_id();
     let mut headers = lapin::types::FieldTable::default();
     headers.insert(ShortString::from("x-acemq-id"), lapin::types::AMQPValue::LongString(id.clone().into()));
     headers.insert(ShortString::from("x-acemq-attempt"), lapin::types::AMQPValue::LongLongInt(1));
@@ -115,7 +115,7 @@ impl Bench {
         let q = format!("{}-{name}", self.prefix);
         self.mq.apply(&Topology::new().queue(q.as_str())).await?;
         self.queues.push(q.clone());
-        self.queues.push(acemq::retry::dlq_name(&q));
+        self.queues.push(acemq::dlq_name(&q));
         Ok(q)
     }
 
@@ -396,7 +396,7 @@ async fn main() -> Result<(), BoxError> {
         admin,
         publisher,
         payloads: payloads(),
-        prefix: format!("acemq-bench-rs-{}-{}", std::process::id(), &acemq::envelope::new_id()[30..]),
+        prefix: format!("acemq-bench-rs-{}-{}", std::process::id(), &acemq::new_id()[30..]),
         queues: Vec::new(),
         runs,
         rows: Vec::new(),

@@ -15,7 +15,7 @@ fn text(spec: &Value, name: &str) -> Option<String> {
     spec.get(name).and_then(Value::as_str).map(str::to_owned)
 }
 
-fn headers(spec: &Value, name: &str) -> acemq::headers::Headers {
+fn headers(spec: &Value, name: &str) -> acemq::Headers {
     spec.get(name).and_then(Value::as_object).cloned().unwrap_or_default()
 }
 

@@ -351,8 +351,9 @@ impl Consumer {
         &self.queue
     }
 
-    /// What the startup checks ([`crate::checks`]) found questionable in
-    /// its settings: each says what to change. Empty when nothing was.
+    /// What the startup checks found questionable in its settings (a
+    /// delivery limit below `max_attempts`, a ladder shorter than the
+    /// claim): each says what to change. Empty when nothing was.
     pub fn warnings(&self) -> &[String] {
         &self.warnings
     }

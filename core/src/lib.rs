@@ -32,40 +32,49 @@
 
 #![warn(missing_docs)]
 
-pub mod ack;
-pub mod checks;
-pub mod connection;
-pub mod consumer;
-pub mod envelope;
-pub mod error;
-pub mod events;
+// One concept per module; the public API is re-exported below, and the
+// namespaces a service navigates (the patterns, SQL, events, the runner) are
+// public modules of their own. What is not re-exported is the engine's.
+mod ack;
+mod checks;
+mod connection;
+mod consumer;
+mod envelope;
+mod error;
 mod fault;
-pub mod headers;
+mod headers;
+mod message;
+mod replay;
+mod retry;
+mod topology;
+mod transport;
+mod wire;
+
+pub mod events;
 pub mod idempotency;
 pub mod limits;
-pub mod message;
 pub mod metrics;
 pub mod outbox;
-pub mod replay;
-pub mod retry;
 pub mod runner;
 pub mod runtime;
 pub mod sql;
-pub mod topology;
 pub mod trace;
-pub mod transport;
-pub mod wire;
 
 pub use ack::{Ack, Outcome, Settlement};
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
-pub use consumer::{ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next};
-pub use envelope::Envelope;
+pub use consumer::{
+    ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
+    TIMEOUT_CLASS,
+};
+pub use envelope::{new_id, Envelope};
 pub use error::{Error, ErrorKind, Result};
+pub use headers::Headers;
 pub use message::{DeliveryInfo, Message};
 pub use replay::{DeadLetter, ReplayOptions, ReplayReport};
-pub use retry::RetryPolicy;
-pub use topology::{ExchangeKind, QueueType, Topology};
+pub use retry::{dlq_name, rung_name, RetryPolicy};
+pub use topology::{BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology};
 pub use trace::TraceContext;
+pub use wire::Payload;
 pub use transport::memory::MemoryBroker;
 pub use transport::{Confirm, QueueCounts};
 

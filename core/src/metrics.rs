@@ -1,4 +1,4 @@
-//! Counters and histograms fed by the [events](crate::events), in the
+//! Counters and histograms fed by the [`events`], in the
 //! Prometheus text format (OpenMetrics 1.0), named after the OpenTelemetry
 //! messaging semantic conventions where one exists.
 //!

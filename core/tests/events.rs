@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", acemq::envelope::new_id())
+    format!("{prefix}-{}", acemq::new_id())
 }
 
 /// Every event about `queue`, collected while the test runs.

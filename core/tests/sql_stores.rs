@@ -7,7 +7,7 @@
 //! test binary starts copies of itself (`child_process`, below) the way the
 //! Ruby specs fork.
 
-use acemq::envelope::Envelope;
+use acemq::Envelope;
 use acemq::idempotency::{AsyncIdempotencyStore, AsyncSqlIdempotencyStore, Idempotent, ManualClock, SqlIdempotencyOptions};
 use acemq::outbox::{
     AsyncSqlOutboxStore, OutboxPublisher, OutboxRecord, OutboxRelay, OutboxStoreOptions, PublishFuture, RelayOptions,

@@ -29,7 +29,7 @@ async fn wait_for_ladder(mq: &Connection) {
 }
 
 fn traced() -> PublishOptions {
-    let mut headers = acemq::headers::Headers::new();
+    let mut headers = acemq::Headers::new();
     TraceContext { traceparent: TP.into(), tracestate: Some(TS.into()) }.insert_into(&mut headers);
     PublishOptions { headers, ..Default::default() }
 }

@@ -200,8 +200,8 @@ async fn bad_input_gets_its_own_error() {
 async fn redeclaring_a_queue_with_other_arguments_says_which() {
     for mq in transports().await {
         let q = unique("conflict");
-        mq.apply(&Topology::new().queue_spec(acemq::topology::QueueSpec::delay(&q, Duration::from_secs(1), "x"))).await.unwrap();
-        let err = mq.apply(&Topology::new().queue_spec(acemq::topology::QueueSpec::delay(&q, Duration::from_secs(2), "x"))).await.unwrap_err();
+        mq.apply(&Topology::new().queue_spec(acemq::QueueSpec::delay(&q, Duration::from_secs(1), "x"))).await.unwrap();
+        let err = mq.apply(&Topology::new().queue_spec(acemq::QueueSpec::delay(&q, Duration::from_secs(2), "x"))).await.unwrap_err();
         assert!(err.is_precondition_failed(), "{err:?}");
         assert!(err.to_string().contains("x-message-ttl"), "{err}");
     }
@@ -318,8 +318,8 @@ async fn a_batch_with_a_missing_exchange_fails_only_those_messages_and_keeps_the
         for round in 0..20 {
             let env = mq.envelope_for(&PublishOptions::default());
             let body = br#"{"n":1}"#;
-            let messages: Vec<acemq::connection::JsonMessage<'_>> = (0..10)
-                .map(|i| acemq::connection::JsonMessage {
+            let messages: Vec<acemq::JsonMessage<'_>> = (0..10)
+                .map(|i| acemq::JsonMessage {
                     body,
                     exchange: if i % 3 == 0 { &missing } else { "" },
                     routing_key: &q,
@@ -493,7 +493,7 @@ async fn a_message_near_the_brokers_limits_round_trips() {
     let q = unique("big");
     mq.apply(&Topology::new().queue(&q)).await.unwrap();
     let body = "x".repeat(127 * 1024 * 1024);
-    let mut headers = acemq::headers::Headers::new();
+    let mut headers = acemq::Headers::new();
     headers.insert("big".into(), json!("h".repeat(acemq::limits::MAX_PROPERTIES - 4096)));
     mq.publish(&json!({ "blob": body }), &q, PublishOptions { headers, ..Default::default() }).await.unwrap();
     let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
@@ -523,13 +523,13 @@ async fn a_replay_or_peek_limit_of_zero_is_refused() {
 #[tokio::test(flavor = "multi_thread")]
 async fn envelope_for_adds_a_trace_context_only_where_there_is_none() {
     let mq = Connection::open(&format!("memory://{}", unique("trace"))).await.unwrap();
-    let mut context = acemq::headers::Headers::new();
+    let mut context = acemq::Headers::new();
     context.insert("traceparent".into(), json!("00-aaaa-bbbb-01"));
     context.insert("tracestate".into(), json!("k=v"));
     let fresh = mq.envelope_for(&PublishOptions { trace_context: context.clone(), ..Default::default() });
     assert_eq!(fresh.headers["traceparent"], "00-aaaa-bbbb-01");
     assert_eq!(fresh.headers["tracestate"], "k=v");
-    let mut forwarded = acemq::headers::Headers::new();
+    let mut forwarded = acemq::Headers::new();
     forwarded.insert("traceparent".into(), json!("00-cccc-dddd-01"));
     let kept = mq.envelope_for(&PublishOptions { headers: forwarded, trace_context: context, ..Default::default() });
     assert_eq!(kept.headers["traceparent"], "00-cccc-dddd-01");

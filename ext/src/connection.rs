@@ -5,7 +5,7 @@ use crate::consumer::RbConsumer;
 use crate::errors::IntoRuby;
 use crate::outgoing::RbOutgoing;
 use crate::gvl;
-use acemq::topology::{BindingSpec, ExchangeSpec, QueueSpec};
+use acemq::{BindingSpec, ExchangeSpec, QueueSpec};
 use acemq::{
     ConnectionOptions, ConsumeOptions, ExchangeKind, JsonMessage, RetryPolicy, TlsOptions, Topology,
 };

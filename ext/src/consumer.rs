@@ -5,7 +5,7 @@
 
 use crate::delivery::RbDelivery;
 use crate::gvl;
-use acemq::wire::Payload;
+use acemq::Payload;
 use acemq::{Ack, Consumer, Delivery, Next, Outcome};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
 use std::collections::HashMap;

@@ -18,7 +18,7 @@ mod sql;
 use magnus::{function, prelude::*, Error, RModule, Ruby};
 
 fn new_id() -> String {
-    acemq::envelope::new_id()
+    acemq::new_id()
 }
 
 #[magnus::init(name = "acemq")]

@@ -5,7 +5,7 @@
 //! name, here and nowhere else.
 
 use crate::connection::{opt, RbConnection};
-use acemq::headers::Headers;
+use acemq::Headers;
 use acemq::{Envelope, PublishOptions};
 use magnus::{method, prelude::*, Error, RHash, RModule, RString, Ruby, Value};
 

@@ -45,6 +45,14 @@ impl OutboxRecord {
         }
     }
 
+    /// Whether the relay could ever send it: a destination, names and
+    /// properties within the broker's limits. `add` checks it too; an
+    /// application that builds records ahead of the transaction can refuse a
+    /// bad one where it is made rather than as a row the relay cannot send.
+    pub fn check(&self) -> Result<()> {
+        crate::connection::check_destination(&self.exchange, &self.routing_key, &crate::wire::props_for(&self.envelope))
+    }
+
     /// A record whose body is `payload` serialized to JSON.
     pub fn json<T: Serialize + ?Sized>(
         exchange: impl Into<String>,

@@ -22,13 +22,14 @@ impl RbOutboxRecord {
         let out = &out.inner;
         // Refused now, in the caller's code, rather than as a row the relay
         // can never send.
-        acemq::connection::check_destination(&out.exchange, &out.routing_key, &acemq::wire::props_for(&out.envelope)).rb(ruby)?;
         // The body is a TEXT column: JSON.generate gives UTF-8, anything else
         // is refused here rather than mangled in the table.
         let body = String::from_utf8(out.body.clone()).map_err(|_| {
             crate::errors::to_ruby(ruby, CoreError::new(ErrorKind::Encoding, "the outbox body is not UTF-8 JSON text"))
         })?;
-        Ok(Self { inner: OutboxRecord::new(out.exchange.clone(), out.routing_key.clone(), body, out.envelope.clone()) })
+        let inner = OutboxRecord::new(out.exchange.clone(), out.routing_key.clone(), body, out.envelope.clone());
+        inner.check().rb(ruby)?;
+        Ok(Self { inner })
     }
 
     fn exchange(&self) -> String {

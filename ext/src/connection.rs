@@ -48,30 +48,20 @@ fn tls_options(ruby: &Ruby, hash: RHash) -> Result<TlsOptions, Error> {
 }
 
 impl RbConnection {
-    /// Options left nil take core's defaults. `tls` is a Hash read by name
-    /// (see `tls_options`), nil for none.
-    fn open(
-        ruby: &Ruby,
-        urls: Vec<String>,
-        origin: Option<String>,
-        connect_timeout: Option<f64>,
-        confirm_timeout: Option<f64>,
-        heartbeat: Option<f64>,
-        tls: Option<RHash>,
-    ) -> Result<Self, Error> {
+    /// `options` is read by name: origin:, connect_timeout:,
+    /// confirm_timeout:, heartbeat: (seconds) and tls: (a Hash, see
+    /// `tls_options`). What is absent or nil takes core's default.
+    fn open(ruby: &Ruby, urls: Vec<String>, options: RHash) -> Result<Self, Error> {
         let defaults = ConnectionOptions::default();
+        let secs = |name: &str| -> Result<Option<Duration>, Error> {
+            opt::<f64>(&options, name)?.map(|s| seconds(ruby, name, s)).transpose()
+        };
         let options = ConnectionOptions {
-            origin,
-            connect_timeout: match connect_timeout {
-                Some(s) => seconds(ruby, "connect_timeout", s)?,
-                None => defaults.connect_timeout,
-            },
-            confirm_timeout: match confirm_timeout {
-                Some(s) => seconds(ruby, "confirm_timeout", s)?,
-                None => defaults.confirm_timeout,
-            },
-            heartbeat: heartbeat.map(|s| seconds(ruby, "heartbeat", s)).transpose()?,
-            tls: tls.map(|h| tls_options(ruby, h)).transpose()?,
+            origin: opt(&options, "origin")?,
+            connect_timeout: secs("connect_timeout")?.unwrap_or(defaults.connect_timeout),
+            confirm_timeout: secs("confirm_timeout")?.unwrap_or(defaults.confirm_timeout),
+            heartbeat: secs("heartbeat")?,
+            tls: opt::<RHash>(&options, "tls")?.map(|h| tls_options(ruby, h)).transpose()?,
         };
         let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         let conn = gvl::block_on(ruby, acemq::Connection::open_any(&urls, options))?.rb(ruby)?;
@@ -305,7 +295,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
     amqp.define_module_function("_rung_queues", magnus::function!(rung_queues, 4))?;
     let class = amqp.define_class("Connection", ruby.class_object())?;
-    class.define_singleton_method("_open", function!(RbConnection::open, 6))?;
+    class.define_singleton_method("_open", function!(RbConnection::open, 2))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 1))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;

@@ -35,8 +35,9 @@ module AceMQ
           raise ConfigurationError, "Connection.open needs a URL string or an Array of them, got #{url.inspect}"
         end
 
-        _open(urls, origin&.to_s, connect_timeout && Float(connect_timeout), confirm_timeout && Float(confirm_timeout),
-              heartbeat && Float(heartbeat), tls_settings(tls))
+        _open(urls, { origin: origin&.to_s, connect_timeout: connect_timeout && Float(connect_timeout),
+                      confirm_timeout: confirm_timeout && Float(confirm_timeout), heartbeat: heartbeat && Float(heartbeat),
+                      tls: tls_settings(tls) })
       end
 
       TLS_PATHS = %i[ca_file cert_file key_file].freeze

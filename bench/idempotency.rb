@@ -9,7 +9,8 @@
 #   ruby bench/idempotency.rb      # this file alone (the extension must be built)
 #
 # AMQP_URL, BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432/test),
-# BENCH_RUNS (default 3), BENCH_SCALE (default 1.0).
+# BENCH_RUNS (default 3), BENCH_SCALE (default 1.0); BENCH_IDEMPOTENCY=targets
+# stops after the issue-12 rows (against consume alone) and what bounds them.
 #
 # Backends: SQLite files (under tmp/, on the same disk as the checkout) in
 # WAL mode with a 10 s busy timeout through the sqlite3 gem, once with

@@ -33,15 +33,18 @@
 //! # Ok(()) }
 //! ```
 
+// The layout follows the outbox's: the contract (store), the stores
+// (memory, sql, sql_async), what they are built with (options), the rules
+// written once over the async seam (rules), the SQL they run (statements),
+// reading what comes back (values), and the tests beside them.
 mod clock;
 mod guard;
 mod handler;
 mod memory;
 mod options;
-
+mod rules;
 mod sql;
 mod sql_async;
-mod sql_rules;
 mod statements;
 mod store;
 mod values;

@@ -2,7 +2,7 @@
 
 use super::clock::Clock;
 use super::options::SqlIdempotencyOptions;
-use super::sql_rules::Keys;
+use super::rules::Keys;
 use super::store::IdempotencyStore;
 use crate::error::{Error, Result};
 use crate::sql::blocking::{run, Blocking};

@@ -4,7 +4,7 @@
 
 use super::clock::Clock;
 use super::options::SqlIdempotencyOptions;
-use super::sql_rules::Keys;
+use super::rules::Keys;
 use super::store::AsyncIdempotencyStore;
 use crate::error::Result;
 use crate::sql::{AsyncConnectionSource, Dialect};

@@ -93,6 +93,9 @@ fn amqp_const<T: magnus::TryConvert>(ruby: &Ruby, name: &str) -> T {
 
 static ACK: Lazy<RClass> = Lazy::new(|ruby| amqp_const(ruby, "Ack"));
 static FATAL_ERROR: Lazy<ExceptionClass> = Lazy::new(|ruby| amqp_const(ruby, "FatalError"));
+/// `Ack.accept`, one frozen object: what nearly every handler returns, told
+/// by identity before anything is read of it.
+static ACCEPT: Lazy<Value> = Lazy::new(|ruby| ruby.get_inner(&ACK).const_get("ACCEPT").expect("Ack::ACCEPT is defined"));
 
 /// `AceMQ::AMQP::FatalError`, by the name its class has.
 pub(crate) fn fatal_error_name(ruby: &Ruby) -> Result<String, Error> {
@@ -105,6 +108,9 @@ pub(crate) fn fatal_error_name(ruby: &Ruby) -> Result<String, Error> {
 /// anything else is `NotAnAck`, described. Core's `Outcome::settlement`
 /// decides what each does on the broker.
 pub(crate) fn outcome(ruby: &Ruby, result: Value) -> Result<Outcome, Error> {
+    if result.as_raw() == ruby.get_inner(&ACCEPT).as_raw() {
+        return Ok(Outcome::Ack(Ack::Accept));
+    }
     if result.is_kind_of(ruby.get_inner(&ACK)) {
         let kind: Symbol = result.funcall("kind", ())?;
         let reason: Option<String> = result.funcall("reason", ())?;

@@ -108,10 +108,11 @@ pub(crate) fn fatal_error_name(ruby: &Ruby) -> Result<String, Error> {
 /// anything else is `NotAnAck`, described. Core's `Outcome::settlement`
 /// decides what each does on the broker.
 pub(crate) fn outcome(ruby: &Ruby, result: Value) -> Result<Outcome, Error> {
-    if result.as_raw() == ruby.get_inner(&ACCEPT).as_raw() {
-        return Ok(Outcome::Ack(Ack::Accept));
-    }
     if result.is_kind_of(ruby.get_inner(&ACK)) {
+        // rb_equal answers identity before calling Ack#==.
+        if result.equal(ruby.get_inner(&ACCEPT))? {
+            return Ok(Outcome::Ack(Ack::Accept));
+        }
         let kind: Symbol = result.funcall("kind", ())?;
         let reason: Option<String> = result.funcall("reason", ())?;
         let error_class: Option<String> = result.funcall("error_class", ())?;

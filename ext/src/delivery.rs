@@ -93,6 +93,9 @@ fn amqp_const<T: magnus::TryConvert>(ruby: &Ruby, name: &str) -> T {
 
 static ACK: Lazy<RClass> = Lazy::new(|ruby| amqp_const(ruby, "Ack"));
 static FATAL_ERROR: Lazy<ExceptionClass> = Lazy::new(|ruby| amqp_const(ruby, "FatalError"));
+/// `Ack.accept`, one frozen object: what nearly every handler returns, told
+/// by identity before anything is read of it.
+static ACCEPT: Lazy<Value> = Lazy::new(|ruby| ruby.get_inner(&ACK).const_get("ACCEPT").expect("Ack::ACCEPT is defined"));
 
 /// `AceMQ::AMQP::FatalError`, by the name its class has.
 pub(crate) fn fatal_error_name(ruby: &Ruby) -> Result<String, Error> {
@@ -106,6 +109,10 @@ pub(crate) fn fatal_error_name(ruby: &Ruby) -> Result<String, Error> {
 /// decides what each does on the broker.
 pub(crate) fn outcome(ruby: &Ruby, result: Value) -> Result<Outcome, Error> {
     if result.is_kind_of(ruby.get_inner(&ACK)) {
+        // rb_equal answers identity before calling Ack#==.
+        if result.equal(ruby.get_inner(&ACCEPT))? {
+            return Ok(Outcome::Ack(Ack::Accept));
+        }
         let kind: Symbol = result.funcall("kind", ())?;
         let reason: Option<String> = result.funcall("reason", ())?;
         let error_class: Option<String> = result.funcall("error_class", ())?;

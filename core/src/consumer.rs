@@ -396,7 +396,14 @@ impl Consumer {
 
     /// The next message, or None once stopped. A delivery that cannot be a
     /// message (not JSON, a foreign content type) is dead-lettered here with
-    /// the reason, and the wait goes on. Cancel safe.
+    /// the reason, and the wait goes on.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a message is taken from the buffer only in the poll that
+    /// returns it. A future dropped while it dead-letters an undecodable
+    /// delivery leaves that one unacknowledged, and the broker delivers it
+    /// again when the subscription closes; nothing is lost.
     pub async fn next(&self) -> Option<Delivery> {
         loop {
             let raw = self.link.queue().pop().await?;

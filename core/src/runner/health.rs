@@ -41,7 +41,12 @@ impl HealthServer {
 
 /// Listen on `addr` and answer probes from `supervisor`'s state. Runs on the
 /// process runtime, so it keeps answering while handler threads are busy.
-/// Not cancel safe once bound: close the returned server.
+///
+/// # Cancel safety
+///
+/// Cancel safe: the only await is the bind, and a future dropped there has
+/// bound nothing. Once it returns, the server runs until
+/// [`HealthServer::close`].
 pub async fn serve_health(addr: SocketAddr, supervisor: Arc<Supervisor>) -> Result<HealthServer> {
     crate::metrics::enable();
     let listener = TcpListener::bind(addr).await.map_err(|e| {

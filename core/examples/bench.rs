@@ -266,6 +266,60 @@ impl Bench {
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
 
+    /// What retrying once costs any client: consume `q`; a first attempt is
+    /// copied to the rung with its attempt header raised (persistent, its
+    /// confirm awaited in a task of its own, as acemq's background settle
+    /// does, so many are in flight) and acknowledged once the copy is
+    /// confirmed; a second attempt, back from the rung's TTL, is parsed and
+    /// acknowledged. Each ack is single: the two kinds interleave, so
+    /// `multiple` would acknowledge unconfirmed copies. Clock stops at n
+    /// accepted.
+    async fn raw_retry_once(&self, q: &str, rung: &str, n: u64) -> Result<f64, BoxError> {
+        let t = Instant::now();
+        let ch = self.raw.create_channel().await?;
+        ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
+        let copies = self.raw.create_channel().await?;
+        copies.confirm_select(ConfirmSelectOptions::default()).await?;
+        let mut consumer =
+            ch.basic_consume(ShortString::from(q), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default()).await?;
+        let mut accepted = 0u64;
+        let work = async {
+            while let Some(d) = consumer.next().await {
+                let d = d?;
+                let retried = d.properties.headers().as_ref().is_some_and(|h| h.inner().contains_key("x-bench-retried"));
+                if retried {
+                    let v: Value = serde_json::from_slice(&d.data)?;
+                    std::hint::black_box(&v["order_id"]);
+                    ch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await?;
+                    accepted += 1;
+                    if accepted == n {
+                        break;
+                    }
+                    continue;
+                }
+                let mut headers = d.properties.headers().clone().unwrap_or_default();
+                headers.insert(ShortString::from("x-acemq-attempt"), lapin::types::AMQPValue::LongLongInt(2));
+                headers.insert(ShortString::from("x-bench-retried"), lapin::types::AMQPValue::Boolean(true));
+                let props = d.properties.clone().with_headers(headers);
+                let confirm = copies
+                    .basic_publish(ShortString::from(""), ShortString::from(rung), BasicPublishOptions::default(), &d.data, props)
+                    .await?;
+                let ch = ch.clone();
+                tokio::spawn(async move {
+                    if confirm.await.is_ok() {
+                        let _ = ch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await;
+                    }
+                });
+            }
+            Ok::<(), BoxError>(())
+        };
+        tokio::time::timeout(RUN_LIMIT, work).await.map_err(|_| "lapin retry_once timed out")??;
+        ch.basic_cancel(consumer.tag(), BasicCancelOptions::default()).await?;
+        ch.close(200, ShortString::from("OK")).await?;
+        copies.close(200, ShortString::from("OK")).await?;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
     async fn consume(&mut self) -> Result<(), BoxError> {
         let q = self.queue("consume").await?;
         let n = count(10_000.0);
@@ -339,7 +393,9 @@ fn emission_cost() {
 
 /// `bench raw CASE QUEUE N`: one run of raw lapin, its rate on stdout.
 async fn raw(url: &str, args: &[String]) -> Result<(), BoxError> {
-    let [case, q, n] = args else { return Err("usage: bench raw publish_each|publish_batch|consume QUEUE N".into()) };
+    let [case, q, n] = args else {
+        return Err("usage: bench raw publish_each|publish_batch|consume|retry_once QUEUE N".into());
+    };
     let n: u64 = n.parse()?;
     let raw = lapin::Connection::connect(url, ConnectionProperties::default()).await?;
     let publisher = raw.create_channel().await?;
@@ -369,6 +425,8 @@ async fn raw(url: &str, args: &[String]) -> Result<(), BoxError> {
             n as f64 / t.elapsed().as_secs_f64()
         }
         "consume" => bench.raw_consume(q, n).await?,
+        // The queue's first rung is `{q}.retry.50ms` (declared by the caller).
+        "retry_once" => bench.raw_retry_once(q, &acemq::rung_name(q, Duration::from_millis(50)), n).await?,
         other => return Err(format!("bench raw: no case {other}").into()),
     };
     println!("{{\"rate\": {rate:.1}}}");

@@ -43,7 +43,9 @@ mod relay;
 mod rules;
 mod statements;
 mod store;
+mod sweep;
 mod values;
+mod wake;
 mod worker_id;
 
 #[cfg(test)]
@@ -57,4 +59,6 @@ pub use publisher::{OutboxPublisher, PublishFuture};
 pub use record::OutboxRecord;
 pub use relay::{OnError, OutboxRelay, RelayOptions, RelayStore};
 pub use store::SqlOutboxStore;
+pub use sweep::{settle, Settled, Swept};
+pub use wake::LocalWake;
 pub use worker_id::default_worker_id;

@@ -83,57 +83,70 @@ impl Statements {
     }
 
     /// Insert one record; params: exchange, routing_key, body, message_id,
-    /// message_type, origin, timestamp, headers.
+    /// message_type, origin, timestamp, headers. Returns the id.
+    ///
+    /// On PostgreSQL the same statement sends a `NOTIFY` on
+    /// [`channel`](Self::channel): sent inside the caller's transaction, it is
+    /// delivered at commit (and never after a rollback), which is exactly
+    /// when a listening relay should wake. The notifications of one
+    /// transaction collapse into one, so a transaction adding a thousand rows
+    /// wakes each relay once.
     pub(crate) fn insert(&self, dialect: Dialect) -> String {
         let now = now_ms(dialect);
-        let returning = match dialect {
+        let insert = format!(
+            "INSERT INTO {} (exchange, routing_key, body, message_id, message_type, origin, \"timestamp\", headers, \
+             created_at, attempts, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, 0, {now})",
+            self.table
+        );
+        match dialect {
             // SQLite reads the id back with last_insert_rowid() instead of
             // RETURNING, which older libsqlite3 builds (before 3.35) lack.
-            Dialect::Sqlite => "",
-            Dialect::Postgres => " RETURNING id",
-        };
-        number(
-            dialect,
-            &format!(
-                "INSERT INTO {} (exchange, routing_key, body, message_id, message_type, origin, \"timestamp\", headers, \
-                 created_at, attempts, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, 0, {now}){returning}",
-                self.table
+            Dialect::Sqlite => insert,
+            // pg_notify returns void, which not every driver can read: cast.
+            Dialect::Postgres => number(
+                dialect,
+                &format!(
+                    "WITH added AS ({insert} RETURNING id) SELECT id, CAST(pg_notify('{}', '') AS TEXT) FROM added",
+                    self.channel()
+                ),
             ),
-        )
+        }
     }
 
-    /// Due, unleased rows, oldest first; param: limit. Inside the claim
-    /// transaction. PostgreSQL locks what it selects and skips what another
-    /// relay has locked, so concurrent claims never block each other and never
-    /// overlap; SQLite has no row locks, and the claim's `BEGIN IMMEDIATE`
-    /// (one writer at a time) plays that part.
-    pub(crate) fn select_due(&self, dialect: Dialect) -> String {
+    /// The PostgreSQL channel an add notifies and a relay listens on: the
+    /// table name in lower case, as `LISTEN name` folds it.
+    pub(crate) fn channel(&self) -> String {
+        self.table.to_ascii_lowercase()
+    }
+
+    /// The claim, one statement: lease up to `limit` due, unleased rows to
+    /// this worker, oldest first, and return them (in no particular order:
+    /// sort by id). Params, in this order for both dialects: worker id, lease
+    /// in ms, limit.
+    ///
+    /// One statement is one round trip and, autocommitted, one commit: as
+    /// cheap as the hand-written relay's plain `SELECT`, and it keeps the
+    /// lease. PostgreSQL locks the rows it picks and skips what another relay
+    /// has locked (`FOR UPDATE SKIP LOCKED` in a subquery of the `FROM`, which runs once), so
+    /// concurrent claims never block each other and never overlap. On SQLite
+    /// an `UPDATE` takes the write lock before it reads anything, so the
+    /// subquery and the lease are one step for every other connection, as a
+    /// `BEGIN IMMEDIATE` transaction would make them.
+    pub(crate) fn claim(&self, dialect: Dialect) -> String {
         let now = now_ms(dialect);
-        let lock = match dialect {
-            Dialect::Sqlite => "",
-            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
-        };
-        number(
-            dialect,
-            &format!(
-                "SELECT {RECORD_COLUMNS} FROM {} WHERE next_attempt_at <= {now} \
-                 AND (claimed_until IS NULL OR claimed_until < {now}) ORDER BY id LIMIT ?{lock}",
-                self.table
+        let t = &self.table;
+        let due = format!("next_attempt_at <= {now} AND (claimed_until IS NULL OR claimed_until < {now})");
+        match dialect {
+            Dialect::Sqlite => format!(
+                "UPDATE {t} SET claimed_by = ?1, claimed_until = {now} + ?2 WHERE id IN \
+                 (SELECT id FROM {t} WHERE {due} ORDER BY id LIMIT ?3) RETURNING {RECORD_COLUMNS}"
             ),
-        )
-    }
-
-    /// Take the lease on `n` rows; params: worker id, lease in ms, then the ids.
-    pub(crate) fn lease(&self, dialect: Dialect, n: usize) -> String {
-        number(
-            dialect,
-            &format!(
-                "UPDATE {} SET claimed_by = ?, claimed_until = {} + ? WHERE id IN ({})",
-                self.table,
-                now_ms(dialect),
-                marks(n)
+            Dialect::Postgres => format!(
+                "UPDATE {t} SET claimed_by = $1, claimed_until = {now} + $2 FROM \
+                 (SELECT id AS due_id FROM {t} WHERE {due} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) due \
+                 WHERE id = due_id RETURNING {RECORD_COLUMNS}"
             ),
-        )
+        }
     }
 
     /// Delete `n` confirmed rows still leased by this worker; params: worker

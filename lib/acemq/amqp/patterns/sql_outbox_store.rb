@@ -48,6 +48,8 @@ module AceMQ
         # ActiveRecord's connection or pool), for the relay's LISTEN
         # connection; nil for anything else.
         def self.pg_conninfo(connection)
+          return connection.pg_conninfo if connection.respond_to?(:pg_conninfo)
+
           raw = if connection.respond_to?(:conninfo_hash) then connection
                 elsif connection.respond_to?(:raw_connection) then connection.raw_connection
                 elsif connection.respond_to?(:with_connection) then connection.with_connection(&:raw_connection)

@@ -67,7 +67,7 @@ module OutboxWakeSpec
         id = IO.popen([RbConfig.ruby, "-e", script], &:read).strip
         expect($?).to be_success
         (props, _), = drain(queue, expect: 1, timeout: 5)
-        expect(props&.message_id).to eq(id)
+        expect(props && props[:message_id]).to eq(id)
 
         local = Patterns::SQLOutboxStore.new(connection: outbox_pg, table: table)
         add_in_transaction(local, local_db = outbox_pg, [exchange], rollback: true)
@@ -94,7 +94,7 @@ module OutboxWakeSpec
         adding = Patterns::SQLOutboxStore.new(connection: app, table: table)
         id = add_in_transaction(adding, app, [exchange])
         (props, _), = drain(queue, expect: 1, timeout: 5)
-        expect(props&.message_id).to eq(id)
+        expect(props && props[:message_id]).to eq(id)
         relay.close
         expect(errors).to be_empty
       end

@@ -82,6 +82,14 @@ pub trait RelayStore: Send + Sync + 'static {
     fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send;
     /// [`SqlOutboxStore::local_wake`].
     fn wake_for_relay(&self) -> &LocalWake;
+    /// [`SqlOutboxStore::delete_then_claim`].
+    fn delete_then_claim_for_relay(
+        self: Arc<Self>,
+        done: Vec<i64>,
+        batch_size: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send;
+    /// [`SqlOutboxStore::delete_confirmed`].
+    fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send;
 }
 
 /// The blocking store's SQL runs on tokio's blocking pool (`spawn_blocking`)
@@ -97,6 +105,16 @@ impl<S: ConnectionSource + Send + Sync + 'static> RelayStore for SqlOutboxStore<
     fn wake_for_relay(&self) -> &LocalWake {
         self.local_wake()
     }
+    fn delete_then_claim_for_relay(
+        self: Arc<Self>,
+        done: Vec<i64>,
+        batch_size: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send {
+        off_runtime(move || self.delete_then_claim(&done, batch_size))
+    }
+    fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send {
+        off_runtime(move || self.delete_confirmed(&ids))
+    }
 }
 
 impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
@@ -108,6 +126,16 @@ impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
     }
     fn wake_for_relay(&self) -> &LocalWake {
         self.local_wake()
+    }
+    fn delete_then_claim_for_relay(
+        self: Arc<Self>,
+        done: Vec<i64>,
+        batch_size: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send {
+        async move { self.delete_then_claim(&done, batch_size).await }
+    }
+    fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send {
+        async move { self.delete_confirmed(&ids).await }
     }
 }
 
@@ -248,16 +276,22 @@ impl<T: RelayStore + std::fmt::Debug> std::fmt::Debug for OutboxRelay<T> {
 impl<T: RelayStore> Inner<T> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let wake = self.store.wake_for_relay().clone();
+        // Confirmed rows whose delete is held back for the next claim.
+        let mut held: Vec<i64> = Vec::new();
         loop {
             if *stop.borrow() {
-                return;
+                break;
             }
             // Read before the sweep: an add made while it runs moves the
             // counter past this, and the wait below returns at once.
             let seen = wake.seen();
-            let again = match self.sweep().await {
-                Ok(swept) => swept.again(self.options.batch_size),
-                Err(e) => {
+            let again = match self.sweep_holding(std::mem::take(&mut held), &wake, seen).await {
+                Ok((swept, kept)) => {
+                    held = kept;
+                    swept.again(self.options.batch_size) || !held.is_empty()
+                }
+                Err((e, kept)) => {
+                    held = kept;
                     self.report(&e, "", "");
                     false
                 }
@@ -274,6 +308,49 @@ impl<T: RelayStore> Inner<T> {
                 _ = stop.changed() => {}
             }
         }
+        if !held.is_empty() {
+            // Not lost if this fails: they go out again after their lease.
+            if let Err(e) = self.store.clone().delete_for_relay(held).await {
+                self.report(&e, "", "");
+            }
+        }
+    }
+
+    /// A sweep of the started relay: deletes `done` in its claim's commit and
+    /// holds back its own confirmed rows' delete when core's
+    /// [`Swept::defer_delete`] says the next claim comes at once. The ids
+    /// held back, also on an error (the claim failed, so `done` was not
+    /// deleted: it is tried again).
+    async fn sweep_holding(
+        &self,
+        done: Vec<i64>,
+        wake: &LocalWake,
+        seen: u64,
+    ) -> std::result::Result<(Swept, Vec<i64>), (Error, Vec<i64>)> {
+        let batch_size = self.options.batch_size;
+        let records = match self.store.clone().delete_then_claim_for_relay(done.clone(), batch_size).await {
+            Ok(records) => records,
+            Err(e) => return Err((e, done)),
+        };
+        if records.is_empty() {
+            return Ok((Swept::default(), Vec::new()));
+        }
+        let results = self.publisher.publish_batch(&records).await;
+        let settled = settle(&records, results);
+        for (e, exchange, routing_key) in &settled.failures {
+            self.report(e, exchange, routing_key);
+        }
+        let swept = settled.swept;
+        let failures = crate::events::outbox_failures(&settled.completions);
+        if swept.defer_delete(batch_size, wake.seen() != seen) {
+            crate::events::outbox_swept(records.len(), swept.confirmed, failures, None);
+            return Ok((swept, settled.completions.iter().map(|c| c.id).collect()));
+        }
+        // Completing after the confirms, never before: a crash in between
+        // publishes these again, where deleting first would lose them.
+        self.store.clone().complete_for_relay(settled.completions).await.map_err(|e| (e, Vec::new()))?;
+        crate::events::outbox_swept(records.len(), swept.confirmed, failures, None);
+        Ok((swept, Vec::new()))
     }
 
     async fn sweep(&self) -> Result<Swept> {

@@ -126,6 +126,12 @@ impl Rules {
         let rows = conn.query(&self.statements.claim(conn.dialect()), &params).await.map_err(|e| {
             context(e, "cannot claim outbox rows; the store needs a connection of its own, not one inside a transaction")
         })?;
+        self.read_claimed(conn, rows).await
+    }
+
+    /// The records of claimed rows, oldest first; a row that cannot be read
+    /// back is failed with a backoff instead.
+    async fn read_claimed<C: AsyncSqlConnection>(&self, conn: &C, rows: Vec<crate::sql::Row>) -> Result<Vec<OutboxRecord>> {
         let mut records = Vec::with_capacity(rows.len());
         let mut unreadable = Vec::new();
         for row in &rows {
@@ -144,6 +150,58 @@ impl Rules {
             self.record_failure(conn, id, attempts, &format!("cannot read this outbox row: {e}"), true).await?;
         }
         Ok(records)
+    }
+
+    /// [`claim`](Self::claim), first deleting `done`: rows of ours the
+    /// broker confirmed in the previous sweep, whose delete was held back to
+    /// share this claim's commit (see [`Swept::defer_delete`](super::Swept::defer_delete)).
+    /// One statement on PostgreSQL; one `BEGIN IMMEDIATE` transaction on
+    /// SQLite. Either both happen or neither does.
+    pub(crate) async fn delete_then_claim<C: AsyncSqlConnection>(
+        &self,
+        conn: &C,
+        done: &[i64],
+        batch_size: usize,
+    ) -> Result<Vec<OutboxRecord>> {
+        if done.is_empty() {
+            return self.claim(conn, batch_size).await;
+        }
+        if done.len() > IDS_PER_STATEMENT || batch_size == 0 {
+            self.delete_ids(conn, done).await?;
+            return self.claim(conn, batch_size).await;
+        }
+        match conn.dialect() {
+            Dialect::Postgres => {
+                let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+                let mut params =
+                    vec![SqlValue::Text(self.worker_id.clone()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
+                params.extend(done.iter().map(|id| SqlValue::Int(*id)));
+                let rows = conn.query(&self.statements.delete_then_claim_pg(done.len()), &params).await?;
+                self.read_claimed(conn, rows).await
+            }
+            Dialect::Sqlite => {
+                self.begin(conn).await?;
+                let result = async {
+                    self.delete_ids(conn, done).await?;
+                    self.claim(conn, batch_size).await
+                }
+                .await;
+                finish(conn, result).await
+            }
+        }
+    }
+
+    /// Delete rows of ours the broker confirmed; the rows deleted.
+    pub(crate) async fn delete_ids<C: AsyncSqlConnection>(&self, conn: &C, ids: &[i64]) -> Result<usize> {
+        let me = SqlValue::Text(self.worker_id.clone());
+        let dialect = conn.dialect();
+        let mut deleted = 0u64;
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let mut params = vec![me.clone()];
+            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
+            deleted += conn.execute(&self.statements.delete_owned(dialect, chunk.len()), &params).await?;
+        }
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
     /// Delete the confirmed rows still leased by this worker and back off the
@@ -166,15 +224,7 @@ impl Rules {
 
     async fn delete_confirmed<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
         let confirmed: Vec<i64> = completions.iter().filter(|c| c.result.is_ok()).map(|c| c.id).collect();
-        let me = SqlValue::Text(self.worker_id.clone());
-        let dialect = conn.dialect();
-        let mut deleted = 0u64;
-        for chunk in confirmed.chunks(IDS_PER_STATEMENT) {
-            let mut params = vec![me.clone()];
-            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
-            deleted += conn.execute(&self.statements.delete_owned(dialect, chunk.len()), &params).await?;
-        }
-        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+        self.delete_ids(conn, &confirmed).await
     }
 
     async fn complete_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {

@@ -149,6 +149,21 @@ impl Statements {
         }
     }
 
+    /// The claim with the deletion of `n` rows confirmed by the previous
+    /// sweep, for PostgreSQL: one statement, so one commit for both. Params:
+    /// worker id, lease in ms, limit, then the ids. The claim's subquery sees
+    /// the table as it was before the delete, and the rows being deleted are
+    /// still leased by us, so it cannot pick them.
+    pub(crate) fn delete_then_claim_pg(&self, n: usize) -> String {
+        let ids: Vec<String> = (0..n).map(|i| format!("${}", i + 4)).collect();
+        format!(
+            "WITH done AS (DELETE FROM {} WHERE claimed_by = $1 AND id IN ({})) {}",
+            self.table,
+            ids.join(", "),
+            self.claim(Dialect::Postgres)
+        )
+    }
+
     /// Delete `n` confirmed rows still leased by this worker; params: worker
     /// id, then the ids. A row whose lease passed to another relay is left to
     /// that relay, which publishes it again: a duplicate, never a loss.

@@ -25,6 +25,18 @@ impl Swept {
     pub fn again(&self, batch_size: usize) -> bool {
         self.claimed >= batch_size && self.failed == 0
     }
+
+    /// Whether to hold back the delete of this sweep's confirmed rows and
+    /// fold it into the next claim ([`delete_then_claim`](super::SqlOutboxStore::delete_then_claim)),
+    /// which then costs one commit for both: only when that claim comes at
+    /// once (`again`, or `woken`: a wake-up arrived while this sweep
+    /// published) and nothing failed. The held-back rows stay leased to us,
+    /// so no relay publishes them meanwhile; a crash before the next claim
+    /// publishes them again after their lease (a duplicate, never a loss),
+    /// as a crash before any delete would.
+    pub fn defer_delete(&self, batch_size: usize, woken: bool) -> bool {
+        self.failed == 0 && self.confirmed > 0 && (self.again(batch_size) || woken)
+    }
 }
 
 /// A published batch, settled: what to [`complete`](super::SqlOutboxStore::complete)

@@ -165,35 +165,77 @@ impl RbOutboxStore {
     }
 
     /// One sweep: claim up to `batch_size` due rows (SQL on this thread),
-    /// publish them through `mq` and await the confirms together (without
-    /// the GVL), settle the results and complete (core's `settle`, the
-    /// Rust relay's own bookkeeping): delete the confirmed, back off the
-    /// failed. Returns [claimed, confirmed, again, [[exception, exchange,
-    /// routing_key], …]], `again` being core's rule for sweeping again at
-    /// once; a database error is raised.
-    fn sweep(ruby: &Ruby, rb_self: &Self, mq: &RbConnection, batch_size: usize) -> Result<(usize, usize, bool, RArray), Error> {
-        let records: Vec<OutboxRecord> = on_store!(ruby, rb_self, |s| s.claim(batch_size))?;
+    /// deleting `done` in the same commit (confirmed rows whose delete the
+    /// last sweep held back), publish them through `mq` and await the
+    /// confirms together (without the GVL), settle the results (core's
+    /// `settle`, the Rust relay's own bookkeeping) and complete: delete the
+    /// confirmed, back off the failed. With `hold`, a sweep in which nothing
+    /// failed deletes nothing yet and returns the confirmed ids instead, for
+    /// `_finish` to hold back or delete. Returns [claimed, confirmed, failed,
+    /// again, held ids, [[exception, exchange, routing_key], …]], `again`
+    /// being core's rule for sweeping again at once; a database error is
+    /// raised (and `done` is then not deleted either).
+    #[allow(clippy::type_complexity)]
+    fn sweep(
+        ruby: &Ruby,
+        rb_self: &Self,
+        mq: &RbConnection,
+        batch_size: usize,
+        done: Vec<i64>,
+        hold: bool,
+    ) -> Result<(usize, usize, usize, bool, Vec<i64>, RArray), Error> {
+        let records: Vec<OutboxRecord> = on_store!(ruby, rb_self, |s| s.delete_then_claim(&done, batch_size))?;
         let failures = ruby.ary_new();
         if records.is_empty() {
-            return Ok((0, 0, false, failures));
+            return Ok((0, 0, 0, false, Vec::new(), failures));
         }
         // Interrupted here (Thread#kill, Ctrl-C): the rows stay leased and
         // are published again once the lease runs out. Never deleted unconfirmed.
         let results = gvl::block_on(ruby, mq.inner.publish_batch(&records))?;
         let settled = settle(&records, results);
-        // After the confirms, never before: a crash in between publishes
-        // these again, where deleting first would lose them.
-        on_store!(ruby, rb_self, |s| s.complete(&settled.completions))?;
+        let swept = settled.swept;
+        let held = if hold && swept.failed == 0 {
+            settled.completions.iter().map(|c| c.id).collect()
+        } else {
+            // After the confirms, never before: a crash in between publishes
+            // these again, where deleting first would lose them.
+            on_store!(ruby, rb_self, |s| s.complete(&settled.completions))?;
+            Vec::new()
+        };
         if acemq::events::enabled() {
             let backlog = on_store!(ruby, rb_self, |s| s.backlog()).ok().map(|b| (b.count, b.oldest_age));
             let failed = acemq::events::outbox_failures(&settled.completions);
-            acemq::events::outbox_swept(records.len(), settled.swept.confirmed, failed, backlog);
+            acemq::events::outbox_swept(records.len(), swept.confirmed, failed, backlog);
         }
         for (e, exchange, routing_key) in settled.failures {
             failures.push((exception(ruby, e), exchange, routing_key))?;
         }
-        let swept = settled.swept;
-        Ok((swept.claimed, swept.confirmed, swept.again(batch_size), failures))
+        Ok((swept.claimed, swept.confirmed, swept.failed, swept.again(batch_size), held, failures))
+    }
+
+    /// What to do with the ids a held sweep returned: core's
+    /// `Swept::defer_delete` decides. Held back (returned, for the next
+    /// sweep's claim to delete) when that claim comes at once; deleted now
+    /// otherwise (an empty array back).
+    fn finish(
+        ruby: &Ruby,
+        rb_self: &Self,
+        held: Vec<i64>,
+        counts: (usize, usize, usize),
+        batch_size: usize,
+        woken: bool,
+    ) -> Result<Vec<i64>, Error> {
+        let swept = acemq::outbox::Swept { claimed: counts.0, confirmed: counts.1, failed: counts.2 };
+        if held.is_empty() || swept.defer_delete(batch_size, woken) {
+            return Ok(held);
+        }
+        on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))?;
+        Ok(Vec::new())
+    }
+
+    /// Delete held-back ids now (a relay stopping).
+    fn delete_held(ruby: &Ruby, rb_self: &Self, held: Vec<i64>) -> Result<usize, Error> {
+        on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))
     }
 
     fn wake(&self) -> &LocalWake {
@@ -280,7 +322,9 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_private_method("_add", method!(RbOutboxStore::add, 2))?;
     class.define_private_method("_backlog", method!(RbOutboxStore::backlog, 0))?;
     class.define_private_method("_stuck", method!(RbOutboxStore::stuck, 1))?;
-    class.define_private_method("_sweep", method!(RbOutboxStore::sweep, 2))?;
+    class.define_private_method("_sweep", method!(RbOutboxStore::sweep, 4))?;
+    class.define_private_method("_finish", method!(RbOutboxStore::finish, 4))?;
+    class.define_private_method("_delete_held", method!(RbOutboxStore::delete_held, 1))?;
     class.define_private_method("_wakes_on_add?", method!(RbOutboxStore::wakes_on_add, 0))?;
     class.define_private_method("_wake_seen", method!(RbOutboxStore::wake_seen, 0))?;
     class.define_private_method("_wait_for_add", method!(RbOutboxStore::wait_for_add, 2))?;

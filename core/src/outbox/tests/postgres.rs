@@ -38,7 +38,7 @@ impl SqlConnection for Recording {
         self.log.borrow_mut().push((sql.to_owned(), params.to_vec()));
         let rows = if sql.contains("INSERT INTO") {
             vec![vec![t("7")]]
-        } else if sql.starts_with("UPDATE acemq_outbox SET claimed_by") {
+        } else if sql.starts_with("UPDATE acemq_outbox SET claimed_by") || sql.starts_with("WITH done AS") {
             vec![vec![
                 t("7"),
                 t("orders-events"),
@@ -233,4 +233,16 @@ fn a_boxed_source_is_the_default_store_type() {
     let source: Box<dyn ConnectionSource> = Box::new(Recording::default());
     let store: SqlOutboxStore = SqlOutboxStore::new(source, OutboxStoreOptions::default()).unwrap();
     assert_eq!(store.table(), "acemq_outbox");
+}
+
+#[test]
+fn postgres_delete_then_claim_is_one_statement() {
+    let store = store();
+    let claimed = store.delete_then_claim(&[3, 4], 10).unwrap();
+    assert_eq!(claimed.len(), 1, "read back like a claim");
+    let statements = log(&store);
+    assert_eq!(statements.len(), 1, "one statement, one commit: {statements:?}");
+    let (sql, params) = &statements[0];
+    assert!(sql.starts_with("WITH done AS (DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($4, $5)) UPDATE acemq_outbox SET claimed_by = $1"), "{sql}");
+    assert_eq!(*params, [t("w1"), SqlValue::Int(60_000), SqlValue::Int(10), SqlValue::Int(3), SqlValue::Int(4)]);
 }

@@ -309,3 +309,26 @@ fn settle_pairs_results_and_sweeps_again_only_after_a_full_batch_without_failure
     assert!(Swept { claimed: 3, confirmed: 3, failed: 0 }.again(3));
     assert!(!Swept { claimed: 2, confirmed: 2, failed: 0 }.again(3), "less than a batch: wait");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_relay_draining_a_backlog_holds_deletes_for_the_next_claim_and_loses_none() {
+    let db = TempDb::new("held-relay");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..5 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let publisher = Arc::new(FakePublisher::default());
+    let relay = OutboxRelay::new(
+        publisher.clone(),
+        store,
+        RelayOptions { batch_size: 1, interval: Duration::from_secs(3600), ..RelayOptions::default() },
+    );
+    relay.start().unwrap();
+    assert!(eventually(Duration::from_secs(5), || publisher.message_ids().len() == 5).await);
+    assert_eq!(publisher.message_ids(), ["msg-0", "msg-1", "msg-2", "msg-3", "msg-4"], "each once, in order");
+    // Each delete went out with the next claim, the last with the claim that
+    // found nothing, which is made at once because rows were held.
+    assert!(eventually(Duration::from_secs(5), || relay.store().backlog().unwrap().count == 0).await);
+    relay.close().await;
+}

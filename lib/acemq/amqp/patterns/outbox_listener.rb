@@ -21,13 +21,27 @@ module AceMQ
 
         # Forget what was delivered before a sweep: that sweep claims it.
         def drain
+          @pending = false
           @conn.consume_input
           nil while @conn.notifies
         end
 
+        # Whether a notification has arrived (since the last drain), without
+        # waiting; the next wait then returns at once.
+        def pending?
+          return true if @pending
+
+          @conn.consume_input
+          @pending = !@conn.notifies.nil?
+        end
+
         # Whether a notification came within timeout seconds. ruby-pg waits
         # on the socket with the GVL released.
-        def wait(timeout) = !@conn.wait_for_notify(timeout).nil?
+        def wait(timeout)
+          return !(@pending = false) if @pending
+
+          !@conn.wait_for_notify(timeout).nil?
+        end
 
         def close
           @conn.close unless @conn.finished?

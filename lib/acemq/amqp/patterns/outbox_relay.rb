@@ -117,12 +117,18 @@ module AceMQ
 
         private
 
-        # [confirmed, again]: again is core's rule (a full batch with no
-        # failure: more is waiting, sweep now).
-        def sweep_once
-          _, confirmed, again, failures = @sweeping.synchronize { @store.__send__(:_sweep, @mq, @batch_size) }
+        # [confirmed, again, claimed, failed, held ids]. again is core's rule
+        # (a full batch with no failure: more is waiting, sweep now). With
+        # hold, the confirmed rows are not deleted yet: their ids come back
+        # for _finish (core's Swept::defer_delete) to hold for the next
+        # claim, which deletes them in its own commit, or to delete now.
+        # done: ids held by the previous sweep.
+        def sweep_once(done = [], hold: false)
+          claimed, confirmed, failed, again, held, failures = @sweeping.synchronize do
+            @store.__send__(:_sweep, @mq, @batch_size, done, hold)
+          end
           failures.each { |error, exchange, routing_key| report(error, exchange, routing_key) }
-          [confirmed, again]
+          [confirmed, again, claimed, failed, held]
         end
 
         # How long one wait lasts at most before close is noticed. Not a
@@ -131,6 +137,7 @@ module AceMQ
 
         def run
           listener = nil
+          held = []
           local = @store.__send__(:_wakes_on_add?)
           until @stopping
             listener ||= open_listener
@@ -140,16 +147,40 @@ module AceMQ
             listener = drain(listener)
             again = false
             begin
-              _, again = sweep_once
+              _, again, claimed, failed, ids = sweep_once(held, hold: true)
+              held = []
+              woken = !ids.empty? && woken?(listener, seen)
+              held = @sweeping.synchronize do
+                @store.__send__(:_finish, ids, [claimed, ids.size, failed], @batch_size, woken)
+              end
             rescue StandardError => e
               report(e, nil, nil)
             end
-            next if again
+            # Rows held back mean core expects the next claim at once.
+            next if again || !held.empty?
 
             listener = wait(listener, local ? seen : nil)
           end
         ensure
+          finish_held(held)
           listener&.close
+        end
+
+        # Whether a wake-up came while the last sweep published.
+        def woken?(listener, seen)
+          return listener.pending? if listener
+          return @store.__send__(:_wake_seen) != seen if seen
+
+          false
+        rescue StandardError
+          false
+        end
+
+        def finish_held(held)
+          @sweeping.synchronize { @store.__send__(:_delete_held, held) } unless held.nil? || held.empty?
+        rescue StandardError => e
+          # Not lost: they are published again once their lease runs out.
+          report(e, nil, nil)
         end
 
         # Until a wake-up or interval: a NOTIFY on the listener, an add in

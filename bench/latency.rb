@@ -13,7 +13,8 @@
 # PostgreSQL: the rows are added by a separate process (this file run with
 # `adder`), so the wake-up measured is LISTEN/NOTIFY: the add's NOTIFY is
 # delivered at commit to the relay's listening connection. SQLite: by a
-# second connection (the sqlite3 gem) on a thread of this process, the
+# second connection (the sqlite3 gem, synchronous=NORMAL; BENCH_LATENCY_SYNC
+# to change) on a thread of this process, the
 # relay's store being path:, so the wake-up measured is the process-local
 # one (an add from another process on SQLite waits for `interval`, the
 # fallback poll; that case is printed too, for information). The relay
@@ -126,7 +127,11 @@ module LatencyBench
       path = File.join(@dir, "latency.db")
       store = Patterns::SQLOutboxStore.new(path: path)
       store.create_schema
-      app = C.sqlite(path, "FULL")
+      # NORMAL, the setting WAL is meant for (durable across a crash of the
+      # process, not of the machine): with FULL, the adder's own fsync per
+      # commit holds SQLite's one write lock most of the time at 200
+      # commits/s here, and the relay's claim queues behind it (README).
+      app = C.sqlite(path, ENV.fetch("BENCH_LATENCY_SYNC", "NORMAL"))
       @closers << app
       adding = Patterns::SQLOutboxStore.new(connection: app)
       q = queue("sqlite")

@@ -38,7 +38,10 @@ module AceMQ
         # Whether a notification came within timeout seconds. ruby-pg waits
         # on the socket with the GVL released.
         def wait(timeout)
-          return !(@pending = false) if @pending
+          if @pending
+            @pending = false
+            return true
+          end
 
           !@conn.wait_for_notify(timeout).nil?
         end

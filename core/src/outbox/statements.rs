@@ -12,6 +12,19 @@ use crate::sql::Dialect;
 pub(crate) const RECORD_COLUMNS: &str =
     "id, exchange, routing_key, body, message_id, message_type, origin, \"timestamp\", headers, attempts";
 
+/// On PostgreSQL, the relay's own autocommitted writes (the claim, the
+/// delete of confirmed rows) commit without waiting for their WAL to reach
+/// disk: `synchronous_commit = off` for that one transaction (`set_config`
+/// with `is_local`, evaluated on the rows it writes; the session's setting
+/// is untouched). Asynchronous commit never corrupts anything; what a crash
+/// of the server can lose is the last few hundred milliseconds of commits,
+/// and for these statements that is a lease or a delete: the row is then
+/// published again (a duplicate, never a loss), which at-least-once already
+/// allows. It saves a WAL flush per statement, about 4 ms of the relay's
+/// 4.5 ms claim measured here. The application's add, in its own
+/// transaction, is untouched, and so are failure completions.
+const ASYNC_COMMIT: &str = "set_config('synchronous_commit', 'off', true) IS NOT NULL";
+
 /// Statement builder for one outbox table.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
@@ -144,7 +157,7 @@ impl Statements {
             Dialect::Postgres => format!(
                 "UPDATE {t} SET claimed_by = $1, claimed_until = {now} + $2 FROM \
                  (SELECT id AS due_id FROM {t} WHERE {due} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) due \
-                 WHERE id = due_id RETURNING {RECORD_COLUMNS}"
+                 WHERE id = due_id AND {ASYNC_COMMIT} RETURNING {RECORD_COLUMNS}"
             ),
         }
     }
@@ -157,7 +170,7 @@ impl Statements {
     pub(crate) fn delete_then_claim_pg(&self, n: usize) -> String {
         let ids: Vec<String> = (0..n).map(|i| format!("${}", i + 4)).collect();
         format!(
-            "WITH done AS (DELETE FROM {} WHERE claimed_by = $1 AND id IN ({})) {}",
+            "WITH done AS (DELETE FROM {} WHERE claimed_by = $1 AND id IN ({}) AND {ASYNC_COMMIT}) {}",
             self.table,
             ids.join(", "),
             self.claim(Dialect::Postgres)
@@ -168,7 +181,11 @@ impl Statements {
     /// id, then the ids. A row whose lease passed to another relay is left to
     /// that relay, which publishes it again: a duplicate, never a loss.
     pub(crate) fn delete_owned(&self, dialect: Dialect, n: usize) -> String {
-        number(dialect, &format!("DELETE FROM {} WHERE claimed_by = ? AND id IN ({})", self.table, marks(n)))
+        let fast = match dialect {
+            Dialect::Sqlite => String::new(),
+            Dialect::Postgres => format!(" AND {ASYNC_COMMIT}"),
+        };
+        number(dialect, &format!("DELETE FROM {} WHERE claimed_by = ? AND id IN ({}){fast}", self.table, marks(n)))
     }
 
     /// Attempts so far of `n` rows still leased by this worker; params:

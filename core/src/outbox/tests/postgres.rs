@@ -138,7 +138,10 @@ fn postgres_claim_is_one_statement_that_locks_with_skip_locked() {
     assert_eq!(statements.len(), 1, "no BEGIN, no COMMIT, one statement: {statements:?}");
     let (claim, params) = &statements[0];
     assert!(claim.starts_with("UPDATE acemq_outbox SET claimed_by = $1, claimed_until = "), "{claim}");
-    assert!(claim.contains("ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) due WHERE id = due_id RETURNING id, "), "{claim}");
+    assert!(
+        claim.contains("ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) due WHERE id = due_id AND set_config('synchronous_commit', 'off', true) IS NOT NULL RETURNING id, "),
+        "{claim}"
+    );
     assert!(claim.contains("next_attempt_at <= CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)"), "{claim}");
     assert!(claim.contains("(claimed_until IS NULL OR claimed_until < "), "{claim}");
     assert_eq!(*params, [t("w1"), SqlValue::Int(60_000), SqlValue::Int(10)]);
@@ -155,7 +158,10 @@ fn postgres_complete_of_confirmed_rows_is_one_delete() {
     store.complete(&[Completion::confirmed(&a), Completion::confirmed(&b)]).unwrap();
     let statements = log(&store);
     assert_eq!(statements.len(), 1, "no BEGIN, no COMMIT: {statements:?}");
-    assert_eq!(statements[0].0, "DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2, $3)");
+    assert_eq!(
+        statements[0].0,
+        "DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2, $3) AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+    );
     assert_eq!(statements[0].1, [t("w1"), SqlValue::Int(7), SqlValue::Int(9)]);
 }
 
@@ -172,7 +178,7 @@ fn postgres_complete_deletes_and_fails_only_its_own_rows() {
     let sqls: Vec<&str> = statements.iter().map(|(s, _)| s.as_str()).collect();
     assert_eq!(sqls.len(), 5, "{sqls:?}");
     assert_eq!(sqls[0], "BEGIN");
-    assert_eq!(sqls[1], "DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2)");
+    assert!(sqls[1].starts_with("DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2)"), "{}", sqls[1]);
     assert_eq!(sqls[2], "SELECT id, attempts FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2)");
     assert!(sqls[3].starts_with("UPDATE acemq_outbox SET attempts = $1, last_error = $2, next_attempt_at = "), "{}", sqls[3]);
     assert!(sqls[3].ends_with("claimed_by = NULL, claimed_until = NULL WHERE id = $4 AND claimed_by = $5"), "{}", sqls[3]);
@@ -243,6 +249,7 @@ fn postgres_delete_then_claim_is_one_statement() {
     let statements = log(&store);
     assert_eq!(statements.len(), 1, "one statement, one commit: {statements:?}");
     let (sql, params) = &statements[0];
-    assert!(sql.starts_with("WITH done AS (DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($4, $5)) UPDATE acemq_outbox SET claimed_by = $1"), "{sql}");
+    assert!(sql.starts_with("WITH done AS (DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($4, $5) AND set_config("), "{sql}");
+    assert!(sql.contains(") UPDATE acemq_outbox SET claimed_by = $1"), "{sql}");
     assert_eq!(*params, [t("w1"), SqlValue::Int(60_000), SqlValue::Int(10), SqlValue::Int(3), SqlValue::Int(4)]);
 }

@@ -95,10 +95,11 @@ module OutboxBench
       deadline = C.now + C::RUN_LIMIT
       secs = C.time do
         relay.start
-        until Integer(poll.query("SELECT COUNT(*) FROM #{t}")[0][0]).zero?
+        # One indexed row or none: a poll that costs the relay next to nothing.
+        until poll.query("SELECT id FROM #{t} ORDER BY id LIMIT 1").empty?
           raise "acemq relay.start: not drained after #{C::RUN_LIMIT}s" if C.now > deadline
 
-          sleep 0.002
+          sleep 0.005
         end
       end
       relay.close

@@ -166,6 +166,70 @@ module IdempotencyBench
       end
     end
 
+    # consume(batch:) with a handler that answers call_many and does what
+    # the guarded handler does minus the store: the batch path's own cost.
+    def acemq_batched_alone(q, n)
+      preload(q, n)
+      latch = C::Latch.new(n)
+      handler = lambda do |m|
+        m.payload["order_id"]
+        latch.hit
+        Ack.accept
+      end
+      handler.define_singleton_method(:call_many) { |ms| ms.map { |m| handler.call(m) } }
+      C.time do
+        sub = @mq.consume(q, prefetch: C::PREFETCH, batch: C::PREFETCH, &handler)
+        latch.wait(C::RUN_LIMIT)
+        sub.cancel
+      end
+    end
+
+    # The guard's batch calls over the store alone, no broker: claim 100
+    # keys in one statement, confirm them in another.
+    def store_batches(store, clear_with, t, n)
+      clear(clear_with, t)
+      guarded = Patterns.idempotent(store) { Ack.accept }
+      batches = Array.new(n) { SecureRandom.uuid }.each_slice(BATCH).map do |keys|
+        keys.map { |k| AceMQ::AMQP::Message.new(payload: { "order_id" => k }, envelope: AceMQ::AMQP::Envelope.new(id: k)) }
+      end
+      C.time do
+        batches.each do |ms|
+          raise "not all accepted" unless guarded.call_many(ms).all?(&:accept?)
+        end
+      end
+    end
+
+    # The store's two batch statements, built as the engine builds them,
+    # straight through ruby-pg: what PostgreSQL itself costs for a batch.
+    def raw_batches(conn, t, n)
+      clear(C::Raw.for(conn), t)
+      claim = ->(k) do
+        i = 0
+        values = Array.new(k) { "($#{i += 1}, 'CLAIMED', $#{i += 1}, $#{i += 1}, $#{i += 1})" }.join(", ")
+        "INSERT INTO #{t} (message_id, state, claimed_by, recorded_at, expires_at) VALUES #{values} " \
+          "ON CONFLICT (message_id) DO UPDATE SET claimed_by = excluded.claimed_by, recorded_at = excluded.recorded_at, " \
+          "expires_at = excluded.expires_at WHERE #{t}.state = 'CLAIMED' AND #{t}.recorded_at < $#{i + 1} RETURNING message_id"
+      end
+      confirm = ->(k) { "UPDATE #{t} SET state = 'CONFIRMED' WHERE message_id IN (#{(1..k).map { |i| "$#{i}" }.join(', ')})" }
+      batches = Array.new(n) { SecureRandom.uuid }.each_slice(BATCH).to_a
+      C.time do
+        batches.each do |keys|
+          ms = (Time.now.to_f * 1000).to_i
+          params = keys.flat_map { |k| [k, @worker, ms, ms + DAY_MS] } << ms - 300_000
+          r = conn.exec_params(claim.(keys.size), params)
+          raise "claimed #{r.ntuples} of #{keys.size}" unless r.ntuples == keys.size
+
+          r.clear
+          conn.exec_params(confirm.(keys.size), keys).clear
+        end
+      end
+    end
+
+    # n autocommitted one-row INSERTs: what one commit costs on this database.
+    def commits(conn, t, n)
+      C.time { n.times { conn.exec_params("INSERT INTO #{t} VALUES ($1, 'X', 'w', 0, 0)", [SecureRandom.uuid]).clear } }
+    end
+
     def acemq_consume_alone(q, n)
       preload(q, n)
       latch = C::Latch.new(n)
@@ -261,9 +325,61 @@ module IdempotencyBench
                   r[:acemq], r[:bunny], r[:acemq] / r[:bunny])
     end
 
+    # The issue-12 rows: idempotent consume(batch: 100) against acemq's own
+    # consume + parse + accept with no store, all three sides alternated run
+    # by run in one set, so the ratios compare like with like.
+    def targets
+      plain = queue("target-plain")
+      pq = queue("target-pg")
+      sq = queue("target-path")
+      t = "#{@table_prefix}_target"
+      @pg_tables << t
+      pg_conn = pg
+      pg_store = Patterns::SQLIdempotencyStore.new(connection: pg_conn, table: t, worker: @worker)
+      pg_store.create_schema
+      pg_raw = C::Raw.for(pg_conn)
+      path = File.join(@dir, "target.db")
+      path_store = Patterns::SQLIdempotencyStore.new(path: path, table: t, worker: @worker)
+      path_store.create_schema
+      path_raw = C::Raw.for(C.sqlite(path, "NORMAL").tap { |db| @closers << db })
+      r = C.alternate(N, {
+                        alone: -> { acemq_consume_alone(plain, N) },
+                        batched: -> { acemq_batched_alone(plain, N) },
+                        pg: -> { acemq_run(pq, pg_store, pg_raw, t, N, batch: C::PREFETCH) },
+                        path: -> { acemq_run(sq, path_store, path_raw, t, N, batch: C::PREFETCH) },
+                        pg_store: -> { store_batches(pg_store, pg_raw, t, N) },
+                        path_store: -> { store_batches(path_store, path_raw, t, N) },
+                        pg_raw: -> { raw_batches(pg_conn, t, N) },
+                        # n / 10 commits, scaled so its "rate" is commits per second.
+                        pg_commit: -> { commits(pg_conn, t, N / 10) * 10 }
+                      })
+      puts format("  %-58s %7.0f/s", "consume + parse + accept alone (no store)", r[:alone])
+      # What bounds the rows: the batch path with no store at all, and the
+      # store's claim + confirm of 100 keys with no broker.
+      puts format("  %-58s %7.0f/s  %5.2fx of consume alone", "consume(batch: #{C::PREFETCH}), no store (pass-through call_many)",
+                  r[:batched], r[:batched] / r[:alone])
+      puts format("  %-58s %7.0f/s  (%6.1f us/msg): the same two statements a batch, bare ruby-pg, no acemq",
+                  "PostgreSQL, claim + confirm of 100 through ruby-pg alone", r[:pg_raw], us(r[:pg_raw]))
+      puts format("  %-58s %7.2f ms: one autocommitted one-row INSERT here (its WAL flush); two a batch = %5.1f us/msg",
+                  "PostgreSQL commit", us(r[:pg_commit]) / 1000, 2 * us(r[:pg_commit]) / BATCH)
+      %i[pg path].each do |side|
+        puts format("  %-58s %7.0f/s  %6.1f us/msg over the no-store batch path; store alone %6.1f us/msg",
+                    "#{side == :pg ? 'PostgreSQL (ruby-pg)' : 'SQLite path:'} consume(batch: #{C::PREFETCH})",
+                    r[side], us(r[side]) - us(r[:batched]), us(r[:"#{side}_store"]))
+      end
+      C::Table.ratio(path: "idempotent consume on PostgreSQL, consume(batch: 100), vs consume alone",
+                     ours: r[:pg], base: r[:alone], target: 0.40, base_name: "consume alone")
+      C::Table.ratio(path: "idempotent consume, SQLite `path:` store, batch 100, vs consume alone",
+                     ours: r[:path], base: r[:alone], target: 0.85, base_name: "consume alone")
+      @targets = r
+    end
+
     def run
       started = C.now
       C.banner("AceMQ idempotency bench (#{N} messages per run, prefetch #{C::PREFETCH})")
+      targets
+      return if ENV["BENCH_IDEMPOTENCY"] == "targets"
+
       consume_alone
       backend("SQLite, sqlite3 gem, WAL, synchronous=FULL (default)", "full",
               ours_conn: sqlite("full-acemq", "FULL"), base_conn: sqlite("full-bunny", "FULL"), target: 3.0)

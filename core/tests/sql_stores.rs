@@ -345,6 +345,18 @@ async fn the_idempotent_handler_runs_once_per_key_on_the_async_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_racing_for_each_key_have_exactly_one_winner() {
+    race(1).await;
+}
+
+/// Batches of 25 overlapping keys, one child walking them forwards and the
+/// other backwards: every key still has exactly one winner, and the batches
+/// (one statement each, keys sent sorted) never deadlock each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_claiming_overlapping_batches_have_exactly_one_winner() {
+    race(25).await;
+}
+
+async fn race(batch: usize) {
     const KEYS: usize = 200;
     for db in databases("race") {
         db.keys("parent").await.create_schema().await.unwrap();
@@ -352,7 +364,16 @@ async fn two_processes_racing_for_each_key_have_exactly_one_winner() {
         let children: Vec<_> = ["w1", "w2"]
             .iter()
             .map(|w| {
-                spawn_child(&db, "claim", &[("ACEMQ_TEST_WORKER", w.to_string()), ("ACEMQ_TEST_START_AT", start_at.clone()), ("ACEMQ_TEST_KEYS", KEYS.to_string())])
+                spawn_child(
+                    &db,
+                    "claim",
+                    &[
+                        ("ACEMQ_TEST_WORKER", w.to_string()),
+                        ("ACEMQ_TEST_START_AT", start_at.clone()),
+                        ("ACEMQ_TEST_KEYS", KEYS.to_string()),
+                        ("ACEMQ_TEST_BATCH", batch.to_string()),
+                    ],
+                )
             })
             .collect();
         let mut wins: HashMap<String, Vec<String>> = HashMap::new();
@@ -376,7 +397,128 @@ async fn two_processes_racing_for_each_key_have_exactly_one_winner() {
             assert_eq!(winners.len(), 1, "{}: {key} claimed by {winners:?}", db.name());
         }
         let by: HashSet<&String> = wins.values().flatten().collect();
-        eprintln!("{}: {} keys, winners {by:?}", db.name(), wins.len());
+        eprintln!("{}: batch {batch}, {} keys, winners {by:?}", db.name(), wins.len());
+    }
+}
+
+/// A small deterministic generator (xorshift), so a failing round can be
+/// replayed from its seed without a new crate.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n as u64) as usize
+    }
+}
+
+async fn all_rows(db: &Db, source: &Source) -> Vec<Row> {
+    let conn = source.connection().await.unwrap();
+    let sql = format!("SELECT message_id, state, claimed_by, recorded_at, expires_at FROM {} ORDER BY message_id", db.table);
+    conn.query(&sql, &[]).await.unwrap()
+}
+
+/// Every state a key can be in when a batch arrives, set up identically in
+/// two tables; then one table answers a batch (one statement) and the other
+/// the same keys one at a time. The answers, in order, and the rows left
+/// behind are the same, on SQLite and on PostgreSQL, over mixed batches with
+/// repeated keys, and so are the rows after a batch confirm and confirms
+/// one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_claim_decides_each_key_exactly_as_alone() {
+    const TIMEOUT_MS: i64 = 10_000;
+    for (batched, alone) in databases("batch").into_iter().zip(databases("alone")) {
+        let clock = ManualClock::default();
+        let store = |db: &Db, source: Source| {
+            let options = SqlIdempotencyOptions {
+                table: db.table.clone(),
+                worker: Some("me".into()),
+                claim_timeout: Duration::from_millis(TIMEOUT_MS as u64),
+                retention: Duration::from_secs(3600),
+            };
+            AsyncSqlIdempotencyStore::new(source, options).unwrap().with_clock(clock.clone())
+        };
+        let (a, b) = (store(&batched, batched.source().await), store(&alone, alone.source().await));
+        a.create_schema().await.unwrap();
+        b.create_schema().await.unwrap();
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut decided = [0usize; 2];
+        for round in 0..12 {
+            let now = acemq::idempotency::Clock::now_millis(&clock);
+            // (state, claimed_by, recorded_at) per kind; None: no row.
+            let kinds: [Option<(&str, &str, i64)>; 8] = [
+                None,
+                Some(("CONFIRMED", "other", now - 3 * TIMEOUT_MS)),
+                Some(("CONFIRMED", "me", now - 1)),
+                Some(("CLAIMED", "other", now - TIMEOUT_MS / 2)),
+                Some(("CLAIMED", "other", now - TIMEOUT_MS - 1)),
+                Some(("CLAIMED", "other", now - TIMEOUT_MS)), // exactly the timeout: still honoured
+                Some(("CLAIMED", "me", now - 1)),
+                Some(("CLAIMED", "me", now - 2 * TIMEOUT_MS)),
+            ];
+            let keys: Vec<String> = (0..40).map(|i| format!("r{round}-k{i}")).collect();
+            let mut set_up: HashMap<&str, Option<(&str, &str, i64)>> = HashMap::new();
+            for key in &keys {
+                let kind = kinds[rng.below(kinds.len())];
+                set_up.insert(key, kind);
+                if let Some((state, by, at)) = kind {
+                    for (db, st) in [(&batched, &a), (&alone, &b)] {
+                        let conn = st.source().connection().await.unwrap();
+                        let sql = match conn.dialect() {
+                            Dialect::Sqlite => format!("INSERT INTO {} VALUES (?, ?, ?, ?, ?)", db.table),
+                            Dialect::Postgres => format!("INSERT INTO {} VALUES ($1, $2, $3, $4, $5)", db.table),
+                        };
+                        let params = [
+                            SqlValue::Text(key.clone()),
+                            SqlValue::Text(state.into()),
+                            SqlValue::Text(by.into()),
+                            SqlValue::Int(at),
+                            SqlValue::Int(at + 3_600_000),
+                        ];
+                        conn.execute(&sql, &params).await.unwrap();
+                    }
+                }
+            }
+            let batch: Vec<&str> = (0..1 + rng.below(60)).map(|_| keys[rng.below(keys.len())].as_str()).collect();
+            let together = a.first_time_many_async(&batch).await.unwrap();
+            let mut one_by_one = Vec::new();
+            for key in &batch {
+                one_by_one.push(b.first_time_async(key).await.unwrap());
+            }
+            assert_eq!(together, one_by_one, "{} round {round}: {batch:?}", batched.name());
+            // And both are the rule: first for a new key or a stale claim
+            // (anybody's), never for a confirmed key or a live claim, and a
+            // key repeated in the batch at most once.
+            let mut seen = HashSet::new();
+            let rule: Vec<bool> = batch
+                .iter()
+                .map(|k| {
+                    seen.insert(*k)
+                        && match set_up[k] {
+                            None => true,
+                            Some((state, _, at)) => state == "CLAIMED" && at < now - TIMEOUT_MS,
+                        }
+                })
+                .collect();
+            assert_eq!(together, rule, "{} round {round}: {batch:?}", batched.name());
+            for first in &together {
+                decided[*first as usize] += 1;
+            }
+            assert_eq!(all_rows(&batched, a.source()).await, all_rows(&alone, b.source()).await, "{} round {round}", batched.name());
+
+            let confirm: Vec<&str> = batch.iter().copied().filter(|_| rng.below(2) == 0).collect();
+            a.confirm_many_async(&confirm).await.unwrap();
+            for key in &confirm {
+                b.confirm_async(key).await.unwrap();
+            }
+            assert_eq!(all_rows(&batched, a.source()).await, all_rows(&alone, b.source()).await, "{} round {round}: confirm", batched.name());
+            clock.advance(Duration::from_millis(TIMEOUT_MS as u64 / 3));
+        }
+        // Both answers happened, so the comparison compared something.
+        assert!(decided[0] > 20 && decided[1] > 20, "{}: {decided:?}", batched.name());
+        eprintln!("{}: {} not first, {} first, each as alone", batched.name(), decided[0], decided[1]);
     }
 }
 
@@ -569,11 +711,24 @@ fn child_process() {
                 // Connected; now start together.
                 let start_at: u128 = std::env::var("ACEMQ_TEST_START_AT").unwrap().parse().unwrap();
                 tokio::time::sleep(Duration::from_millis(start_at.saturating_sub(epoch_ms()) as u64)).await;
+                let batch: usize = std::env::var("ACEMQ_TEST_BATCH").map(|b| b.parse().unwrap()).unwrap_or(1);
+                let mut all: Vec<String> = (0..keys).map(|i| format!("race-{i}")).collect();
+                if worker == "w2" {
+                    // The other way round: batches that overlap in reverse.
+                    all.reverse();
+                }
                 let began = epoch_ms();
-                for i in 0..keys {
-                    let key = format!("race-{i}");
-                    if store.first_time_async(&key).await.unwrap() {
-                        println!("claimed {worker} {key}");
+                for chunk in all.chunks(batch) {
+                    let chunk: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                    let answers = if batch == 1 {
+                        vec![store.first_time_async(chunk[0]).await.unwrap()]
+                    } else {
+                        store.first_time_many_async(&chunk).await.unwrap()
+                    };
+                    for (key, first) in chunk.iter().zip(answers) {
+                        if first {
+                            println!("claimed {worker} {key}");
+                        }
                     }
                 }
                 println!("raced {worker} from {began} to {}", epoch_ms());

@@ -120,17 +120,6 @@ fn ruby_handle() -> acemq::Result<Ruby> {
     })
 }
 
-fn parse_dialect(name: &str) -> acemq::Result<Dialect> {
-    match name {
-        "sqlite" | "sqlite3" => Ok(Dialect::Sqlite),
-        "postgres" | "postgresql" | "pg" => Ok(Dialect::Postgres),
-        other => Err(acemq::Error::new(
-            ErrorKind::InvalidArgument,
-            format!("SQL dialect {other:?} is not supported: an adapter's dialect must be \"sqlite\" or \"postgres\""),
-        )),
-    }
-}
-
 fn params_to_ruby(ruby: &Ruby, params: &[SqlValue]) -> RArray {
     let arr = ruby.ary_new_capa(params.len());
     for p in params {
@@ -224,7 +213,7 @@ impl RbSource {
             None
         } else {
             let name: String = adapter.funcall("dialect", ())?;
-            Some(parse_dialect(&name).map_err(|e| crate::errors::to_ruby(ruby, e))?)
+            Some(Dialect::parse(&name).map_err(|e| crate::errors::to_ruby(ruby, e))?)
         };
         Ok(RbSource { adapter: adapter.into(), per_call, dialect })
     }
@@ -237,7 +226,7 @@ impl ConnectionSource for RbSource {
         let conn = if self.per_call {
             let conn: Value = call(&ruby, adapter, "checkout", (), "the connection: callable")?;
             let name: String = call(&ruby, conn, "dialect", (), "the SQL connection's dialect")?;
-            RbSqlConnection { adapter: conn, dialect: parse_dialect(&name)? }
+            RbSqlConnection { adapter: conn, dialect: Dialect::parse(&name)? }
         } else {
             RbSqlConnection { adapter, dialect: self.dialect.unwrap_or(Dialect::Sqlite) }
         };

@@ -5,8 +5,8 @@ require "sqlite3"
 require "pg"
 require "tmpdir"
 
-# consume(batch:) with the SQL store on RabbitMQ: one claim and one confirm
-# transaction per batch, and still one charge per key with every message
+# consume(batch:) with the SQL store on RabbitMQ: one claim statement and one
+# confirm statement per batch, and still one charge per key with every message
 # delivered twice.
 RSpec.describe "batched idempotent consume on RabbitMQ" do
   let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL) }

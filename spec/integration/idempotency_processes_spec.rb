@@ -156,6 +156,28 @@ module IdempotencyProcessesSpec
       expect(taken_at - killed_at).to be_between(1.7, 3.0)
       expect(survivor.first_time?(key)).to be(false)
     end
+
+    it "(d) a store built before a fork claims as the child in the child: it cannot forget the parent's claim" do
+      conns = {}
+      shared = store(-> { conns[Process.pid] ||= backend.connect }) # no worker: hostname:pid, read at each call
+      parent_key = unique("parent")
+      child_key = unique("child")
+      expect(shared.first_time?(parent_key)).to be(true)
+      parent_worker = shared.worker
+      pid, io = spawn_child do |out|
+        out.puts(shared.worker)
+        shared.forget(parent_key) # not this worker's claim: must stay
+        out.puts(shared.first_time?(child_key))
+      end
+      child_worker = read_line(io)
+      expect(read_line(io)).to eq("true")
+      wait_child(pid)
+      expect(parent_worker).to end_with(":#{Process.pid}")
+      expect(child_worker).to end_with(":#{pid}")
+      expect(backend.claimed_by(@conn, parent_worker)).to eq([parent_key])
+      expect(backend.claimed_by(@conn, child_worker)).to eq([child_key])
+      conns.each_value(&:close)
+    end
   end
 
   RSpec.describe "the SQL idempotency store across processes, SQLite (WAL)" do

@@ -227,8 +227,8 @@ module SQLConnectionSourcesSpec
       drop_pg_tables(table)
     end
 
-    # batch: claims and confirms each batch in one transaction (BEGIN …
-    # COMMIT through the seam) on the thread's own connection.
+    # batch: claims each batch in one statement and confirms it in another,
+    # on the thread's own connection.
     it_behaves_like "a store on every consumer thread", concurrency: 3, messages: 30, batch: 10
   end
 
@@ -274,7 +274,7 @@ module SQLConnectionSourcesSpec
       expect(store.first_time?("in-tx")).to be(true) # the claim rolled back with the transaction
     end
 
-    it "runs a batch's transaction on one connection: a claim failing half way rolls back the ones before it" do
+    it "claims a batch in one statement: a claim failing for one key claims none of them" do
       fail_claims_of("boom")
       guarded = Patterns.idempotent(store) { Ack.accept }
 
@@ -282,7 +282,7 @@ module SQLConnectionSourcesSpec
       expect(results.map { |r| r.kind.to_s }).to eq(%w[retry retry])
       expect(results[0].reason).to match(/idempotency store failed.*boom/m)
       expect(busy).to eq(0)
-      expect(store.first_time?("a")).to be(true) # "a" was claimed in the transaction that rolled back
+      expect(store.first_time?("a")).to be(true) # "a" was in the statement that failed
       store.forget("a")
 
       results = guarded.call_many(%w[a b a].map { |k| SQLConnectionSourcesSpec.message(k) })
@@ -291,13 +291,25 @@ module SQLConnectionSourcesSpec
       expect(busy).to eq(0)
     end
 
-    it "refuses a transaction of its own on a thread whose connection is inside one, rather than commit it" do
+    it "claims a batch inside the thread's transaction, like first_time?: a batch claim has no transaction of its own" do
       guarded = Patterns.idempotent(store) { Ack.accept }
       ActiveRecord::Base.transaction do
+        results = guarded.call_many([SQLConnectionSourcesSpec.message("x"), SQLConnectionSourcesSpec.message("y")])
+        expect(results.map { |r| r.kind.to_s }).to eq(%w[accept accept])
+        expect(ActiveRecord::Base.connection.transaction_open?).to be(true)
+        raise ActiveRecord::Rollback
+      end
+      pool.release_connection
+      expect(busy).to eq(0)
+      expect(%w[x y].map { |k| store.first_time?(k) }).to eq([true, true]) # rolled back with the transaction
+    end
+
+    it "refuses a transaction of its own (an outbox relay's claim) on a thread whose connection is inside one" do
+      lease = SQL.connect(pool).checkout
+      ActiveRecord::Base.transaction do
         ActiveRecord::Base.connection.execute("SELECT 1")
-        results = guarded.call_many([SQLConnectionSourcesSpec.message("x")])
-        expect(results[0]).to be_retry
-        expect(results[0].reason).to match(/inside one: call it outside ActiveRecord::Base.transaction/)
+        expect { lease.execute(sqlite? ? "BEGIN IMMEDIATE" : "BEGIN", []) }
+          .to raise_error(AceMQ::AMQP::StoreError, /inside one: call it outside ActiveRecord::Base.transaction/)
         expect(ActiveRecord::Base.connection.transaction_open?).to be(true)
         raise ActiveRecord::Rollback
       end

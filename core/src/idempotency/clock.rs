@@ -57,7 +57,3 @@ impl Clock for ManualClock {
         self.now.load(Ordering::SeqCst)
     }
 }
-
-pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}

@@ -1,18 +1,13 @@
 //! The in-process store: a sliding window of keys in memory.
 
-use super::clock::{millis, Clock, SystemClock};
+use super::clock::{Clock, SystemClock};
+use super::options::{InMemoryIdempotencyOptions, DEFAULT_WINDOW};
 use super::store::IdempotencyStore;
 use crate::error::Result;
+use crate::sql::time::millis;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-
-/// How long a key is remembered when no window is given: the SQL store's
-/// default retention, so swapping one for the other in a spec changes nothing.
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(24 * 3600);
-
-/// How long an unfinished claim is honoured by default (as in the SQL store).
-pub const DEFAULT_CLAIM_TIMEOUT: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -77,18 +72,38 @@ impl Default for InMemoryIdempotencyStore {
 }
 
 impl InMemoryIdempotencyStore {
-    /// A store remembering each key for `window` after it was claimed.
-    pub fn new(window: Duration) -> Self {
-        Self {
+    /// A store built from `options`; refuses a zero window or claim timeout.
+    pub fn with_options(options: InMemoryIdempotencyOptions) -> Result<Self> {
+        options.validate()?;
+        Ok(Self {
             keys: Mutex::new(Keys::default()),
-            window: millis(window),
-            claim_timeout: millis(DEFAULT_CLAIM_TIMEOUT),
+            window: millis(options.window),
+            claim_timeout: millis(options.claim_timeout),
             clock: Arc::new(SystemClock),
-        }
+        })
+    }
+
+    /// A store remembering each key for `window` after it was claimed.
+    ///
+    /// # Panics
+    ///
+    /// When `window` is zero (nothing would be remembered);
+    /// [`with_options`](Self::with_options) returns the error instead.
+    pub fn new(window: Duration) -> Self {
+        let options = InMemoryIdempotencyOptions { window, ..Default::default() };
+        Self::with_options(options).unwrap_or_else(|e| panic!("InMemoryIdempotencyStore::new: {e}"))
     }
 
     /// Honour an unfinished claim for `timeout` instead of five minutes.
+    ///
+    /// # Panics
+    ///
+    /// When `timeout` is zero (every claim would be stale at once);
+    /// [`with_options`](Self::with_options) returns the error instead.
     pub fn with_claim_timeout(mut self, timeout: Duration) -> Self {
+        if timeout.is_zero() {
+            panic!("InMemoryIdempotencyStore::with_claim_timeout: a zero claim timeout lets two consumers run one message at once");
+        }
         self.claim_timeout = millis(timeout);
         self
     }

@@ -37,19 +37,26 @@ mod clock;
 mod guard;
 mod handler;
 mod memory;
+mod options;
 
 mod sql;
 mod sql_async;
 mod sql_rules;
+mod statements;
 mod store;
+mod values;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use guard::{Before, Guard, GuardStats, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE};
 pub use handler::{default_key, idempotent, Idempotent, KeyFn};
-pub use memory::{InMemoryIdempotencyStore, DEFAULT_CLAIM_TIMEOUT, DEFAULT_WINDOW};
+pub use memory::InMemoryIdempotencyStore;
+pub use options::{
+    InMemoryIdempotencyOptions, SqlIdempotencyOptions, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION, DEFAULT_TABLE,
+    DEFAULT_WINDOW,
+};
 // Where the seam lives; re-exported because the stores take it.
 pub use crate::sql::{ConnectionSource, PerCall};
-pub use sql::{SqlIdempotencyOptions, SqlIdempotencyStore, DEFAULT_RETENTION, DEFAULT_TABLE};
+pub use sql::SqlIdempotencyStore;
 pub use sql_async::AsyncSqlIdempotencyStore;
 pub use store::{AsyncIdempotencyStore, IdempotencyStore};
 

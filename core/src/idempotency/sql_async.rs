@@ -3,7 +3,7 @@
 //! async seam.
 
 use super::clock::Clock;
-use super::sql::SqlIdempotencyOptions;
+use super::options::SqlIdempotencyOptions;
 use super::sql_rules::Keys;
 use super::store::AsyncIdempotencyStore;
 use crate::error::Result;
@@ -123,23 +123,45 @@ impl<S: AsyncConnectionSource> AsyncSqlIdempotencyStore<S> {
     }
 
     /// Create the table and its expiry index if they do not exist.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: each statement is `IF NOT EXISTS`, so one dropped half
+    /// way is finished by the next call.
     pub async fn create_schema(&self) -> Result<()> {
         call!(self, "create the idempotency table", |k, c| k.create_schema(c)).await
     }
 
     /// Remove keys past their retention; how many were removed. Schedule it
     /// (hourly, say): nothing on the handling path deletes.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped, the DELETE either ran or did not; the next
+    /// purge removes what is left.
     pub async fn purge_expired(&self) -> Result<u64> {
         call!(self, "purge expired idempotency keys", |k, c| k.purge_expired(c)).await
     }
 
-    /// Claim each key in one transaction; see
+    /// Claim each key, one statement for the batch; see
     /// [`SqlIdempotencyStore::claim_batch`](super::SqlIdempotencyStore::claim_batch).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in the sense that matters: dropped before its answer, the
+    /// statement may or may not have claimed the keys, which is the same as
+    /// a consumer killed at that point. Claims made are this worker's, live
+    /// until the claim timeout; their redeliveries wait, then run.
     pub async fn claim_batch(&self, keys: &[&str]) -> Result<Vec<bool>> {
         call!(self, "claim idempotency keys", |k, c| k.claim_batch(c, keys)).await
     }
 
-    /// Confirm each key in one transaction.
+    /// Confirm each key: one `UPDATE ... WHERE message_id IN (...)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the UPDATE either ran or did not, and confirming again
+    /// is harmless (a confirm is idempotent).
     pub async fn confirm_batch(&self, keys: &[&str]) -> Result<()> {
         call!(self, "confirm idempotency keys", |k, c| k.confirm_batch(c, keys)).await
     }

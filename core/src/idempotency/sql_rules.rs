@@ -5,19 +5,20 @@
 //! [`AsyncSqlIdempotencyStore`](super::AsyncSqlIdempotencyStore) over
 //! tokio-postgres or SQLite on the blocking pool.
 
-use super::clock::{millis, Clock, SystemClock};
-use super::sql::SqlIdempotencyOptions;
+use super::clock::{Clock, SystemClock};
+use super::options::SqlIdempotencyOptions;
 use crate::error::{Error, Result};
-use crate::sql::{AsyncSqlConnection, Dialect, SqlValue};
-use once_cell::sync::Lazy;
+use super::statements::{Statements, CLAIM_ROWS, CONFIRMED, CONFIRM_ROWS};
+use super::values;
+use crate::sql::time::millis;
+use crate::sql::{AsyncSqlConnection, Dialect, SqlValue, WorkerId};
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
-
-const CLAIMED: &str = "CLAIMED";
-const CONFIRMED: &str = "CONFIRMED";
 
 /// One table's rules: its options, its clock and its statements in both dialects.
 pub(crate) struct Keys {
     options: SqlIdempotencyOptions,
+    worker: WorkerId,
     clock: Arc<dyn Clock>,
     sqlite: Statements,
     postgres: Statements,
@@ -25,8 +26,9 @@ pub(crate) struct Keys {
 
 impl Keys {
     pub(crate) fn new(options: SqlIdempotencyOptions) -> Result<Self> {
-        validate(&options)?;
+        options.validate()?;
         Ok(Keys {
+            worker: WorkerId::new("idempotency", options.worker.clone())?,
             sqlite: Statements::new(&options.table, Dialect::Sqlite),
             postgres: Statements::new(&options.table, Dialect::Postgres),
             options,
@@ -48,10 +50,7 @@ impl Keys {
     }
 
     pub(crate) fn worker(&self) -> String {
-        match &self.options.worker {
-            Some(w) => w.clone(),
-            None => format!("{}:{}", *HOSTNAME, std::process::id()),
-        }
+        self.worker.current()
     }
 
     pub(crate) fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
@@ -87,38 +86,14 @@ impl Keys {
         c.execute(&self.statements(c.dialect()).purge, &[SqlValue::Int(now)]).await
     }
 
-    /// The claim: the INSERT, else a takeover of a stale claim. Commits on
-    /// its own when `c` is outside a transaction.
+    /// The claim of one key: [`claim_batch`](Self::claim_batch) of one, the
+    /// same statement. Commits on its own when `c` is outside a transaction.
     pub(crate) async fn first_time<C: AsyncSqlConnection>(&self, c: &C, key: &str) -> Result<bool> {
-        let now = self.clock.now_millis();
-        self.claim_at(c, key, now, SqlValue::Text(self.worker())).await
-    }
-
-    async fn claim_at<C: AsyncSqlConnection>(&self, c: &C, key: &str, now: i64, worker: SqlValue) -> Result<bool> {
-        let s = self.statements(c.dialect());
-        let expires = now.saturating_add(millis(self.options.retention));
-        let stale_before = now.saturating_sub(millis(self.options.claim_timeout));
-        let key = SqlValue::Text(key.to_string());
-        let inserted =
-            c.execute(&s.claim, &[key.clone(), worker.clone(), SqlValue::Int(now), SqlValue::Int(expires)]).await?;
-        if inserted > 0 {
-            return Ok(true);
-        }
-        // Somebody has the key. Take it over only if their claim has gone
-        // stale, and never a CONFIRMED row: that message really was handled.
-        // The UPDATE's own WHERE decides, so two workers taking over at
-        // once cannot both win (the first moves recorded_at to now).
-        let taken = c
-            .execute(
-                &s.take_over,
-                &[worker, SqlValue::Int(now), SqlValue::Int(expires), key, SqlValue::Int(stale_before)],
-            )
-            .await?;
-        Ok(taken > 0)
+        Ok(self.claim_batch(c, &[key]).await?.first().copied().unwrap_or(false))
     }
 
     pub(crate) async fn confirm<C: AsyncSqlConnection>(&self, c: &C, key: &str) -> Result<()> {
-        c.execute(&self.statements(c.dialect()).confirm, &[SqlValue::Text(key.to_string())]).await.map(drop)
+        self.confirm_batch(c, &[key]).await
     }
 
     pub(crate) async fn forget<C: AsyncSqlConnection>(&self, c: &C, key: &str) -> Result<()> {
@@ -128,152 +103,58 @@ impl Keys {
 
     pub(crate) async fn confirmed<C: AsyncSqlConnection>(&self, c: &C, key: &str) -> Result<bool> {
         let rows = c.query(&self.statements(c.dialect()).state, &[SqlValue::Text(key.to_string())]).await?;
-        Ok(rows.first().and_then(|r| r.first()) == Some(&SqlValue::Text(CONFIRMED.to_string())))
+        match rows.first() {
+            Some(row) => Ok(values::text(row, 0, "state")? == CONFIRMED),
+            None => Ok(false),
+        }
     }
 
-    /// Each key by the one-message rules, in order, in one transaction.
+    /// Claim `keys`, answering for each what [`first_time`](Self::first_time)
+    /// alone would have, in order: one statement per [`CLAIM_ROWS`] distinct
+    /// keys (one for any prefetch batch), with no transaction around it, so
+    /// each key is decided by its own row exactly as alone. A key repeated in
+    /// the batch is answered once: its later copies are not first, as they
+    /// would not be one after the other (the first copy's claim is live).
+    ///
+    /// The keys go to the database sorted: two batches that share keys then
+    /// lock their rows in the same order, so PostgreSQL cannot deadlock them.
     pub(crate) async fn claim_batch<C: AsyncSqlConnection>(&self, c: &C, keys: &[&str]) -> Result<Vec<bool>> {
+        let distinct: BTreeSet<&str> = keys.iter().copied().collect();
+        if distinct.is_empty() {
+            return Ok(Vec::new());
+        }
         let now = self.clock.now_millis();
+        let expires = SqlValue::Int(now.saturating_add(millis(self.options.retention)));
+        let stale_before = SqlValue::Int(now.saturating_sub(millis(self.options.claim_timeout)));
         let worker = SqlValue::Text(self.worker());
-        begin(c).await?;
-        let claimed = async {
-            let mut claimed = Vec::with_capacity(keys.len());
-            for key in keys {
-                claimed.push(self.claim_at(c, key, now, worker.clone()).await?);
+        let now = SqlValue::Int(now);
+        let s = self.statements(c.dialect());
+        let distinct: Vec<&str> = distinct.into_iter().collect();
+        let mut mine: HashSet<String> = HashSet::with_capacity(distinct.len());
+        for chunk in distinct.chunks(CLAIM_ROWS) {
+            let mut params = Vec::with_capacity(chunk.len() * 4 + 1);
+            for key in chunk {
+                params.extend([SqlValue::Text((*key).to_owned()), worker.clone(), now.clone(), expires.clone()]);
             }
-            Ok(claimed)
+            params.push(stale_before.clone());
+            for row in c.query(&s.claim(chunk.len()), &params).await? {
+                mine.insert(values::text(&row, 0, "message_id")?);
+            }
         }
-        .await;
-        finish(c, claimed).await
+        // In the caller's order; a repeated key is first at most once.
+        let mut answered: HashSet<&str> = HashSet::with_capacity(keys.len());
+        Ok(keys.iter().map(|k| answered.insert(k) && mine.contains(*k)).collect())
     }
 
+    /// Confirm `keys`: one `UPDATE ... WHERE message_id IN (...)` per
+    /// [`CONFIRM_ROWS`] distinct keys, each row changed as by a confirm alone.
     pub(crate) async fn confirm_batch<C: AsyncSqlConnection>(&self, c: &C, keys: &[&str]) -> Result<()> {
-        begin(c).await?;
-        let confirmed = async {
-            for key in keys {
-                self.confirm(c, key).await?;
-            }
-            Ok(())
+        let distinct: Vec<&str> = keys.iter().copied().collect::<BTreeSet<_>>().into_iter().collect();
+        let s = self.statements(c.dialect());
+        for chunk in distinct.chunks(CONFIRM_ROWS) {
+            let params: Vec<SqlValue> = chunk.iter().map(|k| SqlValue::Text((*k).to_owned())).collect();
+            c.execute(&s.confirm(chunk.len()), &params).await?;
         }
-        .await;
-        finish(c, confirmed).await
+        Ok(())
     }
 }
-
-async fn begin<C: AsyncSqlConnection>(c: &C) -> Result<()> {
-    // IMMEDIATE on SQLite takes the write lock up front: a deferred
-    // transaction that reads then writes can fail with SQLITE_BUSY
-    // instead of waiting out the busy timeout.
-    let begin = match c.dialect() {
-        Dialect::Sqlite => "BEGIN IMMEDIATE",
-        Dialect::Postgres => "BEGIN",
-    };
-    c.execute(begin, &[]).await.map(drop)
-}
-
-async fn finish<C: AsyncSqlConnection, T>(c: &C, result: Result<T>) -> Result<T> {
-    match result {
-        Ok(r) => {
-            c.execute("COMMIT", &[]).await?;
-            Ok(r)
-        }
-        Err(e) => {
-            // The original error is the one worth reporting.
-            let _ = c.execute("ROLLBACK", &[]).await;
-            Err(e)
-        }
-    }
-}
-
-static HOSTNAME: Lazy<String> = Lazy::new(|| {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
-        .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
-        .unwrap_or_else(|| "localhost".to_string())
-});
-
-fn validate(o: &SqlIdempotencyOptions) -> Result<()> {
-    let t = &o.table;
-    let ident = !t.is_empty()
-        && t.len() <= 58 // PostgreSQL truncates identifiers at 63 bytes, and "_expiry" is added
-        && !t.starts_with(|c: char| c.is_ascii_digit())
-        && t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !ident {
-        return Err(Error::invalid(format!(
-            "idempotency table name {t:?} is not a plain identifier: use letters, digits and underscores (at most 58)"
-        )));
-    }
-    if o.retention.is_zero() || o.claim_timeout.is_zero() {
-        return Err(Error::invalid("idempotency retention and claim_timeout must be longer than zero"));
-    }
-    if o.worker.as_deref() == Some("") {
-        return Err(Error::invalid("idempotency worker id is empty: give a non-empty worker, or none for hostname:pid"));
-    }
-    Ok(())
-}
-
-/// The SQL for one table in one dialect, built once.
-#[derive(Debug, Clone)]
-pub(crate) struct Statements {
-    pub(crate) create_table: String,
-    pub(crate) create_index: String,
-    pub(crate) claim: String,
-    pub(crate) take_over: String,
-    pub(crate) confirm: String,
-    pub(crate) forget: String,
-    pub(crate) state: String,
-    pub(crate) purge: String,
-}
-
-impl Statements {
-    pub(crate) fn new(t: &str, dialect: Dialect) -> Self {
-        let int = match dialect {
-            Dialect::Sqlite => "INTEGER",
-            Dialect::Postgres => "BIGINT",
-        };
-        let p = |sql: String| placeholders(&sql, dialect);
-        Statements {
-            create_table: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
-                 claimed_by TEXT, recorded_at {int} NOT NULL, expires_at {int} NOT NULL)"
-            ),
-            create_index: format!("CREATE INDEX IF NOT EXISTS {t}_expiry ON {t} (expires_at)"),
-            claim: p(format!(
-                "INSERT INTO {t} (message_id, state, claimed_by, recorded_at, expires_at) \
-                 VALUES (?, '{CLAIMED}', ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
-            )),
-            take_over: p(format!(
-                "UPDATE {t} SET claimed_by = ?, recorded_at = ?, expires_at = ? \
-                 WHERE message_id = ? AND state = '{CLAIMED}' AND recorded_at < ?"
-            )),
-            confirm: p(format!("UPDATE {t} SET state = '{CONFIRMED}' WHERE message_id = ?")),
-            forget: p(format!("DELETE FROM {t} WHERE message_id = ? AND state = '{CLAIMED}' AND claimed_by = ?")),
-            state: p(format!("SELECT state FROM {t} WHERE message_id = ?")),
-            purge: p(format!("DELETE FROM {t} WHERE expires_at < ?")),
-        }
-    }
-}
-
-/// `?` placeholders become `$1`, `$2`, ... for PostgreSQL. The statements
-/// above have no `?` inside literals, so a plain scan is exact.
-fn placeholders(sql: &str, dialect: Dialect) -> String {
-    if dialect == Dialect::Sqlite {
-        return sql.to_string();
-    }
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut n = 0;
-    for ch in sql.chars() {
-        if ch == '?' {
-            n += 1;
-            out.push('$');
-            out.push_str(&n.to_string());
-        } else {
-            out.push(ch);
-        }
-    }
-    out
-}
-

@@ -46,7 +46,6 @@ mod store;
 mod sweep;
 mod values;
 mod wake;
-mod worker_id;
 
 #[cfg(test)]
 mod tests;
@@ -59,6 +58,6 @@ pub use publisher::{OutboxPublisher, PublishFuture};
 pub use record::OutboxRecord;
 pub use relay::{OnError, OutboxRelay, RelayOptions, RelayStore};
 pub use store::SqlOutboxStore;
+pub use crate::sql::default_worker_id;
 pub use sweep::{settle, Settled, Swept};
 pub use wake::LocalWake;
-pub use worker_id::default_worker_id;

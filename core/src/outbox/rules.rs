@@ -6,15 +6,15 @@
 //! or SQLite on the blocking pool. The two differ only in how a statement is
 //! executed.
 
-use super::statements::{begin, Statements};
+use super::statements::Statements;
 use super::wake::LocalWake;
 use super::values::{column, int, opt_int, opt_str, opt_text, text};
-use super::worker_id::default_worker_id;
 use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::headers::Headers;
-use crate::sql::{AsyncSqlConnection, Dialect, SqlValue};
+use crate::sql::time::millis;
+use crate::sql::{finish, AsyncSqlConnection, Dialect, SqlValue, WorkerId};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ const IDS_PER_STATEMENT: usize = 500;
 #[derive(Debug)]
 pub(crate) struct Rules {
     statements: Statements,
-    worker_id: String,
+    worker_id: WorkerId,
     options: OutboxStoreOptions,
     wake: LocalWake,
 }
@@ -36,10 +36,8 @@ impl Rules {
     /// Fails when the table name is not a plain identifier or the worker id is empty.
     pub(crate) fn new(options: OutboxStoreOptions) -> Result<Self> {
         let statements = Statements::new(&options.table)?;
-        let worker_id = options.worker_id.clone().unwrap_or_else(default_worker_id);
-        if worker_id.is_empty() {
-            return Err(Error::invalid("outbox worker id is empty: leave it unset for hostname:pid, or name this relay"));
-        }
+        // Read at each call when unset: a forked child is a new worker.
+        let worker_id = WorkerId::new("outbox", options.worker_id.clone())?;
         let wake = LocalWake::of(statements.table());
         Ok(Rules { statements, worker_id, options, wake })
     }
@@ -48,8 +46,8 @@ impl Rules {
         self.statements.table()
     }
 
-    pub(crate) fn worker_id(&self) -> &str {
-        &self.worker_id
+    pub(crate) fn worker_id(&self) -> String {
+        self.worker_id.current()
     }
 
     pub(crate) fn options(&self) -> &OutboxStoreOptions {
@@ -122,7 +120,7 @@ impl Rules {
             return Ok(Vec::new());
         }
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let params = [SqlValue::Text(self.worker_id.clone()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
+        let params = [SqlValue::Text(self.worker_id.current()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
         let rows = conn.query(&self.statements.claim(conn.dialect()), &params).await.map_err(|e| {
             context(e, "cannot claim outbox rows; the store needs a connection of its own, not one inside a transaction")
         })?;
@@ -174,7 +172,7 @@ impl Rules {
             Dialect::Postgres => {
                 let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
                 let mut params =
-                    vec![SqlValue::Text(self.worker_id.clone()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
+                    vec![SqlValue::Text(self.worker_id.current()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
                 params.extend(done.iter().map(|id| SqlValue::Int(*id)));
                 let rows = conn.query(&self.statements.delete_then_claim_pg(done.len()), &params).await?;
                 self.read_claimed(conn, rows).await
@@ -193,7 +191,7 @@ impl Rules {
 
     /// Delete rows of ours the broker confirmed; the rows deleted.
     pub(crate) async fn delete_ids<C: AsyncSqlConnection>(&self, conn: &C, ids: &[i64]) -> Result<usize> {
-        let me = SqlValue::Text(self.worker_id.clone());
+        let me = SqlValue::Text(self.worker_id.current());
         let dialect = conn.dialect();
         let mut deleted = 0u64;
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
@@ -230,7 +228,7 @@ impl Rules {
     async fn complete_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
         let failed: Vec<(i64, &str)> =
             completions.iter().filter_map(|c| c.result.as_ref().err().map(|e| (c.id, e.as_str()))).collect();
-        let me = SqlValue::Text(self.worker_id.clone());
+        let me = SqlValue::Text(self.worker_id.current());
         let dialect = conn.dialect();
         let deleted = self.delete_confirmed(conn, completions).await?;
         for chunk in failed.chunks(IDS_PER_STATEMENT) {
@@ -298,41 +296,19 @@ impl Rules {
         let mut params =
             vec![SqlValue::Int(attempts), SqlValue::Text(error), SqlValue::Int(millis(backoff)), SqlValue::Int(id)];
         if owned {
-            params.push(SqlValue::Text(self.worker_id.clone()));
+            params.push(SqlValue::Text(self.worker_id.current()));
         }
         conn.execute(&self.statements.fail(conn.dialect(), owned), &params).await?;
         Ok(())
     }
 
     async fn begin<C: AsyncSqlConnection>(&self, conn: &C) -> Result<()> {
-        conn.execute(begin(conn.dialect()), &[]).await.map(drop).map_err(|e| {
+        crate::sql::begin(conn).await.map_err(|e| {
             context(
                 e,
                 "cannot begin the outbox transaction; the store needs a connection of its own, not one inside a transaction",
             )
         })
-    }
-}
-
-/// Commit after `result`, or roll back after an error, so the connection is
-/// never left inside the transaction.
-async fn finish<C: AsyncSqlConnection, T>(conn: &C, result: Result<T>) -> Result<T> {
-    match result {
-        Ok(value) => match conn.execute("COMMIT", &[]).await {
-            Ok(_) => Ok(value),
-            Err(e) => {
-                // A COMMIT that failed may leave the transaction open on some
-                // drivers; the error that matters is the commit's.
-                let _ = conn.execute("ROLLBACK", &[]).await;
-                Err(e)
-            }
-        },
-        Err(e) => {
-            // The error that matters is the one above; a failed rollback
-            // (the transaction is already gone) adds nothing to it.
-            let _ = conn.execute("ROLLBACK", &[]).await;
-            Err(e)
-        }
     }
 }
 
@@ -358,10 +334,6 @@ fn record_from_row(row: &[SqlValue]) -> Result<OutboxRecord> {
     })
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// Keep the kind and the driver's message, and say what to check first.
 fn context(e: Error, what: &str) -> Error {
     Error::new(e.kind().clone(), format!("{what}: {}", e.message()))
@@ -377,7 +349,7 @@ macro_rules! store_accessors {
         }
     
         /// Who this store claims rows as.
-        pub fn worker_id(&self) -> &str {
+        pub fn worker_id(&self) -> String {
             self.rules.worker_id()
         }
     

@@ -3,8 +3,9 @@
 //! two dialects cannot drift apart in anything but what really differs: the
 //! id column, the clock, and how a claim keeps other relays out.
 
-use crate::error::{Error, Result};
-use crate::sql::Dialect;
+use crate::error::Result;
+use crate::sql::placeholders::{marks, number as shared_number};
+use crate::sql::{table_name, Dialect};
 
 /// Columns of a claimed row, in the order [`Statements::select_due`] returns
 /// them. `attempts` comes last so a row that cannot be read can still be
@@ -35,15 +36,7 @@ impl Statements {
     /// Statements for `table`, which must be a plain identifier: it is
     /// spliced into SQL text, so anything else is refused rather than quoted.
     pub(crate) fn new(table: &str) -> Result<Self> {
-        let mut chars = table.chars();
-        let valid = matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && table.len() <= 63;
-        if !valid {
-            return Err(Error::invalid(format!(
-                "outbox table name {table:?} is not a plain identifier: use letters, digits and underscores (at most 63)"
-            )));
-        }
+        table_name("outbox", table)?;
         Ok(Statements { table: table.to_owned() })
     }
 
@@ -235,50 +228,9 @@ impl Statements {
     }
 }
 
-/// The transaction a claim or a completion runs in. SQLite's plain `BEGIN`
-/// is deferred: two relays could both read the same due rows and then both
-/// lease them. `IMMEDIATE` takes the write lock first, so the read and the
-/// lease are one step for everyone else.
-pub(crate) fn begin(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Sqlite => "BEGIN IMMEDIATE",
-        Dialect::Postgres => "BEGIN",
-    }
-}
+// The database clock lives with the shared SQL plumbing (crate::sql).
+pub(crate) use crate::sql::time::now_ms;
 
-/// Now, in milliseconds since the epoch, by the database's clock. Every time
-/// in the table is the database's: relays on several hosts share one clock
-/// for leases and backoffs, so a relay whose host clock runs ahead cannot
-/// take over a lease that has not run out.
-pub(crate) fn now_ms(dialect: Dialect) -> &'static str {
-    match dialect {
-        Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
-        Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)",
-    }
-}
-
-fn marks(n: usize) -> String {
-    vec!["?"; n].join(", ")
-}
-
-/// `?` to `$1`, `$2`, ... for PostgreSQL. The statements above have no string
-/// literal containing `?`, which is what makes this substitution safe.
 fn number(dialect: Dialect, sql: &str) -> String {
-    match dialect {
-        Dialect::Sqlite => sql.to_owned(),
-        Dialect::Postgres => {
-            let mut out = String::with_capacity(sql.len() + 8);
-            let mut n = 0;
-            for c in sql.chars() {
-                if c == '?' {
-                    n += 1;
-                    out.push('$');
-                    out.push_str(&n.to_string());
-                } else {
-                    out.push(c);
-                }
-            }
-            out
-        }
-    }
+    shared_number(dialect, sql)
 }

@@ -18,12 +18,16 @@ pub enum Dialect {
 }
 
 impl Dialect {
-    /// `"sqlite"` or `"postgres"`, as a migration or a Ruby caller names it.
+    /// The dialect a migration, a driver or a Ruby adapter names: `"sqlite"`
+    /// (or `"sqlite3"`, the gem's name) or `"postgres"` (or `"postgresql"`,
+    /// ActiveRecord's adapter name, or `"pg"`, the gem's).
     pub fn parse(name: &str) -> Result<Self> {
         match name {
-            "sqlite" => Ok(Dialect::Sqlite),
-            "postgres" => Ok(Dialect::Postgres),
-            other => Err(crate::error::Error::invalid(format!("dialect must be \"sqlite\" or \"postgres\", got {other:?}"))),
+            "sqlite" | "sqlite3" => Ok(Dialect::Sqlite),
+            "postgres" | "postgresql" | "pg" => Ok(Dialect::Postgres),
+            other => Err(crate::error::Error::invalid(format!(
+                "SQL dialect {other:?} is not supported: a connection's dialect must be \"sqlite\" or \"postgres\""
+            ))),
         }
     }
 }
@@ -67,3 +71,30 @@ mod sqlite_async;
 pub use sqlite_async::{AsyncSqliteConnection, AsyncSqliteSession};
 mod source;
 pub use source::{ConnectionSource, PerCall};
+
+// The plumbing both stores (idempotency, outbox) share, once: placeholders,
+// transactions, times, worker ids and which table names are accepted.
+mod identifier;
+pub use identifier::MAX_TABLE_NAME;
+pub(crate) use identifier::table_name;
+pub(crate) mod placeholders;
+pub(crate) mod time;
+mod transaction;
+pub(crate) use transaction::{begin, finish};
+mod worker;
+pub use worker::default_worker_id;
+pub(crate) use worker::WorkerId;
+
+#[cfg(test)]
+mod tests {
+    use super::Dialect;
+
+    #[test]
+    fn dialect_names() {
+        for (name, d) in [("sqlite", Dialect::Sqlite), ("sqlite3", Dialect::Sqlite), ("postgres", Dialect::Postgres), ("postgresql", Dialect::Postgres), ("pg", Dialect::Postgres)] {
+            assert_eq!(Dialect::parse(name).unwrap(), d);
+        }
+        let e = Dialect::parse("mysql").unwrap_err();
+        assert!(e.is_invalid_argument() && e.message().contains("\"mysql\" is not supported"), "{e}");
+    }
+}

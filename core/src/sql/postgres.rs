@@ -176,6 +176,11 @@ impl PgConnection {
     /// Connect to `url` (`postgres://user@host:5432/db`, or the key=value
     /// form libpq takes). Spawns the connection's I/O task, so call it within
     /// a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped before it returns, the half-made connection is
+    /// dropped with it and nothing has been written.
     pub async fn connect(url: &str) -> Result<Self> {
         let config: tokio_postgres::Config = url
             .parse()

@@ -8,6 +8,9 @@ use rusqlite::types::{Value as SqliteValue, ValueRef};
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// Prepared statements kept per connection.
+const STATEMENT_CACHE: usize = 256;
+
 /// A SQLite database file opened by the library itself.
 pub struct SqliteConnection {
     conn: Mutex<rusqlite::Connection>,
@@ -24,11 +27,15 @@ impl SqliteConnection {
         // durable across a process crash, which is the failure that matters here.
         conn.pragma_update(None, "journal_mode", "WAL").map_err(sqlite_error)?;
         conn.pragma_update(None, "synchronous", "NORMAL").map_err(sqlite_error)?;
-        Ok(Self { conn: Mutex::new(conn) })
+        Ok(Self::from_rusqlite(conn))
     }
 
     /// Wrap a connection the caller already opened.
     pub fn from_rusqlite(conn: rusqlite::Connection) -> Self {
+        // A batch statement's text depends on its size (one VALUES tuple per
+        // key), so a consumer whose batches vary prepares one per size: room
+        // for them beside the fixed statements (rusqlite keeps 16).
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Self { conn: Mutex::new(conn) }
     }
 

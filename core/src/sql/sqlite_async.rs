@@ -28,6 +28,12 @@ impl std::fmt::Debug for AsyncSqliteConnection {
 impl AsyncSqliteConnection {
     /// Open (or create) the database at `path` as
     /// [`SqliteConnection::open`] does (WAL, a busy timeout), off the runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropped before it returns, the open finishes on the
+    /// blocking pool and the connection is closed there; a database file it
+    /// created stays (empty), as after any open.
     pub async fn open(path: &str) -> Result<Self> {
         let path = path.to_owned();
         let conn = off_runtime(move || SqliteConnection::open(&path)).await?;

@@ -3,7 +3,7 @@
 
 use super::{required_key, seconds};
 use crate::errors::IntoRuby;
-use acemq::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
+use acemq::idempotency::{IdempotencyStore, InMemoryIdempotencyOptions, InMemoryIdempotencyStore};
 use magnus::{function, method, prelude::*, Error, RModule, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::InMemoryIdempotencyStore", free_immediately, size)]
@@ -12,16 +12,13 @@ pub struct RbInMemoryStore {
 }
 
 impl RbInMemoryStore {
-    fn new(ruby: &Ruby, window: f64, claim_timeout: f64) -> Result<Self, Error> {
-        let window = seconds(ruby, "window", window)?;
-        let claim_timeout = seconds(ruby, "claim_timeout", claim_timeout)?;
-        if window.is_zero() || claim_timeout.is_zero() {
-            return Err(Error::new(
-                ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
-                "window and claim_timeout must be longer than zero seconds",
-            ));
-        }
-        Ok(Self { inner: InMemoryIdempotencyStore::new(window).with_claim_timeout(claim_timeout) })
+    /// `nil` for what the caller left out: core has the defaults and
+    /// refuses zeros.
+    fn new(ruby: &Ruby, window: Option<f64>, claim_timeout: Option<f64>) -> Result<Self, Error> {
+        let window = window.map(|w| seconds(ruby, "window", w)).transpose()?;
+        let claim_timeout = claim_timeout.map(|c| seconds(ruby, "claim_timeout", c)).transpose()?;
+        let options = InMemoryIdempotencyOptions::with(window, claim_timeout);
+        Ok(Self { inner: InMemoryIdempotencyStore::with_options(options).rb(ruby)? })
     }
 
     fn first_time(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<bool, Error> {

@@ -33,23 +33,18 @@ impl DataTypeFunctions for RbSqlStore {
     }
 }
 
+/// `nil` for what the caller left out: core has the defaults (and the
+/// rules that refuse what cannot work).
 fn options(
     ruby: &Ruby,
     table: Option<String>,
-    retention: f64,
-    claim_timeout: f64,
+    retention: Option<f64>,
+    claim_timeout: Option<f64>,
     worker: Option<String>,
 ) -> Result<SqlIdempotencyOptions, Error> {
-    let mut o = SqlIdempotencyOptions {
-        retention: seconds(ruby, "retention", retention)?,
-        claim_timeout: seconds(ruby, "claim_timeout", claim_timeout)?,
-        worker,
-        ..Default::default()
-    };
-    if let Some(t) = table {
-        o.table = t;
-    }
-    Ok(o)
+    let retention = retention.map(|r| seconds(ruby, "retention", r)).transpose()?;
+    let claim_timeout = claim_timeout.map(|c| seconds(ruby, "claim_timeout", c)).transpose()?;
+    Ok(SqlIdempotencyOptions::with(table, retention, claim_timeout, worker))
 }
 
 impl RbSqlStore {
@@ -57,8 +52,8 @@ impl RbSqlStore {
         ruby: &Ruby,
         path: String,
         table: Option<String>,
-        retention: f64,
-        claim_timeout: f64,
+        retention: Option<f64>,
+        claim_timeout: Option<f64>,
         worker: Option<String>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, retention, claim_timeout, worker)?;
@@ -71,8 +66,8 @@ impl RbSqlStore {
         ruby: &Ruby,
         adapter: Value,
         table: Option<String>,
-        retention: f64,
-        claim_timeout: f64,
+        retention: Option<f64>,
+        claim_timeout: Option<f64>,
         worker: Option<String>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, retention, claim_timeout, worker)?;

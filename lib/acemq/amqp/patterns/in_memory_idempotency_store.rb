@@ -11,12 +11,12 @@ module AceMQ
       # Same states as the SQL store: a claim that is taken over once older
       # than claim_timeout, and a confirmed key that never is. Answers
       # first_time?, confirm, forget, confirmed?, size and clear.
+      #
+      # window: (default a day) and claim_timeout: (default 300 s) are
+      # seconds; what is left out is nil here and the engine's default.
       class InMemoryIdempotencyStore
-        DEFAULT_WINDOW = 24 * 3600
-        DEFAULT_CLAIM_TIMEOUT = 300
-
-        def self.new(window: DEFAULT_WINDOW, claim_timeout: DEFAULT_CLAIM_TIMEOUT)
-          _new(Float(window), Float(claim_timeout))
+        def self.new(window: nil, claim_timeout: nil)
+          _new(window.nil? ? nil : Float(window), claim_timeout.nil? ? nil : Float(claim_timeout))
         rescue TypeError, ArgumentError => e
           raise if e.is_a?(ConfigurationError)
 

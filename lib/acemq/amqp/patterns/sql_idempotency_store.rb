@@ -22,19 +22,19 @@ module AceMQ
       # The table (default acemq_idempotency) has integer epoch-millisecond
       # times, not the datetime columns of the guide's ActiveRecord
       # migration: if that table exists, give this store another table:.
+      #
+      # retention: (default a day) and claim_timeout: (default 300 s) are
+      # seconds; what is left out is nil here and the engine's default, the
+      # one a Rust service gets too.
       class SQLIdempotencyStore
-        DEFAULT_RETENTION = 24 * 3600
-        DEFAULT_CLAIM_TIMEOUT = 300
-
-        def self.new(connection: nil, path: nil, table: nil, retention: DEFAULT_RETENTION,
-                     claim_timeout: DEFAULT_CLAIM_TIMEOUT, worker: nil)
+        def self.new(connection: nil, path: nil, table: nil, retention: nil, claim_timeout: nil, worker: nil)
           if connection.nil? == path.nil?
             raise ConfigurationError, "SQLIdempotencyStore.new takes connection: (your database connection, or a " \
                                       "callable returning one) or path: (a SQLite file), exactly one of them"
           end
 
-          retention = Patterns.seconds(:retention, retention)
-          claim_timeout = Patterns.seconds(:claim_timeout, claim_timeout)
+          retention = Patterns.seconds(:retention, retention) unless retention.nil?
+          claim_timeout = Patterns.seconds(:claim_timeout, claim_timeout) unless claim_timeout.nil?
           table = table&.to_s
           worker = worker&.to_s
           if path
@@ -43,7 +43,6 @@ module AceMQ
             _new_ruby(SQL.connect(connection), table, retention, claim_timeout, worker)
           end
         end
-
 
         # The statements create_schema runs, for a migration: dialect is
         # :sqlite or :postgres.

@@ -13,7 +13,7 @@ module AceMQ
       # connection from the pool for each statement and gives it back —
       # unless the thread already holds one, which is then the one used, and
       # with it the thread's transaction. A transaction the engine runs
-      # (BEGIN … COMMIT: a batch claim, a relay's claim) holds one connection
+      # (BEGIN … COMMIT: an outbox relay's claim) holds one connection
       # from its BEGIN to its end.
       class ConnectionPool
         include Source

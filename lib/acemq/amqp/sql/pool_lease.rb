@@ -70,8 +70,8 @@ module AceMQ
             # On PostgreSQL a second BEGIN is only a warning, and the
             # engine's COMMIT would then commit the application's
             # transaction half way through.
-            raise StoreError, "this operation runs a transaction of its own (a batch claim or confirm, an outbox " \
-                              "relay's claim), and this thread's ActiveRecord connection is inside one: call it " \
+            raise StoreError, "this operation runs a transaction of its own (an outbox relay's claim or " \
+                              "completion), and this thread's ActiveRecord connection is inside one: call it " \
                               "outside ActiveRecord::Base.transaction, or give the store a connection of its own"
           end
           @held = conn

@@ -13,6 +13,9 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+mod options;
+mod sql_store;
+
 /// A SQLite file of its own in the temp dir, removed (with its WAL files)
 /// when dropped.
 pub(super) struct TempDb {

@@ -41,6 +41,21 @@ module OutboxProcessesSpec
         expect(store.backlog[:count]).to eq(0)
       end
 
+      it "publishes every row exactly once with three started relays, whose deletes ride on their next claims" do
+        exchange, queue = destination(mq)
+        n = 300
+        fill(db, store, exchange, n)
+        pids = 3.times.map do |i|
+          spawn_relay(db: db_arg, table: table, batch: 5, worker: "started-#{i}", amqp: AMQP_URL, mode: "start")
+        end
+        statuses = pids.map { |pid| wait_relay(pid) }
+        expect(statuses.map(&:exitstatus)).to eq([0, 0, 0])
+        got = arrivals(queue, n)
+        expect(got.tally.select { |_, c| c > 1 }).to be_empty
+        expect(got.sort).to eq((0...n).to_a)
+        expect(store.backlog[:count]).to eq(0)
+      end
+
       it "publishes again what a relay killed between confirm and delete had published: at least once, never lost" do
         exchange, queue = destination(mq)
         n = 60

@@ -6,6 +6,10 @@
 #
 #   ruby -Ilib spec/support/outbox_relay_process.rb --db sqlite:/tmp/x.db --table t --batch 20 --worker w1
 #
+# With --mode start it runs relay.start instead (the started relay's held
+# deletes and wake-ups) and exits once the table is empty, as counted on a
+# connection of its own, then closes the relay.
+#
 # Loaded by spec_helper too (every file in support/ is): only runs as a script.
 if $PROGRAM_NAME == __FILE__
   require "acemq/amqp"
@@ -28,6 +32,20 @@ if $PROGRAM_NAME == __FILE__
   relay = AceMQ::AMQP::Patterns::OutboxRelay.new(mq, store, batch_size: Integer(args.fetch(:batch, "20")),
                                                             on_error: ->(e, **) { warn("relay: #{e.message}") })
   deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 25
+  if args[:mode] == "start"
+    count = if args[:db].start_with?("sqlite:")
+              counter = SQLite3::Database.new(args[:db].delete_prefix("sqlite:")).tap { |d| d.busy_timeout = 10_000 }
+              -> { counter.get_first_value("SELECT COUNT(*) FROM #{args[:table]}") }
+            else
+              counter = PG.connect(args[:db])
+              -> { Integer(counter.exec("SELECT COUNT(*) FROM #{args[:table]}").getvalue(0, 0)) }
+            end
+    relay.start
+    sleep 0.05 until count.call.zero? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    relay.close
+    mq.close
+    exit!(0)
+  end
   loop do
     sent = relay.sweep
     break if sent.zero? && store.backlog[:count].zero?

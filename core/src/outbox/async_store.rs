@@ -91,9 +91,39 @@ impl<S: AsyncConnectionSource> AsyncSqlOutboxStore<S> {
         self.rules.claim(&conn, batch_size).await
     }
 
+    /// [`claim`](Self::claim), deleting `done` first in the same commit; see
+    /// [`SqlOutboxStore::delete_then_claim`](super::SqlOutboxStore::delete_then_claim).
+    ///
+    /// # Cancel safety
+    ///
+    /// As `claim`: dropped before its commit, neither the delete nor the
+    /// claim happened; after it, the claimed rows wait out their lease.
+    pub async fn delete_then_claim(&self, done: &[i64], batch_size: usize) -> Result<Vec<OutboxRecord>> {
+        let conn = self.connection().await?;
+        self.rules.delete_then_claim(&conn, done, batch_size).await
+    }
+
+    /// Delete `ids`, rows of this worker the broker confirmed; see
+    /// [`SqlOutboxStore::delete_confirmed`](super::SqlOutboxStore::delete_confirmed).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a row whose delete was dropped is published again after
+    /// its lease (a duplicate, never a loss).
+    pub async fn delete_confirmed(&self, ids: &[i64]) -> Result<usize> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let conn = self.connection().await?;
+        self.rules.delete_ids(&conn, ids).await
+    }
+
     /// Delete what the broker confirmed and back off what failed; see
-    /// [`SqlOutboxStore::complete`](super::SqlOutboxStore::complete). Cancel
-    /// safe: a completion dropped before its commit deletes nothing, and the
+    /// [`SqlOutboxStore::complete`](super::SqlOutboxStore::complete).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a completion dropped before its commit deletes nothing, and the
     /// rows are published again after their lease (a duplicate, never a loss).
     pub async fn complete(&self, completions: &[Completion]) -> Result<usize> {
         if completions.is_empty() {

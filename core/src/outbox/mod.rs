@@ -43,7 +43,9 @@ mod relay;
 mod rules;
 mod statements;
 mod store;
+mod sweep;
 mod values;
+mod wake;
 
 #[cfg(test)]
 mod tests;
@@ -57,3 +59,5 @@ pub use record::OutboxRecord;
 pub use relay::{OnError, OutboxRelay, RelayOptions, RelayStore};
 pub use store::SqlOutboxStore;
 pub use crate::sql::default_worker_id;
+pub use sweep::{settle, Settled, Swept};
+pub use wake::LocalWake;

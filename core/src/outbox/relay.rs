@@ -1,6 +1,6 @@
 //! The relay for Rust services: claim, publish, complete, on a tokio task.
 
-use super::{AsyncSqlOutboxStore, Completion, OutboxPublisher, OutboxRecord, SqlOutboxStore};
+use super::{settle, AsyncSqlOutboxStore, Completion, LocalWake, OutboxPublisher, OutboxRecord, SqlOutboxStore, Swept};
 use crate::error::{Error, Result};
 use crate::sql::blocking::off_runtime;
 use crate::sql::{AsyncConnectionSource, ConnectionSource};
@@ -15,9 +15,14 @@ use tokio::task::JoinHandle;
 /// unreachable), with both empty.
 pub type OnError = Box<dyn Fn(&Error, &str, &str) + Send + Sync>;
 
-/// Options of an [`OutboxRelay`].
+/// Options of an [`OutboxRelay`] (and of the Ruby `OutboxRelay`, which
+/// builds one of these from its keywords, so the defaults and the checks are
+/// these).
 pub struct RelayOptions {
-    /// The wait between sweeps that found less than a full batch. Default 1 second.
+    /// The longest wait between sweeps that found less than a full batch: a
+    /// relay also wakes as soon as a row is added in this process (SQLite)
+    /// or committed by any process (PostgreSQL, `LISTEN`, the Ruby relay),
+    /// so this is the fallback poll. Default 1 second.
     pub interval: Duration,
     /// Rows claimed and published per sweep. Default 100.
     pub batch_size: usize,
@@ -29,7 +34,30 @@ pub struct RelayOptions {
 
 impl Default for RelayOptions {
     fn default() -> Self {
-        RelayOptions { interval: Duration::from_secs(1), batch_size: 100, on_error: None }
+        RelayOptions { interval: Self::DEFAULT_INTERVAL, batch_size: Self::DEFAULT_BATCH_SIZE, on_error: None }
+    }
+}
+
+impl RelayOptions {
+    /// The default interval.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+    /// The default batch size.
+    pub const DEFAULT_BATCH_SIZE: usize = 100;
+
+    /// Refuse what cannot work: a zero interval (a relay polling in a busy
+    /// loop) or a zero batch (a relay that never publishes anything).
+    pub fn validate(&self) -> Result<()> {
+        if self.interval.is_zero() {
+            return Err(Error::invalid(
+                "outbox relay interval must be more than zero: it is the longest wait between sweeps (default 1 s)",
+            ));
+        }
+        if self.batch_size == 0 {
+            return Err(Error::invalid(
+                "outbox relay batch size must be at least 1: it is how many rows one sweep publishes (default 100)",
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -52,6 +80,16 @@ pub trait RelayStore: Send + Sync + 'static {
     fn claim_for_relay(self: Arc<Self>, batch_size: usize) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send;
     /// [`SqlOutboxStore::complete`].
     fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send;
+    /// [`SqlOutboxStore::local_wake`].
+    fn wake_for_relay(&self) -> &LocalWake;
+    /// [`SqlOutboxStore::delete_then_claim`].
+    fn delete_then_claim_for_relay(
+        self: Arc<Self>,
+        done: Vec<i64>,
+        batch_size: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send;
+    /// [`SqlOutboxStore::delete_confirmed`].
+    fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send;
 }
 
 /// The blocking store's SQL runs on tokio's blocking pool (`spawn_blocking`)
@@ -64,6 +102,19 @@ impl<S: ConnectionSource + Send + Sync + 'static> RelayStore for SqlOutboxStore<
     fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send {
         off_runtime(move || self.complete(&completions))
     }
+    fn wake_for_relay(&self) -> &LocalWake {
+        self.local_wake()
+    }
+    fn delete_then_claim_for_relay(
+        self: Arc<Self>,
+        done: Vec<i64>,
+        batch_size: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send {
+        off_runtime(move || self.delete_then_claim(&done, batch_size))
+    }
+    fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send {
+        off_runtime(move || self.delete_confirmed(&ids))
+    }
 }
 
 impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
@@ -72,6 +123,19 @@ impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
     }
     fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send {
         async move { self.complete(&completions).await }
+    }
+    fn wake_for_relay(&self) -> &LocalWake {
+        self.local_wake()
+    }
+    fn delete_then_claim_for_relay(
+        self: Arc<Self>,
+        done: Vec<i64>,
+        batch_size: usize,
+    ) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send {
+        async move { self.delete_then_claim(&done, batch_size).await }
+    }
+    fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send {
+        async move { self.delete_confirmed(&ids).await }
     }
 }
 
@@ -121,13 +185,6 @@ struct Inner<T: RelayStore> {
     options: RelayOptions,
 }
 
-/// What one sweep did.
-#[derive(Debug, Clone, Copy, Default)]
-struct Swept {
-    claimed: usize,
-    confirmed: usize,
-}
-
 impl<T: RelayStore> OutboxRelay<T> {
     /// A relay publishing `store`'s rows through `publisher`. Nothing runs
     /// until [`start`](Self::start) or [`sweep`](Self::sweep).
@@ -152,17 +209,25 @@ impl<T: RelayStore> OutboxRelay<T> {
     /// record that fails is reported to `on_error` and retried after its
     /// backoff; an error is returned only when the database step failed.
     ///
+    /// Fails when the options are invalid (see [`RelayOptions::validate`]).
+    ///
+    /// # Cancel safety
+    ///
     /// Cancel safe in that nothing is lost: rows claimed by a sweep that is
     /// dropped stay leased until the lease runs out and are published then
     /// (possibly a second time).
     pub async fn sweep(&self) -> Result<usize> {
+        self.inner.options.validate()?;
         self.inner.sweep().await.map(|s| s.confirmed)
     }
 
-    /// Sweep every `interval` on a tokio task, and again at once after a
-    /// sweep that claimed a full batch, until [`close`](Self::close). Must be
-    /// called within a tokio runtime. Starting a started relay does nothing.
+    /// Sweep on a tokio task until [`close`](Self::close): again at once
+    /// after a full batch that all went out, as soon as a row is added to
+    /// the table in this process (SQLite; see [`LocalWake`]), and otherwise
+    /// every `interval`. Must be called within a tokio runtime; fails when
+    /// the options are invalid. Starting a started relay does nothing.
     pub fn start(&self) -> Result<()> {
+        self.inner.options.validate()?;
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
             Error::invalid("the outbox relay starts a tokio task: call start from within a tokio runtime")
         })?;
@@ -179,8 +244,11 @@ impl<T: RelayStore> OutboxRelay<T> {
     }
 
     /// Stop sweeping: the sweep in progress finishes (its confirmed rows are
-    /// deleted, its failures recorded), then the task ends. Cancel safe: the
-    /// relay is stopped as soon as this is first called.
+    /// deleted, its failures recorded), then the task ends.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the relay is stopped as soon as this is first called.
     pub async fn close(&self) {
         self.stop.send_replace(true);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -207,65 +275,102 @@ impl<T: RelayStore + std::fmt::Debug> std::fmt::Debug for OutboxRelay<T> {
 
 impl<T: RelayStore> Inner<T> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let wake = self.store.wake_for_relay().clone();
+        // Confirmed rows whose delete is held back for the next claim.
+        let mut held: Vec<i64> = Vec::new();
         loop {
             if *stop.borrow() {
-                return;
+                break;
             }
-            let full = match self.sweep().await {
-                Ok(swept) => swept.claimed >= self.options.batch_size,
-                Err(e) => {
+            // Read before the sweep: an add made while it runs moves the
+            // counter past this, and the wait below returns at once.
+            let seen = wake.seen();
+            let again = match self.sweep_holding(std::mem::take(&mut held), &wake, seen).await {
+                Ok((swept, kept)) => {
+                    held = kept;
+                    swept.again(self.options.batch_size) || !held.is_empty()
+                }
+                Err((e, kept)) => {
+                    held = kept;
                     self.report(&e, "", "");
                     false
                 }
             };
-            if full {
+            if again {
                 // More is waiting: sweep again now rather than an interval later,
                 // but let the runtime breathe between batches.
                 tokio::task::yield_now().await;
                 continue;
             }
             tokio::select! {
-                _ = tokio::time::sleep(self.options.interval) => {}
+                _ = wake.wait_past(seen, self.options.interval) => {}
                 // Err: the relay was dropped; either way, stop.
                 _ = stop.changed() => {}
             }
         }
+        if !held.is_empty() {
+            // Not lost if this fails: they go out again after their lease.
+            if let Err(e) = self.store.clone().delete_for_relay(held).await {
+                self.report(&e, "", "");
+            }
+        }
+    }
+
+    /// A sweep of the started relay: deletes `done` in its claim's commit and
+    /// holds back its own confirmed rows' delete when core's
+    /// [`Swept::defer_delete`] says the next claim comes at once. The ids
+    /// held back, also on an error (the claim failed, so `done` was not
+    /// deleted: it is tried again).
+    async fn sweep_holding(
+        &self,
+        done: Vec<i64>,
+        wake: &LocalWake,
+        seen: u64,
+    ) -> std::result::Result<(Swept, Vec<i64>), (Error, Vec<i64>)> {
+        let batch_size = self.options.batch_size;
+        let records = match self.store.clone().delete_then_claim_for_relay(done.clone(), batch_size).await {
+            Ok(records) => records,
+            Err(e) => return Err((e, done)),
+        };
+        if records.is_empty() {
+            return Ok((Swept::default(), Vec::new()));
+        }
+        let results = self.publisher.publish_batch(&records).await;
+        let settled = settle(&records, results);
+        for (e, exchange, routing_key) in &settled.failures {
+            self.report(e, exchange, routing_key);
+        }
+        let swept = settled.swept;
+        let failures = crate::events::outbox_failures(&settled.completions);
+        if swept.defer_delete(batch_size, wake.seen() != seen) {
+            crate::events::outbox_swept(records.len(), swept.confirmed, failures, None);
+            return Ok((swept, settled.completions.iter().map(|c| c.id).collect()));
+        }
+        // Completing after the confirms, never before: a crash in between
+        // publishes these again, where deleting first would lose them.
+        self.store.clone().complete_for_relay(settled.completions).await.map_err(|e| (e, Vec::new()))?;
+        crate::events::outbox_swept(records.len(), swept.confirmed, failures, None);
+        Ok((swept, Vec::new()))
     }
 
     async fn sweep(&self) -> Result<Swept> {
         let store = self.store.clone();
-        let batch_size = self.options.batch_size;
-        let records = store.claim_for_relay(batch_size).await?;
+        let records = store.claim_for_relay(self.options.batch_size).await?;
         if records.is_empty() {
             return Ok(Swept::default());
         }
-        let mut results = self.publisher.publish_batch(&records).await.into_iter();
-        let mut confirmed = 0;
-        let completions: Vec<Completion> = records
-            .iter()
-            .map(|record| match results.next() {
-                Some(Ok(())) => {
-                    confirmed += 1;
-                    Completion::confirmed(record)
-                }
-                Some(Err(e)) => {
-                    self.report(&e, &record.exchange, &record.routing_key);
-                    Completion::failed(record, e)
-                }
-                None => {
-                    let e = Error::store("the outbox publisher returned no result for this record; it will be retried");
-                    self.report(&e, &record.exchange, &record.routing_key);
-                    Completion::failed(record, e)
-                }
-            })
-            .collect();
+        let results = self.publisher.publish_batch(&records).await;
+        let settled = settle(&records, results);
+        for (e, exchange, routing_key) in &settled.failures {
+            self.report(e, exchange, routing_key);
+        }
         let store = self.store.clone();
         // Completing after the confirms, never before: a crash in between
         // publishes these again, where deleting first would lose them.
-        let failures = crate::events::outbox_failures(&completions);
-        store.complete_for_relay(completions).await?;
-        crate::events::outbox_swept(records.len(), confirmed, failures, None);
-        Ok(Swept { claimed: records.len(), confirmed })
+        let failures = crate::events::outbox_failures(&settled.completions);
+        store.complete_for_relay(settled.completions).await?;
+        crate::events::outbox_swept(records.len(), settled.swept.confirmed, failures, None);
+        Ok(settled.swept)
     }
 
     fn report(&self, error: &Error, exchange: &str, routing_key: &str) {

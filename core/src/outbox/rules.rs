@@ -7,6 +7,7 @@
 //! executed.
 
 use super::statements::Statements;
+use super::wake::LocalWake;
 use super::values::{column, int, opt_int, opt_str, opt_text, text};
 use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
 use crate::envelope::Envelope;
@@ -28,6 +29,7 @@ pub(crate) struct Rules {
     statements: Statements,
     worker_id: WorkerId,
     options: OutboxStoreOptions,
+    wake: LocalWake,
 }
 
 impl Rules {
@@ -36,7 +38,8 @@ impl Rules {
         let statements = Statements::new(&options.table)?;
         // Read at each call when unset: a forked child is a new worker.
         let worker_id = WorkerId::new("outbox", options.worker_id.clone())?;
-        Ok(Rules { statements, worker_id, options })
+        let wake = LocalWake::of(statements.table());
+        Ok(Rules { statements, worker_id, options, wake })
     }
 
     pub(crate) fn table(&self) -> &str {
@@ -49,6 +52,14 @@ impl Rules {
 
     pub(crate) fn options(&self) -> &OutboxStoreOptions {
         &self.options
+    }
+
+    pub(crate) fn local_wake(&self) -> &LocalWake {
+        &self.wake
+    }
+
+    pub(crate) fn channel(&self) -> String {
+        self.statements.channel()
     }
 
     pub(crate) fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
@@ -89,6 +100,10 @@ impl Rules {
             Dialect::Postgres => conn.query(&sql, &params).await.map_err(|e| context(e, no_table))?,
             Dialect::Sqlite => {
                 conn.execute(&sql, &params).await.map_err(|e| context(e, no_table))?;
+                // After the insert, which now holds the write lock until the
+                // caller commits: a woken relay's claim waits on that lock
+                // and runs right after the commit (see wake.rs).
+                self.wake.rows_added();
                 // Same connection, same transaction: this is our insert's id.
                 conn.query("SELECT last_insert_rowid()", &[]).await?
             }
@@ -97,21 +112,24 @@ impl Rules {
         int(column(row, 0, "id")?, "id")
     }
 
-    /// Lease up to `batch_size` due rows to this worker, oldest first, in a
-    /// transaction of its own on `conn`.
+    /// Lease up to `batch_size` due rows to this worker, oldest first, on
+    /// `conn`: one autocommitted statement ([`Statements::claim`]), plus one
+    /// per row that cannot be read back (rare: its headers are not JSON).
     pub(crate) async fn claim<C: AsyncSqlConnection>(&self, conn: &C, batch_size: usize) -> Result<Vec<OutboxRecord>> {
         if batch_size == 0 {
             return Ok(Vec::new());
         }
-        self.begin(conn).await?;
-        let claimed = self.claim_in_transaction(conn, batch_size).await;
-        finish(conn, claimed).await
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let params = [SqlValue::Text(self.worker_id.current()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
+        let rows = conn.query(&self.statements.claim(conn.dialect()), &params).await.map_err(|e| {
+            context(e, "cannot claim outbox rows; the store needs a connection of its own, not one inside a transaction")
+        })?;
+        self.read_claimed(conn, rows).await
     }
 
-    async fn claim_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, batch_size: usize) -> Result<Vec<OutboxRecord>> {
-        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
-        let dialect = conn.dialect();
-        let rows = conn.query(&self.statements.select_due(dialect), &[SqlValue::Int(limit)]).await?;
+    /// The records of claimed rows, oldest first; a row that cannot be read
+    /// back is failed with a backoff instead.
+    async fn read_claimed<C: AsyncSqlConnection>(&self, conn: &C, rows: Vec<crate::sql::Row>) -> Result<Vec<OutboxRecord>> {
         let mut records = Vec::with_capacity(rows.len());
         let mut unreadable = Vec::new();
         for row in &rows {
@@ -124,17 +142,64 @@ impl Rules {
                 }
             }
         }
-        let ids: Vec<i64> = records.iter().filter_map(|r| r.id).collect();
-        let lease = SqlValue::Int(millis(self.options.lease));
-        for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let mut params = vec![SqlValue::Text(self.worker_id.current()), lease.clone()];
-            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
-            conn.execute(&self.statements.lease(dialect, chunk.len()), &params).await?;
-        }
+        // RETURNING gives no order; the relay publishes oldest first.
+        records.sort_by_key(|r| r.id);
         for (id, attempts, e) in unreadable {
-            self.record_failure(conn, id, attempts, &format!("cannot read this outbox row: {e}"), false).await?;
+            self.record_failure(conn, id, attempts, &format!("cannot read this outbox row: {e}"), true).await?;
         }
         Ok(records)
+    }
+
+    /// [`claim`](Self::claim), first deleting `done`: rows of ours the
+    /// broker confirmed in the previous sweep, whose delete was held back to
+    /// share this claim's commit (see [`Swept::defer_delete`](super::Swept::defer_delete)).
+    /// One statement on PostgreSQL; one `BEGIN IMMEDIATE` transaction on
+    /// SQLite. Either both happen or neither does.
+    pub(crate) async fn delete_then_claim<C: AsyncSqlConnection>(
+        &self,
+        conn: &C,
+        done: &[i64],
+        batch_size: usize,
+    ) -> Result<Vec<OutboxRecord>> {
+        if done.is_empty() {
+            return self.claim(conn, batch_size).await;
+        }
+        if done.len() > IDS_PER_STATEMENT || batch_size == 0 {
+            self.delete_ids(conn, done).await?;
+            return self.claim(conn, batch_size).await;
+        }
+        match conn.dialect() {
+            Dialect::Postgres => {
+                let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+                let mut params =
+                    vec![SqlValue::Text(self.worker_id.current()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
+                params.extend(done.iter().map(|id| SqlValue::Int(*id)));
+                let rows = conn.query(&self.statements.delete_then_claim_pg(done.len()), &params).await?;
+                self.read_claimed(conn, rows).await
+            }
+            Dialect::Sqlite => {
+                self.begin(conn).await?;
+                let result = async {
+                    self.delete_ids(conn, done).await?;
+                    self.claim(conn, batch_size).await
+                }
+                .await;
+                finish(conn, result).await
+            }
+        }
+    }
+
+    /// Delete rows of ours the broker confirmed; the rows deleted.
+    pub(crate) async fn delete_ids<C: AsyncSqlConnection>(&self, conn: &C, ids: &[i64]) -> Result<usize> {
+        let me = SqlValue::Text(self.worker_id.current());
+        let dialect = conn.dialect();
+        let mut deleted = 0u64;
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let mut params = vec![me.clone()];
+            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
+            deleted += conn.execute(&self.statements.delete_owned(dialect, chunk.len()), &params).await?;
+        }
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
     }
 
     /// Delete the confirmed rows still leased by this worker and back off the
@@ -143,23 +208,29 @@ impl Rules {
         if completions.is_empty() {
             return Ok(0);
         }
+        if completions.iter().all(|c| c.result.is_ok()) {
+            // The common case, every row confirmed: one autocommitted DELETE
+            // per 500 ids, as the hand-written relay does. A crash between two
+            // of them leaves confirmed rows to be published again (a
+            // duplicate, never a loss), as a crash before the commit would.
+            return self.delete_confirmed(conn, completions).await;
+        }
         self.begin(conn).await?;
         let completed = self.complete_in_transaction(conn, completions).await;
         finish(conn, completed).await
     }
 
-    async fn complete_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
+    async fn delete_confirmed<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
         let confirmed: Vec<i64> = completions.iter().filter(|c| c.result.is_ok()).map(|c| c.id).collect();
+        self.delete_ids(conn, &confirmed).await
+    }
+
+    async fn complete_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
         let failed: Vec<(i64, &str)> =
             completions.iter().filter_map(|c| c.result.as_ref().err().map(|e| (c.id, e.as_str()))).collect();
         let me = SqlValue::Text(self.worker_id.current());
         let dialect = conn.dialect();
-        let mut deleted = 0u64;
-        for chunk in confirmed.chunks(IDS_PER_STATEMENT) {
-            let mut params = vec![me.clone()];
-            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
-            deleted += conn.execute(&self.statements.delete_owned(dialect, chunk.len()), &params).await?;
-        }
+        let deleted = self.delete_confirmed(conn, completions).await?;
         for chunk in failed.chunks(IDS_PER_STATEMENT) {
             let mut params = vec![me.clone()];
             params.extend(chunk.iter().map(|(id, _)| SqlValue::Int(*id)));
@@ -175,7 +246,7 @@ impl Rules {
                 }
             }
         }
-        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+        Ok(deleted)
     }
 
     pub(crate) async fn backlog<C: AsyncSqlConnection>(&self, conn: &C) -> Result<Backlog> {
@@ -292,6 +363,18 @@ macro_rules! store_accessors {
             &self.source
         }
     
+        /// This table's wake-up in this process: what a relay waits on
+        /// between sweeps, moved by every SQLite `add` here.
+        pub fn local_wake(&self) -> &crate::outbox::LocalWake {
+            self.rules.local_wake()
+        }
+
+        /// The PostgreSQL channel every `add` notifies at commit: `LISTEN`
+        /// on it to wake a relay when rows arrive from any process.
+        pub fn channel(&self) -> String {
+            self.rules.channel()
+        }
+
         /// The statements [`create_schema`](Self::create_schema) runs, for a
         /// migration file.
         pub fn schema_sql(&self, dialect: Dialect) -> Vec<String> {

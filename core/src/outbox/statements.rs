@@ -13,6 +13,19 @@ use crate::sql::{table_name, Dialect};
 pub(crate) const RECORD_COLUMNS: &str =
     "id, exchange, routing_key, body, message_id, message_type, origin, \"timestamp\", headers, attempts";
 
+/// On PostgreSQL, the relay's own autocommitted writes (the claim, the
+/// delete of confirmed rows) commit without waiting for their WAL to reach
+/// disk: `synchronous_commit = off` for that one transaction (`set_config`
+/// with `is_local`, evaluated on the rows it writes; the session's setting
+/// is untouched). Asynchronous commit never corrupts anything; what a crash
+/// of the server can lose is the last few hundred milliseconds of commits,
+/// and for these statements that is a lease or a delete: the row is then
+/// published again (a duplicate, never a loss), which at-least-once already
+/// allows. It saves a WAL flush per statement, about 4 ms of the relay's
+/// 4.5 ms claim measured here. The application's add, in its own
+/// transaction, is untouched, and so are failure completions.
+const ASYNC_COMMIT: &str = "set_config('synchronous_commit', 'off', true) IS NOT NULL";
+
 /// Statement builder for one outbox table.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
@@ -76,56 +89,84 @@ impl Statements {
     }
 
     /// Insert one record; params: exchange, routing_key, body, message_id,
-    /// message_type, origin, timestamp, headers.
+    /// message_type, origin, timestamp, headers. Returns the id.
+    ///
+    /// On PostgreSQL the same statement sends a `NOTIFY` on
+    /// [`channel`](Self::channel): sent inside the caller's transaction, it is
+    /// delivered at commit (and never after a rollback), which is exactly
+    /// when a listening relay should wake. The notifications of one
+    /// transaction collapse into one, so a transaction adding a thousand rows
+    /// wakes each relay once.
     pub(crate) fn insert(&self, dialect: Dialect) -> String {
         let now = now_ms(dialect);
-        let returning = match dialect {
+        let insert = format!(
+            "INSERT INTO {} (exchange, routing_key, body, message_id, message_type, origin, \"timestamp\", headers, \
+             created_at, attempts, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, 0, {now})",
+            self.table
+        );
+        match dialect {
             // SQLite reads the id back with last_insert_rowid() instead of
             // RETURNING, which older libsqlite3 builds (before 3.35) lack.
-            Dialect::Sqlite => "",
-            Dialect::Postgres => " RETURNING id",
-        };
-        number(
-            dialect,
-            &format!(
-                "INSERT INTO {} (exchange, routing_key, body, message_id, message_type, origin, \"timestamp\", headers, \
-                 created_at, attempts, next_attempt_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, {now}, 0, {now}){returning}",
-                self.table
+            Dialect::Sqlite => insert,
+            // pg_notify returns void, which not every driver can read: cast.
+            Dialect::Postgres => number(
+                dialect,
+                &format!(
+                    "WITH added AS ({insert} RETURNING id) SELECT id, CAST(pg_notify('{}', '') AS TEXT) FROM added",
+                    self.channel()
+                ),
             ),
-        )
+        }
     }
 
-    /// Due, unleased rows, oldest first; param: limit. Inside the claim
-    /// transaction. PostgreSQL locks what it selects and skips what another
-    /// relay has locked, so concurrent claims never block each other and never
-    /// overlap; SQLite has no row locks, and the claim's `BEGIN IMMEDIATE`
-    /// (one writer at a time) plays that part.
-    pub(crate) fn select_due(&self, dialect: Dialect) -> String {
+    /// The PostgreSQL channel an add notifies and a relay listens on: the
+    /// table name in lower case, as `LISTEN name` folds it.
+    pub(crate) fn channel(&self) -> String {
+        self.table.to_ascii_lowercase()
+    }
+
+    /// The claim, one statement: lease up to `limit` due, unleased rows to
+    /// this worker, oldest first, and return them (in no particular order:
+    /// sort by id). Params, in this order for both dialects: worker id, lease
+    /// in ms, limit.
+    ///
+    /// One statement is one round trip and, autocommitted, one commit: as
+    /// cheap as the hand-written relay's plain `SELECT`, and it keeps the
+    /// lease. PostgreSQL locks the rows it picks and skips what another relay
+    /// has locked (`FOR UPDATE SKIP LOCKED` in a subquery of the `FROM`, which runs once), so
+    /// concurrent claims never block each other and never overlap. On SQLite
+    /// an `UPDATE` takes the write lock before it reads anything, so the
+    /// subquery and the lease are one step for every other connection, as a
+    /// `BEGIN IMMEDIATE` transaction would make them.
+    pub(crate) fn claim(&self, dialect: Dialect) -> String {
         let now = now_ms(dialect);
-        let lock = match dialect {
-            Dialect::Sqlite => "",
-            Dialect::Postgres => " FOR UPDATE SKIP LOCKED",
-        };
-        number(
-            dialect,
-            &format!(
-                "SELECT {RECORD_COLUMNS} FROM {} WHERE next_attempt_at <= {now} \
-                 AND (claimed_until IS NULL OR claimed_until < {now}) ORDER BY id LIMIT ?{lock}",
-                self.table
+        let t = &self.table;
+        let due = format!("next_attempt_at <= {now} AND (claimed_until IS NULL OR claimed_until < {now})");
+        match dialect {
+            Dialect::Sqlite => format!(
+                "UPDATE {t} SET claimed_by = ?1, claimed_until = {now} + ?2 WHERE id IN \
+                 (SELECT id FROM {t} WHERE {due} ORDER BY id LIMIT ?3) RETURNING {RECORD_COLUMNS}"
             ),
-        )
+            Dialect::Postgres => format!(
+                "UPDATE {t} SET claimed_by = $1, claimed_until = {now} + $2 FROM \
+                 (SELECT id AS due_id FROM {t} WHERE {due} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) due \
+                 WHERE id = due_id AND {ASYNC_COMMIT} RETURNING {RECORD_COLUMNS}"
+            ),
+        }
     }
 
-    /// Take the lease on `n` rows; params: worker id, lease in ms, then the ids.
-    pub(crate) fn lease(&self, dialect: Dialect, n: usize) -> String {
-        number(
-            dialect,
-            &format!(
-                "UPDATE {} SET claimed_by = ?, claimed_until = {} + ? WHERE id IN ({})",
-                self.table,
-                now_ms(dialect),
-                marks(n)
-            ),
+    /// The claim with the deletion of `n` rows confirmed by the previous
+    /// sweep, for PostgreSQL: one statement, so one commit for both. Params:
+    /// worker id, lease in ms, limit, then the ids. The claim's subquery sees
+    /// the table as it was before the delete, and the rows being deleted are
+    /// still leased by us, so it cannot pick them.
+    pub(crate) fn delete_then_claim_pg(&self, n: usize) -> String {
+        let ids: Vec<String> = (0..n).map(|i| format!("${}", i + 4)).collect();
+        format!(
+            "WITH done AS (DELETE FROM {} WHERE claimed_by = $1 AND id IN ({}) AND {ASYNC_COMMIT}) {}",
+            self.table,
+            ids.join(", "),
+            self.claim(Dialect::Postgres)
         )
     }
 
@@ -133,7 +174,11 @@ impl Statements {
     /// id, then the ids. A row whose lease passed to another relay is left to
     /// that relay, which publishes it again: a duplicate, never a loss.
     pub(crate) fn delete_owned(&self, dialect: Dialect, n: usize) -> String {
-        number(dialect, &format!("DELETE FROM {} WHERE claimed_by = ? AND id IN ({})", self.table, marks(n)))
+        let fast = match dialect {
+            Dialect::Sqlite => String::new(),
+            Dialect::Postgres => format!(" AND {ASYNC_COMMIT}"),
+        };
+        number(dialect, &format!("DELETE FROM {} WHERE claimed_by = ? AND id IN ({}){fast}", self.table, marks(n)))
     }
 
     /// Attempts so far of `n` rows still leased by this worker; params:

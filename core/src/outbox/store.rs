@@ -91,6 +91,26 @@ impl<S: ConnectionSource> SqlOutboxStore<S> {
         self.with_conn(|conn| run(self.rules.claim(&Blocking(conn), batch_size)))
     }
 
+    /// [`claim`](Self::claim), deleting `done` first in the same commit:
+    /// rows of this worker that the broker confirmed in the previous sweep,
+    /// held back when [`Swept::defer_delete`](crate::outbox::Swept::defer_delete)
+    /// said so. One statement on PostgreSQL, one transaction on SQLite: a
+    /// relay draining a backlog (or woken while it publishes) commits once
+    /// per sweep instead of twice. Blocking.
+    pub fn delete_then_claim(&self, done: &[i64], batch_size: usize) -> Result<Vec<OutboxRecord>> {
+        self.with_conn(|conn| run(self.rules.delete_then_claim(&Blocking(conn), done, batch_size)))
+    }
+
+    /// Delete `ids`, rows of this worker the broker confirmed (those whose
+    /// delete was held back for a claim that is not coming); the rows
+    /// deleted. Autocommitted, 500 ids per statement. Blocking.
+    pub fn delete_confirmed(&self, ids: &[i64]) -> Result<usize> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        self.with_conn(|conn| run(self.rules.delete_ids(&Blocking(conn), ids)))
+    }
+
     /// Settle what a claim led to: delete the rows the broker confirmed, and
     /// for each failure count the attempt, keep the error, schedule the next
     /// try after an exponential backoff and release the lease, so a row that

@@ -10,7 +10,7 @@ use crate::gvl;
 use crate::errors::IntoRuby;
 use crate::sql::{self, RbSource};
 use acemq::sql::ConnectionSource;
-use acemq::outbox::{Completion, OutboxPublisher, OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
+use acemq::outbox::{settle, LocalWake, OutboxPublisher, OutboxRecord, OutboxStoreOptions, RelayOptions, SqlOutboxStore};
 use acemq::sql::{Dialect, SqliteConnection};
 use magnus::{
     function, method, prelude::*, typed_data::DataTypeFunctions, Error, Exception, ExceptionClass, RArray, RModule, Ruby,
@@ -39,25 +39,44 @@ impl DataTypeFunctions for RbOutboxStore {
     }
 }
 
+/// Core's options from the keywords; nil (a keyword left out) is core's default.
 fn options(
     ruby: &Ruby,
     table: Option<String>,
     worker: Option<String>,
-    lease: f64,
-    backoff: f64,
-    max_backoff: f64,
+    lease: Option<f64>,
+    backoff: Option<f64>,
+    max_backoff: Option<f64>,
 ) -> Result<OutboxStoreOptions, Error> {
-    let mut o = OutboxStoreOptions {
-        worker_id: worker,
-        lease: crate::connection::seconds(ruby, "lease", lease)?,
-        base_backoff: crate::connection::seconds(ruby, "backoff", backoff)?,
-        max_backoff: crate::connection::seconds(ruby, "max_backoff", max_backoff)?,
-        ..Default::default()
-    };
+    let mut o = OutboxStoreOptions { worker_id: worker, ..Default::default() };
     if let Some(t) = table {
         o.table = t;
     }
+    if let Some(s) = lease {
+        o.lease = crate::connection::seconds(ruby, "lease", s)?;
+    }
+    if let Some(s) = backoff {
+        o.base_backoff = crate::connection::seconds(ruby, "backoff", s)?;
+    }
+    if let Some(s) = max_backoff {
+        o.max_backoff = crate::connection::seconds(ruby, "max_backoff", s)?;
+    }
     Ok(o)
+}
+
+/// The Ruby relay's interval and batch size: nil is core's default, and
+/// core's RelayOptions::validate refuses what cannot work.
+fn relay_options(ruby: &Ruby, interval: Option<f64>, batch_size: Option<i64>) -> Result<(f64, usize), Error> {
+    let mut o = RelayOptions::default();
+    if let Some(s) = interval {
+        o.interval = crate::connection::seconds(ruby, "interval", s)?;
+    }
+    if let Some(n) = batch_size {
+        // A negative count is as unworkable as zero: let core say so.
+        o.batch_size = usize::try_from(n).unwrap_or(0);
+    }
+    o.validate().rb(ruby)?;
+    Ok((o.interval.as_secs_f64(), o.batch_size))
 }
 
 /// Call a store method on whichever store this is, with the GVL released
@@ -78,9 +97,9 @@ impl RbOutboxStore {
         path: String,
         table: Option<String>,
         worker: Option<String>,
-        lease: f64,
-        backoff: f64,
-        max_backoff: f64,
+        lease: Option<f64>,
+        backoff: Option<f64>,
+        max_backoff: Option<f64>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
         let store = gvl::without_gvl(ruby, || SqliteConnection::open(&path).and_then(|c| SqlOutboxStore::new(c, o)), || {})?;
@@ -92,9 +111,9 @@ impl RbOutboxStore {
         adapter: Value,
         table: Option<String>,
         worker: Option<String>,
-        lease: f64,
-        backoff: f64,
-        max_backoff: f64,
+        lease: Option<f64>,
+        backoff: Option<f64>,
+        max_backoff: Option<f64>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
         sql::begin();
@@ -146,46 +165,115 @@ impl RbOutboxStore {
     }
 
     /// One sweep: claim up to `batch_size` due rows (SQL on this thread),
-    /// publish them through `mq` and await the confirms together (without
-    /// the GVL), then complete: delete the confirmed, back off the failed.
-    /// Returns [claimed, confirmed, [[exception, exchange, routing_key], …]]
-    /// for the failures; a database error is raised.
-    fn sweep(ruby: &Ruby, rb_self: &Self, mq: &RbConnection, batch_size: usize) -> Result<(usize, usize, RArray), Error> {
-        let records: Vec<OutboxRecord> = on_store!(ruby, rb_self, |s| s.claim(batch_size))?;
+    /// deleting `done` in the same commit (confirmed rows whose delete the
+    /// last sweep held back), publish them through `mq` and await the
+    /// confirms together (without the GVL), settle the results (core's
+    /// `settle`, the Rust relay's own bookkeeping) and complete: delete the
+    /// confirmed, back off the failed. With `hold`, a sweep in which nothing
+    /// failed deletes nothing yet and returns the confirmed ids instead, for
+    /// `_finish` to hold back or delete. Returns [claimed, confirmed, failed,
+    /// again, held ids, [[exception, exchange, routing_key], …]], `again`
+    /// being core's rule for sweeping again at once; a database error is
+    /// raised (and `done` is then not deleted either).
+    #[allow(clippy::type_complexity)]
+    fn sweep(
+        ruby: &Ruby,
+        rb_self: &Self,
+        mq: &RbConnection,
+        batch_size: usize,
+        done: Vec<i64>,
+        hold: bool,
+    ) -> Result<(usize, usize, usize, bool, Vec<i64>, RArray), Error> {
+        let records: Vec<OutboxRecord> = on_store!(ruby, rb_self, |s| s.delete_then_claim(&done, batch_size))?;
         let failures = ruby.ary_new();
         if records.is_empty() {
-            return Ok((0, 0, failures));
+            return Ok((0, 0, 0, false, Vec::new(), failures));
         }
-        let conn = &mq.inner;
         // Interrupted here (Thread#kill, Ctrl-C): the rows stay leased and
         // are published again once the lease runs out. Never deleted unconfirmed.
-        let results = gvl::block_on(ruby, conn.publish_batch(&records))?;
-        let mut results = results.into_iter();
-        let mut confirmed = 0;
-        let mut completions = Vec::with_capacity(records.len());
-        for record in &records {
-            let result = results.next().unwrap_or_else(|| {
-                Err(acemq::Error::new(acemq::ErrorKind::Store, "the publisher returned no result for this record; it will be retried"))
-            });
-            match result {
-                Ok(()) => {
-                    confirmed += 1;
-                    completions.push(Completion::confirmed(record));
-                }
-                Err(e) => {
-                    completions.push(Completion::failed(record, &e));
-                    failures.push((exception(ruby, e), record.exchange.clone(), record.routing_key.clone()))?;
-                }
-            }
-        }
-        // After the confirms, never before: a crash in between publishes
-        // these again, where deleting first would lose them.
-        on_store!(ruby, rb_self, |s| s.complete(&completions))?;
+        let results = gvl::block_on(ruby, mq.inner.publish_batch(&records))?;
+        let settled = settle(&records, results);
+        let swept = settled.swept;
+        let held = if hold && swept.failed == 0 {
+            settled.completions.iter().map(|c| c.id).collect()
+        } else {
+            // After the confirms, never before: a crash in between publishes
+            // these again, where deleting first would lose them.
+            on_store!(ruby, rb_self, |s| s.complete(&settled.completions))?;
+            Vec::new()
+        };
         if acemq::events::enabled() {
             let backlog = on_store!(ruby, rb_self, |s| s.backlog()).ok().map(|b| (b.count, b.oldest_age));
-            acemq::events::outbox_swept(records.len(), confirmed, acemq::events::outbox_failures(&completions), backlog);
+            let failed = acemq::events::outbox_failures(&settled.completions);
+            acemq::events::outbox_swept(records.len(), swept.confirmed, failed, backlog);
         }
-        Ok((records.len(), confirmed, failures))
+        for (e, exchange, routing_key) in settled.failures {
+            failures.push((exception(ruby, e), exchange, routing_key))?;
+        }
+        Ok((swept.claimed, swept.confirmed, swept.failed, swept.again(batch_size), held, failures))
+    }
+
+    /// What to do with the ids a held sweep returned: core's
+    /// `Swept::defer_delete` decides. Held back (returned, for the next
+    /// sweep's claim to delete) when that claim comes at once; deleted now
+    /// otherwise (an empty array back).
+    fn finish(
+        ruby: &Ruby,
+        rb_self: &Self,
+        held: Vec<i64>,
+        counts: (usize, usize, usize),
+        batch_size: usize,
+        woken: bool,
+    ) -> Result<Vec<i64>, Error> {
+        let swept = acemq::outbox::Swept { claimed: counts.0, confirmed: counts.1, failed: counts.2 };
+        if held.is_empty() || swept.defer_delete(batch_size, woken) {
+            return Ok(held);
+        }
+        on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))?;
+        Ok(Vec::new())
+    }
+
+    /// Delete held-back ids now (a relay stopping).
+    fn delete_held(ruby: &Ruby, rb_self: &Self, held: Vec<i64>) -> Result<usize, Error> {
+        on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))
+    }
+
+    fn wake(&self) -> &LocalWake {
+        match &self.inner {
+            Inner::File(s) => s.local_wake(),
+            Inner::Ruby(s) => s.local_wake(),
+        }
+    }
+
+    /// Whether a relay on this store can wait on the process-local wake-up.
+    /// Only a `path:` store: its claim waits for the adder's commit on
+    /// SQLite's write lock without the GVL. A claim through the sqlite3 gem
+    /// waits holding the GVL, so the adding thread could never commit
+    /// (a stall until the busy timeout); such a relay waits out its interval.
+    fn wakes_on_add(&self) -> bool {
+        matches!(self.inner, Inner::File(_))
+    }
+
+    /// The wake-up counter now (read before a sweep).
+    fn wake_seen(&self) -> u64 {
+        self.wake().seen()
+    }
+
+    /// Wait without the GVL until an add in this process moves the counter
+    /// past `seen`, or `timeout` seconds; whether an add did. Interruptible
+    /// (Thread#kill, close's `_wake`) between slices.
+    fn wait_for_add(ruby: &Ruby, rb_self: &Self, seen: u64, timeout: f64) -> Result<bool, Error> {
+        let timeout = crate::connection::seconds(ruby, "interval", timeout)?;
+        let wake = rb_self.wake().clone();
+        gvl::block_on(ruby, async move { wake.wait_past(seen, timeout).await })
+    }
+
+    /// The PostgreSQL channel every add notifies at commit.
+    fn channel(&self) -> String {
+        match &self.inner {
+            Inner::File(s) => s.channel(),
+            Inner::Ruby(s) => s.channel(),
+        }
     }
 
     fn schema_sql(ruby: &Ruby, rb_self: &Self, dialect: String) -> Result<Vec<String>, Error> {
@@ -234,7 +322,14 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_private_method("_add", method!(RbOutboxStore::add, 2))?;
     class.define_private_method("_backlog", method!(RbOutboxStore::backlog, 0))?;
     class.define_private_method("_stuck", method!(RbOutboxStore::stuck, 1))?;
-    class.define_private_method("_sweep", method!(RbOutboxStore::sweep, 2))?;
+    class.define_private_method("_sweep", method!(RbOutboxStore::sweep, 4))?;
+    class.define_private_method("_finish", method!(RbOutboxStore::finish, 4))?;
+    class.define_private_method("_delete_held", method!(RbOutboxStore::delete_held, 1))?;
+    class.define_private_method("_wakes_on_add?", method!(RbOutboxStore::wakes_on_add, 0))?;
+    class.define_private_method("_wake_seen", method!(RbOutboxStore::wake_seen, 0))?;
+    class.define_private_method("_wait_for_add", method!(RbOutboxStore::wait_for_add, 2))?;
+    class.define_private_method("_channel", method!(RbOutboxStore::channel, 0))?;
+    patterns.define_class("OutboxRelay", ruby.class_object())?.define_singleton_method("_options", function!(relay_options, 2))?;
     class.define_private_method("_schema_sql", method!(RbOutboxStore::schema_sql, 1))?;
     class.define_method("table", method!(RbOutboxStore::table, 0))?;
     class.define_method("worker", method!(RbOutboxStore::worker, 0))?;

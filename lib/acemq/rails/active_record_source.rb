@@ -43,7 +43,7 @@ module AceMQ
         def postgres(raw, search_path)
           params = raw.conninfo_hash.reject { |_, v| v.nil? || v.to_s.empty? }
           driver = raw.class
-          AMQP::SQL.per_thread do
+          source = AMQP::SQL.per_thread do
             conn = driver.new(params)
             # ActiveRecord sets schema_search_path with SET after it
             # connects, so it is not in the parameters: without it the relay
@@ -51,6 +51,10 @@ module AceMQ
             conn.exec("SET search_path TO #{search_path}") if search_path
             conn
           end
+          # What an outbox relay on this source LISTENs with (a channel is
+          # per database, not per schema).
+          source.define_singleton_method(:pg_conninfo) { params }
+          source
         end
 
         def search_path(model)

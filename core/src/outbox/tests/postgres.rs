@@ -36,9 +36,9 @@ impl SqlConnection for Recording {
 
     fn query(&self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>> {
         self.log.borrow_mut().push((sql.to_owned(), params.to_vec()));
-        let rows = if sql.starts_with("INSERT") {
+        let rows = if sql.contains("INSERT INTO") {
             vec![vec![t("7")]]
-        } else if sql.starts_with("SELECT id, exchange, routing_key, body") {
+        } else if sql.starts_with("UPDATE acemq_outbox SET claimed_by") || sql.starts_with("WITH done AS") {
             vec![vec![
                 t("7"),
                 t("orders-events"),
@@ -117,14 +117,16 @@ fn postgres_add_returns_the_id_and_runs_nothing_else() {
     let statements = caller.log.take();
     assert_eq!(statements.len(), 1, "no BEGIN, no COMMIT: {statements:?}");
     let (sql, params) = &statements[0];
-    assert!(sql.starts_with("INSERT INTO acemq_outbox ") && sql.ends_with(" RETURNING id"), "{sql}");
+    assert!(sql.starts_with("WITH added AS (INSERT INTO acemq_outbox ") && sql.contains(" RETURNING id) "), "{sql}");
+    // The notify that wakes listening relays at commit, in the same statement.
+    assert!(sql.ends_with("SELECT id, CAST(pg_notify('acemq_outbox', '') AS TEXT) FROM added"), "{sql}");
     assert_numbered(sql, params.len());
     assert_eq!(params.len(), 8);
     assert!(log(&store).is_empty(), "the store's own connection is not used by add");
 }
 
 #[test]
-fn postgres_claim_locks_with_skip_locked_in_one_transaction() {
+fn postgres_claim_is_one_statement_that_locks_with_skip_locked() {
     let store = store();
     let claimed = store.claim(10).unwrap();
     assert_eq!(claimed.len(), 1);
@@ -133,19 +135,34 @@ fn postgres_claim_locks_with_skip_locked_in_one_transaction() {
     assert_eq!(claimed[0].envelope.headers["tenant"], "acme");
 
     let statements = log(&store);
-    let sqls: Vec<&str> = statements.iter().map(|(s, _)| s.as_str()).collect();
-    assert_eq!(sqls[0], "BEGIN");
-    assert_eq!(*sqls.last().unwrap(), "COMMIT");
-    let select = sqls[1];
-    assert!(select.ends_with("ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED"), "{select}");
-    assert!(select.contains("next_attempt_at <= CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)"), "{select}");
-    assert!(select.contains("(claimed_until IS NULL OR claimed_until < "), "{select}");
-    let lease = sqls[2];
-    assert!(lease.starts_with("UPDATE acemq_outbox SET claimed_by = $1, claimed_until = "), "{lease}");
-    assert_eq!(statements[2].1, [t("w1"), SqlValue::Int(60_000), SqlValue::Int(7)]);
-    for (sql, params) in &statements {
-        assert_numbered(sql, params.len());
-    }
+    assert_eq!(statements.len(), 1, "no BEGIN, no COMMIT, one statement: {statements:?}");
+    let (claim, params) = &statements[0];
+    assert!(claim.starts_with("UPDATE acemq_outbox SET claimed_by = $1, claimed_until = "), "{claim}");
+    assert!(
+        claim.contains("ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) due WHERE id = due_id AND set_config('synchronous_commit', 'off', true) IS NOT NULL RETURNING id, "),
+        "{claim}"
+    );
+    assert!(claim.contains("next_attempt_at <= CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)"), "{claim}");
+    assert!(claim.contains("(claimed_until IS NULL OR claimed_until < "), "{claim}");
+    assert_eq!(*params, [t("w1"), SqlValue::Int(60_000), SqlValue::Int(10)]);
+    assert_numbered(claim, params.len());
+}
+
+#[test]
+fn postgres_complete_of_confirmed_rows_is_one_delete() {
+    let store = store();
+    let mut a = record("ex", "rk", 7);
+    a.id = Some(7);
+    let mut b = record("ex", "rk", 9);
+    b.id = Some(9);
+    store.complete(&[Completion::confirmed(&a), Completion::confirmed(&b)]).unwrap();
+    let statements = log(&store);
+    assert_eq!(statements.len(), 1, "no BEGIN, no COMMIT: {statements:?}");
+    assert_eq!(
+        statements[0].0,
+        "DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2, $3) AND set_config('synchronous_commit', 'off', true) IS NOT NULL"
+    );
+    assert_eq!(statements[0].1, [t("w1"), SqlValue::Int(7), SqlValue::Int(9)]);
 }
 
 #[test]
@@ -161,7 +178,7 @@ fn postgres_complete_deletes_and_fails_only_its_own_rows() {
     let sqls: Vec<&str> = statements.iter().map(|(s, _)| s.as_str()).collect();
     assert_eq!(sqls.len(), 5, "{sqls:?}");
     assert_eq!(sqls[0], "BEGIN");
-    assert_eq!(sqls[1], "DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2)");
+    assert!(sqls[1].starts_with("DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2)"), "{}", sqls[1]);
     assert_eq!(sqls[2], "SELECT id, attempts FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($2)");
     assert!(sqls[3].starts_with("UPDATE acemq_outbox SET attempts = $1, last_error = $2, next_attempt_at = "), "{}", sqls[3]);
     assert!(sqls[3].ends_with("claimed_by = NULL, claimed_until = NULL WHERE id = $4 AND claimed_by = $5"), "{}", sqls[3]);
@@ -187,7 +204,7 @@ fn postgres_backlog_and_stuck_read_text_columns() {
 }
 
 #[test]
-fn sqlite_statements_keep_question_marks_and_begin_immediate() {
+fn sqlite_claim_is_one_update_returning_with_question_marks() {
     struct Sqlite(Recording);
     impl SqlConnection for Sqlite {
         fn dialect(&self) -> Dialect {
@@ -203,9 +220,18 @@ fn sqlite_statements_keep_question_marks_and_begin_immediate() {
     let store = SqlOutboxStore::new(Sqlite(Recording::default()), OutboxStoreOptions::default()).unwrap();
     store.claim(10).unwrap();
     let statements = store.source().0.log.take();
+    assert_eq!(statements.len(), 1, "{statements:?}");
+    let claim = &statements[0].0;
+    assert!(claim.starts_with("UPDATE acemq_outbox SET claimed_by = ?1, claimed_until = "), "{claim}");
+    assert!(claim.contains("ORDER BY id LIMIT ?3) RETURNING id, "), "{claim}");
+    assert!(!claim.contains('$'));
+    // A completion with a failure is still one transaction, BEGIN IMMEDIATE.
+    let mut failed = record("missing", "rk", 8);
+    failed.id = Some(8);
+    store.complete(&[Completion::failed(&failed, "404")]).unwrap();
+    let statements = store.source().0.log.take();
     assert_eq!(statements[0].0, "BEGIN IMMEDIATE");
-    assert!(statements[1].0.ends_with("ORDER BY id LIMIT ?"), "{}", statements[1].0);
-    assert!(statements.iter().all(|(sql, _)| !sql.contains('$')));
+    assert_eq!(statements.last().unwrap().0, "COMMIT");
 }
 
 #[test]
@@ -213,4 +239,17 @@ fn a_boxed_source_is_the_default_store_type() {
     let source: Box<dyn ConnectionSource> = Box::new(Recording::default());
     let store: SqlOutboxStore = SqlOutboxStore::new(source, OutboxStoreOptions::default()).unwrap();
     assert_eq!(store.table(), "acemq_outbox");
+}
+
+#[test]
+fn postgres_delete_then_claim_is_one_statement() {
+    let store = store();
+    let claimed = store.delete_then_claim(&[3, 4], 10).unwrap();
+    assert_eq!(claimed.len(), 1, "read back like a claim");
+    let statements = log(&store);
+    assert_eq!(statements.len(), 1, "one statement, one commit: {statements:?}");
+    let (sql, params) = &statements[0];
+    assert!(sql.starts_with("WITH done AS (DELETE FROM acemq_outbox WHERE claimed_by = $1 AND id IN ($4, $5) AND set_config("), "{sql}");
+    assert!(sql.contains(") UPDATE acemq_outbox SET claimed_by = $1"), "{sql}");
+    assert_eq!(*params, [t("w1"), SqlValue::Int(60_000), SqlValue::Int(10), SqlValue::Int(3), SqlValue::Int(4)]);
 }

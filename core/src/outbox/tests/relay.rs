@@ -243,3 +243,92 @@ async fn doc_examples_compile(publisher: Arc<dyn crate::outbox::OutboxPublisher>
     relay.close().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_relay_wakes_on_an_add_in_this_process_before_its_interval() {
+    let db = TempDb::new("wake");
+    let store = db.store("w1");
+    let app = db.connect();
+    let publisher = Arc::new(FakePublisher::default());
+    // An interval no test waits out: only the wake-up can publish in time.
+    let relay = OutboxRelay::new(
+        publisher.clone(),
+        store,
+        RelayOptions { interval: Duration::from_secs(3600), ..RelayOptions::default() },
+    );
+    relay.start().unwrap();
+    // Let the first sweep (an empty table) finish and the relay park.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let adder = db.store("adder");
+    // In a transaction held open for a while: the relay's claim waits on the
+    // insert's write lock and runs after the commit, not before it.
+    let app = tokio::task::spawn_blocking(move || {
+        app.execute("BEGIN", &[]).unwrap();
+        adder.add(&record("ex", "rk", 1), &app).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        app.execute("COMMIT", &[]).unwrap();
+        app
+    })
+    .await
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || publisher.message_ids() == ["msg-1"]).await,
+        "woken by the add, not by the hour-long interval"
+    );
+    drop(app);
+    relay.close().await;
+}
+
+#[tokio::test]
+async fn zero_interval_or_batch_is_refused_by_core() {
+    let db = TempDb::new("options");
+    let publisher = Arc::new(FakePublisher::default());
+    let zero = OutboxRelay::new(publisher.clone(), db.store("w1"), RelayOptions { interval: Duration::ZERO, ..RelayOptions::default() });
+    let e = zero.start().unwrap_err();
+    assert!(e.is_invalid_argument() && e.to_string().contains("interval must be more than zero"), "{e}");
+    let none = OutboxRelay::new(publisher, db.store("w2"), RelayOptions { batch_size: 0, ..RelayOptions::default() });
+    let e = none.sweep().await.unwrap_err();
+    assert!(e.to_string().contains("batch size must be at least 1"), "{e}");
+}
+
+#[test]
+fn settle_pairs_results_and_sweeps_again_only_after_a_full_batch_without_failures() {
+    use crate::outbox::{settle, Swept};
+    let mut a = record("ex", "rk", 1);
+    a.id = Some(1);
+    let mut b = record("missing", "rk", 2);
+    b.id = Some(2);
+    let mut c = record("ex", "rk", 3);
+    c.id = Some(3);
+    let settled = settle(&[a, b, c], vec![Ok(()), Err(crate::error::Error::invalid("404"))]);
+    assert_eq!(settled.swept, Swept { claimed: 3, confirmed: 1, failed: 2 });
+    assert_eq!(settled.completions.iter().map(|c| c.result.is_ok()).collect::<Vec<_>>(), [true, false, false]);
+    assert_eq!(settled.failures[0].1, "missing");
+    assert!(settled.failures[1].0.to_string().contains("returned no result"), "a missing result is a failure");
+    assert!(!settled.swept.again(3), "failures: wait");
+    assert!(Swept { claimed: 3, confirmed: 3, failed: 0 }.again(3));
+    assert!(!Swept { claimed: 2, confirmed: 2, failed: 0 }.again(3), "less than a batch: wait");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_relay_draining_a_backlog_holds_deletes_for_the_next_claim_and_loses_none() {
+    let db = TempDb::new("held-relay");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..5 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let publisher = Arc::new(FakePublisher::default());
+    let relay = OutboxRelay::new(
+        publisher.clone(),
+        store,
+        RelayOptions { batch_size: 1, interval: Duration::from_secs(3600), ..RelayOptions::default() },
+    );
+    relay.start().unwrap();
+    assert!(eventually(Duration::from_secs(5), || publisher.message_ids().len() == 5).await);
+    assert_eq!(publisher.message_ids(), ["msg-0", "msg-1", "msg-2", "msg-3", "msg-4"], "each once, in order");
+    // Each delete went out with the next claim, the last with the claim that
+    // found nothing, which is made at once because rows were held.
+    assert!(eventually(Duration::from_secs(5), || relay.store().backlog().unwrap().count == 0).await);
+    relay.close().await;
+}

@@ -345,3 +345,25 @@ fn the_default_worker_id_is_hostname_and_pid() {
     let store = SqlOutboxStore::new(db.connect(), OutboxStoreOptions::default()).unwrap();
     assert_eq!(store.worker_id(), id);
 }
+
+#[test]
+fn delete_then_claim_deletes_only_our_held_rows_and_claims_the_next_ones() {
+    let db = TempDb::new("held");
+    let store = db.store("w1");
+    let other = db.store("w2");
+    let app = db.connect();
+    for n in 0..4 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let first: Vec<i64> = store.claim(2).unwrap().iter().filter_map(|r| r.id).collect();
+    let theirs: Vec<i64> = other.claim(1).unwrap().iter().filter_map(|r| r.id).collect();
+    // Our two held back, and one of w2's passed in by mistake: not ours, not deleted.
+    let mut done = first.clone();
+    done.extend(&theirs);
+    let next = store.delete_then_claim(&done, 10).unwrap();
+    assert_eq!(next.len(), 1, "the one row nobody holds");
+    assert!(next.iter().all(|r| !first.contains(&r.id.unwrap()) && !theirs.contains(&r.id.unwrap())));
+    assert_eq!(store.backlog().unwrap().count, 2, "our two held rows deleted, w2's and the new claim kept");
+    assert_eq!(store.delete_confirmed(&[next[0].id.unwrap()]).unwrap(), 1);
+    assert_eq!(store.delete_confirmed(&[]).unwrap(), 0);
+}

@@ -11,6 +11,15 @@ module AceMQ
       #   relay.start
       #   at_exit { relay.close }
       #
+      # A started relay sweeps as soon as rows are committed rather than an
+      # interval later: on PostgreSQL every add sends a NOTIFY that is
+      # delivered at commit, and the relay LISTENs on a connection of its own
+      # (opened with the store connection's settings, or listen:); on SQLite
+      # an add in this process wakes a relay whose store is path: (its claim
+      # then waits on the adder's write lock, without the GVL, and runs just
+      # after the commit). interval is the fallback poll: for rows added by
+      # other processes on SQLite, or when no wake-up is available.
+      #
       # The claim and the completion run on the calling Ruby thread through
       # the store's connection (a Ruby driver can be used nowhere else); the
       # publish waits for its confirms without the GVL. Several relays, in one
@@ -29,16 +38,20 @@ module AceMQ
         # routing_key: nil for a sweep that failed as a whole (the database
         # was unreachable). Without one, a relay whose sweeps all fail is an
         # outbox filling up and nothing else to show for it.
-        def initialize(mq, store, interval: 1, batch_size: 100, on_error: nil)
+        #
+        # interval: (default 1 s) and batch_size: (default 100) are core's
+        # RelayOptions, defaults and checks included. listen: is the
+        # PostgreSQL connection settings (a conninfo string or hash) to LISTEN
+        # with, false for none; by default those of the store's connection.
+        def initialize(mq, store, interval: nil, batch_size: nil, on_error: nil, listen: nil)
           raise ConfigurationError, "OutboxRelay needs an AceMQ::AMQP::Connection, got #{mq.class}" unless mq.is_a?(Connection)
           raise ConfigurationError, "OutboxRelay needs a SQLOutboxStore, got #{store.class}" unless store.is_a?(SQLOutboxStore)
 
           @mq = mq
           @store = store
-          @interval = Float(interval)
-          @batch_size = Integer(batch_size)
-          raise ConfigurationError, "interval: must be more than 0 seconds" unless @interval.positive?
-          raise ConfigurationError, "batch_size: must be at least 1" if @batch_size < 1
+          @interval, @batch_size = OutboxRelay._options(interval.nil? ? nil : Patterns.seconds(:interval, interval),
+                                                        batch_size.nil? ? nil : OutboxRelay.count(batch_size))
+          @listen = listen.nil? ? store.pg_conninfo : listen
           if on_error && !on_error.respond_to?(:call)
             raise ConfigurationError, "on_error: must answer call(error, exchange:, routing_key:)"
           end
@@ -88,6 +101,12 @@ module AceMQ
           nil
         end
 
+        def self.count(value)
+          Integer(value)
+        rescue TypeError, ArgumentError
+          raise ConfigurationError, "batch_size: is a number of rows, got #{value.inspect}"
+        end
+
         def running? = !!@thread&.alive?
         def closed? = @stopping
 
@@ -98,30 +117,112 @@ module AceMQ
 
         private
 
-        # [confirmed, claimed, failed]
-        def sweep_once
-          claimed, confirmed, failures = @sweeping.synchronize { @store.__send__(:_sweep, @mq, @batch_size) }
+        # [confirmed, again, claimed, failed, held ids]. again is core's rule
+        # (a full batch with no failure: more is waiting, sweep now). With
+        # hold, the confirmed rows are not deleted yet: their ids come back
+        # for _finish (core's Swept::defer_delete) to hold for the next
+        # claim, which deletes them in its own commit, or to delete now.
+        # done: ids held by the previous sweep.
+        def sweep_once(done = [], hold: false)
+          claimed, confirmed, failed, again, held, failures = @sweeping.synchronize do
+            @store.__send__(:_sweep, @mq, @batch_size, done, hold)
+          end
           failures.each { |error, exchange, routing_key| report(error, exchange, routing_key) }
-          [confirmed, claimed, failures.size]
+          [confirmed, again, claimed, failed, held]
         end
 
+        # How long one wait lasts at most before close is noticed. Not a
+        # poll of the database: nothing is queried between slices.
+        SLICE = 0.25
+
         def run
+          listener = nil
+          held = []
+          local = @store.__send__(:_wakes_on_add?)
           until @stopping
+            listener ||= open_listener
+            # Read before the sweep: what is added or committed while it runs
+            # ends the wait below at once.
+            seen = @store.__send__(:_wake_seen) if local
+            listener = drain(listener)
             again = false
             begin
-              _, claimed, failed = sweep_once
-              # A full batch that all went out means more is waiting: sweep
-              # again now rather than an interval later. A batch with failures
-              # does not: with the broker gone that would be a busy loop of
-              # rows failing one after another.
-              again = claimed >= @batch_size && failed.zero?
+              _, again, claimed, failed, ids = sweep_once(held, hold: true)
+              held = []
+              woken = !ids.empty? && woken?(listener, seen)
+              held = @sweeping.synchronize do
+                @store.__send__(:_finish, ids, [claimed, ids.size, failed], @batch_size, woken)
+              end
             rescue StandardError => e
               report(e, nil, nil)
             end
-            next if again
+            # Rows held back mean core expects the next claim at once.
+            next if again || !held.empty?
 
-            @lock.synchronize { @wake.wait(@lock, @interval) unless @stopping }
+            listener = wait(listener, local ? seen : nil)
           end
+        ensure
+          finish_held(held)
+          listener&.close
+        end
+
+        # Whether a wake-up came while the last sweep published.
+        def woken?(listener, seen)
+          return listener.pending? if listener
+          return @store.__send__(:_wake_seen) != seen if seen
+
+          false
+        rescue StandardError
+          false
+        end
+
+        def finish_held(held)
+          @sweeping.synchronize { @store.__send__(:_delete_held, held) } unless held.nil? || held.empty?
+        rescue StandardError => e
+          # Not lost: they are published again once their lease runs out.
+          report(e, nil, nil)
+        end
+
+        # Until a wake-up or interval: a NOTIFY on the listener, an add in
+        # this process, or close. The listener back, nil if it failed.
+        def wait(listener, seen)
+          unless listener || seen
+            @lock.synchronize { @wake.wait(@lock, @interval) unless @stopping }
+            return nil
+          end
+
+          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @interval
+          until @stopping
+            left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+            break if left <= 0
+
+            slice = [left, SLICE].min
+            break if listener ? listener.wait(slice) : @store.__send__(:_wait_for_add, seen, slice)
+          end
+          listener
+        rescue StandardError => e
+          report(e, nil, nil)
+          listener&.close
+          nil
+        end
+
+        def drain(listener)
+          listener&.drain
+          listener
+        rescue StandardError => e
+          report(e, nil, nil)
+          listener.close
+          nil
+        end
+
+        def open_listener
+          return nil unless @listen
+
+          OutboxListener.new(@listen, @store.__send__(:_channel))
+        rescue StandardError => e
+          # Without it the relay still sweeps every interval; say why it is slower.
+          report(e, nil, nil)
+          nil
         end
 
         def report(error, exchange, routing_key)

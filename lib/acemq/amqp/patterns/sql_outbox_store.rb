@@ -24,26 +24,48 @@ module AceMQ
       # relay begins and commits transactions on it, so it must not be a
       # connection another thread is using for a transaction of its own.
       class SQLOutboxStore
-        DEFAULT_LEASE = 60
-        DEFAULT_BACKOFF = 1
-        DEFAULT_MAX_BACKOFF = 300
-
         # lease: how long a claim keeps other relays off a row; it must
         # outlast a publish with its confirm, and it is how long a crashed
         # relay's rows wait. backoff: the wait after a row's first failure,
         # doubled per failure up to max_backoff:. worker: who claims
-        # (default hostname:pid).
-        def self.new(connection: nil, path: nil, table: nil, worker: nil, lease: DEFAULT_LEASE,
-                     backoff: DEFAULT_BACKOFF, max_backoff: DEFAULT_MAX_BACKOFF)
+        # (default hostname:pid). What is left out is core's default
+        # (OutboxStoreOptions: lease 60 s, backoff 1 s, max_backoff 300 s).
+        def self.new(connection: nil, path: nil, table: nil, worker: nil, lease: nil, backoff: nil, max_backoff: nil)
           if connection.nil? == path.nil?
             raise ConfigurationError, "SQLOutboxStore.new takes connection: (your database connection, or a callable " \
                                       "returning one) or path: (a SQLite file), exactly one of them"
           end
 
-          args = [table&.to_s, worker&.to_s, Patterns.seconds(:lease, lease), Patterns.seconds(:backoff, backoff),
-                  Patterns.seconds(:max_backoff, max_backoff)]
-          path ? _new_file(path.to_s, *args) : _new_ruby(SQL.connect(connection), *args)
+          secs = ->(name, v) { v.nil? ? nil : Patterns.seconds(name, v) }
+          args = [table&.to_s, worker&.to_s, secs.(:lease, lease), secs.(:backoff, backoff),
+                  secs.(:max_backoff, max_backoff)]
+          store = path ? _new_file(path.to_s, *args) : _new_ruby(SQL.connect(connection), *args)
+          store.instance_variable_set(:@pg_conninfo, pg_conninfo(connection)) if connection
+          store
         end
+
+        # The settings of a PostgreSQL store connection (a PG::Connection,
+        # ActiveRecord's connection or pool), for the relay's LISTEN
+        # connection; nil for anything else.
+        def self.pg_conninfo(connection)
+          return connection.pg_conninfo if connection.respond_to?(:pg_conninfo)
+
+          raw = if connection.respond_to?(:conninfo_hash) then connection
+                elsif connection.respond_to?(:raw_connection) then connection.raw_connection
+                elsif connection.respond_to?(:with_connection) then connection.with_connection(&:raw_connection)
+                end
+          raw.respond_to?(:conninfo_hash) ? raw.conninfo_hash.compact.reject { |_, v| v.to_s.empty? } : nil
+        rescue StandardError
+          nil
+        end
+        private_class_method :pg_conninfo
+
+        # What the relay LISTENs with by default: nil unless the store's
+        # connection is PostgreSQL's.
+        attr_reader :pg_conninfo
+
+        # The PostgreSQL channel every add notifies at commit.
+        def channel = _channel
 
 
         # Write record with connection: — the one holding your open

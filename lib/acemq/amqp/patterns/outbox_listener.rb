@@ -1,0 +1,57 @@
+# frozen_string_literal: true
+
+module AceMQ
+  module AMQP
+    module Patterns
+      # The PostgreSQL half of the relay's wake-up: a connection of its own
+      # that LISTENs on the outbox table's channel. Every add sends a NOTIFY
+      # there in its own statement, which PostgreSQL delivers when the add's
+      # transaction commits (never after a rollback), so the relay sweeps as
+      # soon as rows are committed by any process. A connection of its own
+      # because the wait blocks it: the store's connection stays free for the
+      # sweeps (and for another thread's OutboxRelay#sweep).
+      class OutboxListener
+        # conninfo: a PG conninfo string or hash; channel: a plain identifier
+        # (the store's, made by core from a checked table name).
+        def initialize(conninfo, channel)
+          require "pg"
+          @conn = PG.connect(conninfo)
+          @conn.exec("LISTEN #{channel}")
+        end
+
+        # Forget what was delivered before a sweep: that sweep claims it.
+        def drain
+          @pending = false
+          @conn.consume_input
+          nil while @conn.notifies
+        end
+
+        # Whether a notification has arrived (since the last drain), without
+        # waiting; the next wait then returns at once.
+        def pending?
+          return true if @pending
+
+          @conn.consume_input
+          @pending = !@conn.notifies.nil?
+        end
+
+        # Whether a notification came within timeout seconds. ruby-pg waits
+        # on the socket with the GVL released.
+        def wait(timeout)
+          if @pending
+            @pending = false
+            return true
+          end
+
+          !@conn.wait_for_notify(timeout).nil?
+        end
+
+        def close
+          @conn.close unless @conn.finished?
+        rescue StandardError
+          nil
+        end
+      end
+    end
+  end
+end

@@ -169,7 +169,7 @@ module IdempotencyBench
 
     # consume(batch:) with a handler that answers call_many and does what
     # the guarded handler does minus the store: the batch path's own cost.
-    def acemq_batched_alone(q, n)
+    def acemq_batched_alone(q, n, prefetch: C::PREFETCH)
       preload(q, n)
       latch = C::Latch.new(n)
       handler = lambda do |m|
@@ -179,7 +179,7 @@ module IdempotencyBench
       end
       handler.define_singleton_method(:call_many) { |ms| ms.map { |m| handler.call(m) } }
       C.time do
-        sub = @mq.consume(q, prefetch: C::PREFETCH, batch: C::PREFETCH, &handler)
+        sub = @mq.consume(q, prefetch: prefetch, batch: C::PREFETCH, &handler)
         latch.wait(C::RUN_LIMIT)
         sub.cancel
       end
@@ -348,6 +348,9 @@ module IdempotencyBench
                         batched: -> { acemq_batched_alone(plain, N) },
                         pg: -> { acemq_run(pq, pg_store, pg_raw, t, N, batch: C::PREFETCH) },
                         path: -> { acemq_run(sq, path_store, path_raw, t, N, batch: C::PREFETCH) },
+                        batched2: -> { acemq_batched_alone(plain, N, prefetch: 2 * C::PREFETCH) },
+                        path2: -> { acemq_run(sq, path_store, path_raw, t, N, prefetch: 2 * C::PREFETCH, batch: C::PREFETCH) },
+                        pg2: -> { acemq_run(pq, pg_store, pg_raw, t, N, prefetch: 2 * C::PREFETCH, batch: C::PREFETCH) },
                         pg_store: -> { store_batches(pg_store, pg_raw, t, N) },
                         path_store: -> { store_batches(path_store, path_raw, t, N) },
                         pg_raw: -> { raw_batches(pg_conn, t, N) },
@@ -368,6 +371,7 @@ module IdempotencyBench
                     "#{side == :pg ? 'PostgreSQL (ruby-pg)' : 'SQLite path:'} consume(batch: #{C::PREFETCH})",
                     r[side], us(r[side]) - us(r[:batched]), us(r[:"#{side}_store"]))
       end
+      %i[batched2 path2 pg2].each { |k| puts format("  %-58s %7.0f/s  %5.2fx of consume alone", "#{k} (prefetch 200)", r[k], r[k] / r[:alone]) }
       C::Table.ratio(path: "idempotent consume on PostgreSQL, consume(batch: 100), vs consume alone",
                      ours: r[:pg], base: r[:alone], target: 0.40, base_name: "consume alone")
       C::Table.ratio(path: "idempotent consume, SQLite `path:` store, batch 100, vs consume alone",

@@ -394,7 +394,7 @@ fn emission_cost() {
 /// `bench raw CASE QUEUE N`: one run of raw lapin, its rate on stdout.
 async fn raw(url: &str, args: &[String]) -> Result<(), BoxError> {
     let [case, q, n] = args else {
-        return Err("usage: bench raw publish_each|publish_batch|consume|retry_once QUEUE N".into());
+        return Err("usage: bench raw publish_each|publish_batch|consume|acemq_consume|retry_once QUEUE N".into());
     };
     let n: u64 = n.parse()?;
     let raw = lapin::Connection::connect(url, ConnectionProperties::default()).await?;
@@ -425,6 +425,8 @@ async fn raw(url: &str, args: &[String]) -> Result<(), BoxError> {
             n as f64 / t.elapsed().as_secs_f64()
         }
         "consume" => bench.raw_consume(q, n).await?,
+        // acemq's side of case 3 alone, for a profiler.
+        "acemq_consume" => bench.acemq_consume(q, n).await?,
         // The queue's first rung is `{q}.retry.50ms` (declared by the caller).
         "retry_once" => bench.raw_retry_once(q, &acemq::rung_name(q, Duration::from_millis(50)), n).await?,
         other => return Err(format!("bench raw: no case {other}").into()),

@@ -89,7 +89,18 @@ impl ConsumeOptions {
     /// hand and one waiting, so none idles while the broker sends the next),
     /// and the default retry ladder.
     pub fn with_concurrency(concurrency: usize) -> Self {
-        let prefetch = u16::try_from(concurrency.saturating_mul(2)).unwrap_or(u16::MAX).max(32);
+        Self::with_batches(concurrency, 1)
+    }
+
+    /// The defaults for `concurrency` handlers that each take up to `batch`
+    /// deliveries at once (the idempotent guard's batch path): a prefetch of
+    /// twice `concurrency × batch`, at least 32. Each handler has one batch in
+    /// hand and the next arriving; with a prefetch of only one batch the
+    /// broker sends nothing new until a batch is acknowledged, and a batch
+    /// can never be bigger than the prefetch.
+    pub fn with_batches(concurrency: usize, batch: usize) -> Self {
+        let prefetch =
+            u16::try_from(concurrency.saturating_mul(batch.max(1)).saturating_mul(2)).unwrap_or(u16::MAX).max(32);
         ConsumeOptions {
             prefetch,
             concurrency,
@@ -878,6 +889,18 @@ impl Consumer {
     }
 }
 
+/// A handler's result, a panic settled as a retry.
+fn unwound(done: std::thread::Result<Outcome>) -> Outcome {
+    done.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-string payload".to_owned());
+        Outcome::Raised { class: "panic".into(), message: format!("the handler panicked: {what}"), fatal: false }
+    })
+}
+
 /// A running push consumer. Dropping it does not stop it; call
 /// [`ConsumerHandle::cancel`].
 pub struct ConsumerHandle {
@@ -900,27 +923,29 @@ impl ConsumerHandle {
                 let h = handler.clone();
                 tokio::spawn(async move {
                     while let Some(mut d) = c.next().await {
-                        // The handler runs as a task of its own: past its
-                        // deadline this worker goes on to the next delivery
-                        // and the handler is left to finish (never dropped
-                        // mid-await), its outcome discarded.
-                        let mut running = tokio::spawn(tracing::Instrument::instrument(h(d.take_message()), d.span.clone()));
+                        // The handler runs on this worker's task, polled in
+                        // place (a task of its own per delivery cost a
+                        // spawn and a cross-thread wake-up each). Past its
+                        // deadline the same future, never dropped mid-await,
+                        // moves to a task of its own to finish there, its
+                        // outcome discarded, and this worker goes on to the
+                        // next delivery. A panic is caught where it happens
+                        // and settled as a retry.
+                        use futures_lite::FutureExt as _;
+                        let mut running = Box::pin(std::panic::AssertUnwindSafe(tracing::Instrument::instrument(
+                            h(d.take_message()),
+                            d.span.clone(),
+                        ))
+                        .catch_unwind());
                         let deadline = tokio::time::Instant::from_std(d.watch.deadline);
                         tokio::select! {
-                            done = &mut running => match done {
-                                Ok(outcome) => c.settle_later(d, outcome),
-                                Err(e) => c.settle_later(d, Outcome::Raised {
-                                    class: "panic".into(),
-                                    message: format!("the handler panicked: {e}"),
-                                    fatal: false,
-                                }),
-                            },
+                            biased;
+                            done = &mut running => c.settle_later(d, unwound(done)),
                             _ = tokio::time::sleep_until(deadline) => {
                                 let c = c.clone();
                                 tokio::spawn(async move {
-                                    if let Ok(outcome) = running.await {
-                                        c.settle_later(d, outcome);
-                                    }
+                                    let outcome = unwound(running.await);
+                                    c.settle_later(d, outcome);
                                 });
                             }
                         }
@@ -989,5 +1014,19 @@ impl ConsumerHandle {
             let _ = t.await;
         }
         self.consumer.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ConsumeOptions;
+
+    #[test]
+    fn the_default_prefetch_is_two_deliveries_or_two_batches_per_handler() {
+        assert_eq!(ConsumeOptions::with_concurrency(1).prefetch, 32);
+        assert_eq!(ConsumeOptions::with_concurrency(40).prefetch, 80);
+        assert_eq!(ConsumeOptions::with_batches(1, 100).prefetch, 200);
+        assert_eq!(ConsumeOptions::with_batches(4, 100).prefetch, 800);
+        assert_eq!(ConsumeOptions::with_batches(1000, 1000).prefetch, u16::MAX);
     }
 }

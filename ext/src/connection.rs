@@ -148,7 +148,8 @@ impl RbConnection {
     /// floats); what is missing or nil is core's default.
     fn consumer(ruby: &Ruby, rb_self: &Self, queue: String, options: RHash) -> Result<RbConsumer, Error> {
         let concurrency: usize = opt(&options, "concurrency")?.unwrap_or(1);
-        let mut o = ConsumeOptions::with_concurrency(concurrency);
+        let batch: usize = opt(&options, "batch")?.unwrap_or(1);
+        let mut o = ConsumeOptions::with_batches(concurrency, batch);
         o.queue_type = opt::<String>(&options, "queue_type")?.map(|t| acemq::QueueType::parse(&t)).transpose().rb(ruby)?;
         if let Some(p) = opt(&options, "prefetch")? {
             o.prefetch = p;

@@ -147,7 +147,11 @@ module AceMQ
 
         policy = RetryPolicy.from(retries)
         claim_timeout = handler.respond_to?(:claim_timeout) ? handler.claim_timeout : nil
-        native = _consumer(queue.to_s, { prefetch: prefetch, concurrency: concurrency, max_attempts: policy.max_attempts,
+        # Only a handler answering call_many is given batches; the engine's
+        # default prefetch is two batches per handler thread.
+        native = _consumer(queue.to_s, { prefetch: prefetch, concurrency: concurrency,
+                                         batch: handler.respond_to?(:call_many) ? batch : 1,
+                                         max_attempts: policy.max_attempts,
                                          initial_delay: policy.initial_delay, max_delay: policy.max_delay,
                                          queue_type: queue_type&.to_s, timeout: timeout && Float(timeout),
                                          consumer_timeout: consumer_timeout && Float(consumer_timeout),

@@ -14,12 +14,12 @@
 //! with the `postgres` feature, SQLite off the runtime's worker threads).
 //!
 //! ```no_run
-//! use acemq::ack::{Ack, Outcome};
+//! use acemq::{Ack, Outcome};
 //! use acemq::idempotency::{Idempotent, SqlIdempotencyOptions, SqlIdempotencyStore};
-//! use acemq::message::Message;
+//! use acemq::Message;
 //! use acemq::sql::SqliteConnection;
 //!
-//! # fn main() -> acemq::error::Result<()> {
+//! # fn main() -> acemq::Result<()> {
 //! let store = SqlIdempotencyStore::new(SqliteConnection::open("app.sqlite3")?, SqlIdempotencyOptions::default())?;
 //! store.create_schema()?;
 //! // Prefix the key: the table is shared by every consumer in the application.

@@ -27,7 +27,7 @@ use crate::sql::{AsyncConnectionSource, AsyncSqlConnection, Dialect};
 /// ```no_run
 /// # #[cfg(feature = "postgres")]
 /// # async fn run() -> acemq::Result<()> {
-/// use acemq::envelope::Envelope;
+/// use acemq::Envelope;
 /// use acemq::outbox::{AsyncSqlOutboxStore, OutboxRecord, OutboxStoreOptions};
 /// use acemq::sql::PgConnection;
 ///

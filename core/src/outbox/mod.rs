@@ -15,11 +15,11 @@
 //! the duplicate harmless; a lost message could not be recognised at all.
 //!
 //! ```no_run
-//! use acemq::envelope::Envelope;
+//! use acemq::Envelope;
 //! use acemq::outbox::{OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
 //! use acemq::sql::{SqlConnection, SqliteConnection};
 //!
-//! # fn main() -> acemq::error::Result<()> {
+//! # fn main() -> acemq::Result<()> {
 //! let store = SqlOutboxStore::new(SqliteConnection::open("app.db")?, OutboxStoreOptions::default())?;
 //! store.create_schema()?;
 //!

@@ -159,11 +159,11 @@ impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
 /// # use acemq::outbox::*;
 /// # use acemq::sql::SqliteConnection;
 /// # use std::sync::Arc;
-/// # async fn run(publisher: Arc<dyn OutboxPublisher>) -> acemq::error::Result<()> {
+/// # async fn run(publisher: Arc<dyn OutboxPublisher>) -> acemq::Result<()> {
 /// let store = SqlOutboxStore::new(SqliteConnection::open("app.db")?, OutboxStoreOptions::default())?;
 /// store.create_schema()?;
 /// let relay = OutboxRelay::new(publisher, store, RelayOptions {
-///     on_error: Some(Box::new(|error: &acemq::error::Error, exchange: &str, routing_key: &str| {
+///     on_error: Some(Box::new(|error: &acemq::Error, exchange: &str, routing_key: &str| {
 ///         eprintln!("outbox stuck on {exchange}/{routing_key}: {error}");
 ///     })),
 ///     ..RelayOptions::default()

@@ -36,7 +36,7 @@ pub fn handler_timeout(timeout: Duration, broker: Duration, claim_timeout: Optio
     if timeout >= broker {
         return Err(Error::invalid(format!(
             "timeout ({}) must be shorter than the broker's consumer_timeout ({}): RabbitMQ would close the channel first and redeliver \
-             every message on it; lower timeout:, or if your broker's consumer_timeout is longer, say so with consumer_timeout:",
+             every message on it; lower the timeout, or if your broker's consumer_timeout is longer, set the consumer's consumer timeout option to it",
             human(timeout),
             human(broker)
         )));
@@ -45,7 +45,7 @@ pub fn handler_timeout(timeout: Duration, broker: Duration, claim_timeout: Optio
         if timeout > claim {
             return Err(Error::invalid(format!(
                 "timeout ({}) is longer than the idempotency store's claim_timeout ({}): a handler still running when its claim expires \
-                 has it taken over, and the message runs twice at once; lower timeout: to at most {}, or raise the store's claim_timeout:",
+                 has it taken over, and the message runs twice at once; lower the timeout to at most {}, or raise the store's claim_timeout",
                 human(timeout),
                 human(claim),
                 human(claim)

@@ -151,7 +151,7 @@ pub struct JsonMessage<'a> {
 /// sweep).
 pub fn check_destination(exchange: &str, routing_key: &str, props: &Props) -> Result<()> {
     if exchange.is_empty() && routing_key.is_empty() {
-        return Err(Error::invalid("publish needs to: (a queue name, or a routing key with exchange:)"));
+        return Err(Error::invalid("a publish needs a destination: a queue name, or an exchange and a routing key"));
     }
     crate::limits::outgoing(exchange, routing_key, props)
 }

@@ -48,7 +48,7 @@ module OutboxUnitSpec
       it "refuses what publish refuses, when the record is built rather than at every sweep" do
         expect { Patterns.record(mq, Object.new.tap { |o| def o.to_json(*) = raise(TypeError, "no") }, to: "q") }
           .to raise_error(AceMQ::AMQP::EncodingError)
-        expect { Patterns.record(mq, {}, to: "") }.to raise_error(AceMQ::AMQP::ConfigurationError, /needs to:/)
+        expect { Patterns.record(mq, {}, to: "") }.to raise_error(AceMQ::AMQP::ConfigurationError, /needs a destination/)
         expect { Patterns.record(:not_a_connection, {}, to: "q") }.to raise_error(AceMQ::AMQP::ConfigurationError)
         expect { Patterns::OutboxRecord.new }.to raise_error(NoMethodError, /Patterns.record/)
       end

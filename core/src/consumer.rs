@@ -92,6 +92,18 @@ impl ConsumeOptions {
         Self::with_batches(concurrency, 1)
     }
 
+    /// For a handler guarded by an idempotency store whose claims last
+    /// `claim_timeout` ([`crate::idempotency::IdempotencyStore::claim_timeout`]):
+    /// kept for the startup checks, and the handler deadline lowered to it
+    /// when that is shorter, since past it the claim could be taken over
+    /// and the message run twice at once. A `timeout` set after this is
+    /// the caller's own (the checks refuse one longer than the claim).
+    pub fn guarded_by(mut self, claim_timeout: Duration) -> Self {
+        self.claim_timeout = Some(claim_timeout);
+        self.timeout = self.timeout.min(claim_timeout);
+        self
+    }
+
     /// The defaults for `concurrency` handlers that each take up to `batch`
     /// deliveries at once (the idempotent guard's batch path): a prefetch of
     /// twice `concurrency × batch`, at least 32. Each handler has one batch in
@@ -1028,5 +1040,19 @@ mod tests {
         assert_eq!(ConsumeOptions::with_batches(1, 100).prefetch, 200);
         assert_eq!(ConsumeOptions::with_batches(4, 100).prefetch, 800);
         assert_eq!(ConsumeOptions::with_batches(1000, 1000).prefetch, u16::MAX);
+    }
+
+    #[test]
+    fn a_guarded_handlers_deadline_is_its_claims_when_that_is_shorter() {
+        use std::time::Duration;
+        let short = ConsumeOptions::default().guarded_by(Duration::from_secs(60));
+        assert_eq!((short.timeout, short.claim_timeout), (Duration::from_secs(60), Some(Duration::from_secs(60))));
+        let long = ConsumeOptions::default().guarded_by(Duration::from_secs(3600));
+        assert_eq!(long.timeout, super::DEFAULT_TIMEOUT);
+        // A timeout the caller sets afterwards is theirs; the startup checks
+        // refuse it when it outlives the claim.
+        let mut named = ConsumeOptions::default().guarded_by(Duration::from_secs(60));
+        named.timeout = Duration::from_secs(120);
+        assert!(crate::checks::handler_timeout(named.timeout, named.broker_consumer_timeout, named.claim_timeout).is_err());
     }
 }

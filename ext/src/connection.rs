@@ -160,13 +160,10 @@ impl RbConnection {
             o.broker_consumer_timeout = seconds(ruby, "consumer_timeout", t)?;
         }
         if let Some(t) = opt::<f64>(&options, "claim_timeout")? {
-            o.claim_timeout = Some(seconds(ruby, "claim_timeout", t)?);
+            o = o.guarded_by(seconds(ruby, "claim_timeout", t)?);
         }
-        match opt::<f64>(&options, "timeout")? {
-            Some(t) => o.timeout = seconds(ruby, "timeout", t)?,
-            // Unnamed, a guarded handler's deadline is its claim's, when
-            // that is the shorter: past it the claim could be taken over.
-            None => o.timeout = o.claim_timeout.map_or(o.timeout, |c| c.min(o.timeout)),
+        if let Some(t) = opt::<f64>(&options, "timeout")? {
+            o.timeout = seconds(ruby, "timeout", t)?;
         }
         let conn = &rb_self.inner;
         let consumer = gvl::block_on(ruby, conn.consumer(&queue, o))?.rb(ruby)?;

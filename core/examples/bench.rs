@@ -6,7 +6,9 @@
 //!
 //! AMQP_URL overrides the broker (default amqp://guest:guest@127.0.0.1:5672);
 //! BENCH_RUNS (default 5) runs per side and case, the median reported;
-//! BENCH_SCALE (default 1.0) multiplies every message count. Every case sends
+//! BENCH_SCALE (default 1.0) multiplies every message count; BENCH_CASES
+//! (default all) names the cases to run, comma-separated; BENCH_SIDE=acemq
+//! or lapin runs only that side of the consume case (for a profiler). Every case sends
 //! the same 1 KiB JSON object, persistent; queues are named per run, purged
 //! before every timed run and deleted at the end.
 //!
@@ -68,6 +70,51 @@ fn payloads() -> Vec<Value> {
     let out: Vec<Value> = (0..64).map(|i| make(i, &filler)).collect();
     assert_eq!(serde_json::to_vec(&out[0]).unwrap().len(), 1024);
     out
+}
+
+/// This process's CPU time so far (user and system, every thread), in
+/// seconds: what the client spends of the two cores the broker shares.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are
+    // the 12th and 13th of them, in clock ticks (100 a second on Linux).
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    f.get(11).zip(f.get(12)).map_or(0.0, |(u, s)| (u + s) / 100.0)
+}
+
+/// CPU seconds and voluntary context switches of this process's threads so
+/// far, summed by thread name: where a case's client CPU goes.
+fn threads_cpu() -> std::collections::BTreeMap<String, (f64, u64)> {
+    let mut by = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(n, _)| n).to_owned();
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        let cpu = f.get(11).zip(f.get(12)).map_or(0.0, |(u, s)| (u + s) / 100.0);
+        let switches = status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let e = by.entry(name).or_insert((0.0, 0));
+        e.0 += cpu;
+        e.1 += switches;
+    }
+    by
+}
+
+fn per_thread(before: &std::collections::BTreeMap<String, (f64, u64)>, n: u64) -> String {
+    threads_cpu()
+        .into_iter()
+        .map(|(name, (cpu, cs))| {
+            let (c0, s0) = before.get(&name).copied().unwrap_or((0.0, 0));
+            format!("{name}={:.1}us/{:.2}cs", (cpu - c0) / n as f64 * 1e6, (cs - s0) as f64 / n as f64)
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -325,14 +372,44 @@ impl Bench {
         let n = count(10_000.0);
         let mut ours = Vec::new();
         let mut base = Vec::new();
+        let (mut ours_cpu, mut base_cpu) = (Vec::new(), Vec::new());
+        // BENCH_SIDE=acemq or lapin runs one side only (for a profiler).
+        let side = std::env::var("BENCH_SIDE").unwrap_or_default();
         for _ in 0..self.runs {
-            self.preload(&q, n).await?;
-            ours.push(self.acemq_consume(&q, n).await?);
-            self.preload(&q, n).await?;
-            base.push(self.raw_consume(&q, n).await?);
+            if side != "lapin" {
+                self.preload(&q, n).await?;
+                let cpu = cpu_seconds();
+                let threads = threads_cpu();
+                ours.push(self.acemq_consume(&q, n).await?);
+                ours_cpu.push((cpu_seconds() - cpu) / n as f64 * 1e6);
+                if !side.is_empty() {
+                    println!("  acemq: {}", per_thread(&threads, n));
+                }
+            }
+            if side != "acemq" {
+                self.preload(&q, n).await?;
+                let cpu = cpu_seconds();
+                let threads = threads_cpu();
+                base.push(self.raw_consume(&q, n).await?);
+                base_cpu.push((cpu_seconds() - cpu) / n as f64 * 1e6);
+                if !side.is_empty() {
+                    println!("  lapin: {}", per_thread(&threads, n));
+                }
+            }
+        }
+        if ours.is_empty() || base.is_empty() {
+            let (side, rates, cpu) = if ours.is_empty() { ("lapin", base, base_cpu) } else { ("acemq", ours, ours_cpu) };
+            println!("  consume, {side} alone: {:.0}/s, {:.1} us/msg client CPU", median(rates), median(cpu));
+            return Ok(());
         }
         let name = format!("3 consume + parse + ack (prefetch {PREFETCH})");
         self.row(&name, median(ours), median(base));
+        println!(
+            "  {:<40} acemq {:>6.1} us/msg  lapin {:>6.1} us/msg (client CPU, user + system)",
+            "",
+            median(ours_cpu),
+            median(base_cpu)
+        );
         Ok(())
     }
 
@@ -463,10 +540,19 @@ async fn main() -> Result<(), BoxError> {
     };
     let endpoint = url.rsplit('@').next().unwrap_or("");
     println!("AceMQ Rust bench: {endpoint}, 1 KiB JSON, persistent, median of {runs} runs, lapin 4.12 (tokio, 2 workers)");
+    // BENCH_CASES (default all): a comma-separated subset, for profiling one.
+    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| "publish_each,publish_batch,consume".into());
+    let wanted = |case: &str| cases.split(',').any(|c| c.trim() == case);
     let result = async {
-        bench.publish_each().await?;
-        bench.publish_batch().await?;
-        bench.consume().await?;
+        if wanted("publish_each") {
+            bench.publish_each().await?;
+        }
+        if wanted("publish_batch") {
+            bench.publish_batch().await?;
+        }
+        if wanted("consume") {
+            bench.consume().await?;
+        }
         Ok::<(), BoxError>(())
     }
     .await;

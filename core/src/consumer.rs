@@ -429,7 +429,7 @@ impl Consumer {
     /// again when the subscription closes; nothing is lost.
     pub async fn next(&self) -> Option<Delivery> {
         loop {
-            let raw = self.link.queue().pop().await?;
+            let raw = self.link.pop().await?;
             if let Some(d) = self.understand(raw).await {
                 return Some(d);
             }
@@ -449,7 +449,7 @@ impl Consumer {
     /// [`Consumer::next_blocking`], reading the payload as `payload` says
     /// (see [`Payload::Checked`]).
     pub fn next_blocking_as(self: &Arc<Self>, timeout: Duration, payload: Payload) -> Next {
-        match self.link.queue().pop_blocking(timeout) {
+        match self.link.pop_blocking(timeout) {
             Pop::Item(raw) => match decode_as(&self.queue, &raw, payload) {
                 Ok(message) => {
                     self.watch_deadlines();
@@ -477,7 +477,7 @@ impl Consumer {
 
     /// Wake every thread blocked in [`Consumer::next_blocking`] (they return `Empty`).
     pub fn wake(&self) {
-        self.link.queue().wake_all();
+        self.link.wake_all();
     }
 
     async fn understand(&self, raw: RawDelivery) -> Option<Delivery> {

@@ -108,10 +108,28 @@ pub(crate) enum Link {
 }
 
 impl Link {
-    pub(crate) fn queue(&self) -> &Arc<DeliveryQueue> {
+    /// The next delivery; None once stopped. Cancel safe.
+    pub(crate) async fn pop(&self) -> Option<crate::wire::RawDelivery> {
         match self {
-            Link::Amqp(c) => &c.out,
-            Link::Memory { out, .. } => out,
+            Link::Amqp(c) => c.pop().await,
+            Link::Memory { out, .. } => out.pop().await,
+        }
+    }
+
+    /// The next delivery, waiting at most `timeout` on a thread outside
+    /// the runtime.
+    pub(crate) fn pop_blocking(&self, timeout: std::time::Duration) -> queue::Pop {
+        match self {
+            Link::Amqp(c) => c.pop_blocking(timeout),
+            Link::Memory { out, .. } => out.pop_blocking(timeout),
+        }
+    }
+
+    /// Wake every thread blocked in `pop_blocking` (they return `Empty`).
+    pub(crate) fn wake_all(&self) {
+        match self {
+            Link::Amqp(c) => c.wake_all(),
+            Link::Memory { out, .. } => out.wake_all(),
         }
     }
 

@@ -6,13 +6,14 @@
 //! again when the connection is lost), `exchanges` (the cache of exchanges
 //! known to exist), `publish` (sending one or a batch, and their confirms),
 //! `supervisor` (a subscription that subscribes again when its channel is
-//! lost), `declare` (topology declarations), `acks` (coalescing
+//! lost), `feed` (its deliveries, read by the handlers themselves), `declare` (topology declarations), `acks` (coalescing
 //! acknowledgements into `multiple` acks) and `fields` (AMQP properties and
 //! field tables to and from the engine's).
 
 mod acks;
 mod declare;
 mod exchanges;
+mod feed;
 mod fields;
 mod publish;
 mod redial;

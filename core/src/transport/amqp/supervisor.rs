@@ -1,13 +1,14 @@
-//! A subscription that outlives its channel: the task that feeds its
-//! deliveries and subscribes again, backing off, when the channel is lost.
+//! A subscription that outlives its channel: the task that subscribes again,
+//! backing off, when the channel is lost. Its deliveries are read by the
+//! handlers themselves (feed.rs).
 
 use super::acks::{spawn_flusher, AckInner, AckState};
 use super::fields::from_basic_properties;
 use super::{map_error, AmqpBackend};
 use crate::error::{Error, ErrorKind, Result};
-use crate::transport::queue::DeliveryQueue;
+use super::feed::Feed;
+use crate::transport::queue::Pop;
 use crate::wire::RawDelivery;
-use futures_lite::StreamExt;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::Channel;
@@ -24,12 +25,15 @@ impl AmqpBackend {
     /// again, which is the redelivery the idempotent consumer is for.
     pub(crate) async fn consume(self: &Arc<Self>, queue: &str, prefetch: u16) -> Result<AmqpConsumer> {
         let (generation, stream) = subscribe(self, queue, prefetch, 1).await?;
+        let failure = Arc::new(Mutex::new(None));
+        let feed = Arc::new(Feed::new(queue, failure.clone(), GENERATION_SHIFT));
+        feed.install(generation.id, stream);
         let consumer = AmqpConsumer {
             generation: Arc::new(Mutex::new(generation.clone())),
-            out: Arc::new(DeliveryQueue::default()),
+            feed: feed.clone(),
             stopped: Arc::new(std::sync::atomic::AtomicBool::new(false)),
             supervisor: Mutex::new(None),
-            failure: Arc::new(Mutex::new(None)),
+            failure,
             down_since: Arc::new(Mutex::new(None)),
             resubscribed: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         };
@@ -38,8 +42,7 @@ impl AmqpBackend {
             queue.to_owned(),
             prefetch,
             consumer.generation.clone(),
-            stream,
-            consumer.out.clone(),
+            feed,
             consumer.stopped.clone(),
             consumer.failure.clone(),
             consumer.down_since.clone(),
@@ -83,14 +86,29 @@ pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16,
     Ok((generation, stream))
 }
 
+/// A delivery as the engine holds it, its tag carrying its generation.
+pub(super) fn raw_delivery(d: lapin::message::Delivery, generation: u64, shift: u32, mask: u64) -> RawDelivery {
+    RawDelivery {
+        tag: (generation << shift) | (d.delivery_tag & mask),
+        exchange: d.exchange.to_string(),
+        routing_key: d.routing_key.to_string(),
+        redelivered: d.redelivered,
+        props: from_basic_properties(&d.properties),
+        body: d.data,
+    }
+}
+
+/// How often the supervisor looks at the channel while no reader is
+/// waiting on the stream (a reader reports the end itself, at once).
+const WATCH_EVERY: Duration = Duration::from_millis(200);
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn supervise(
     backend: Arc<AmqpBackend>,
     queue: String,
     prefetch: u16,
     current: Arc<Mutex<Arc<Generation>>>,
-    mut stream: lapin::Consumer,
-    out: Arc<DeliveryQueue>,
+    feed: Arc<Feed>,
     stopped: Arc<std::sync::atomic::AtomicBool>,
     failure: Arc<Mutex<Option<Error>>>,
     down_since: Arc<Mutex<Option<std::time::Instant>>>,
@@ -98,6 +116,7 @@ pub(super) async fn supervise(
 ) {
     use std::sync::atomic::Ordering::Acquire;
     let record = |e: Error| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    let done = || stopped.load(Acquire) || backend.closed.load(Acquire);
     // The pause before subscribing again. It grows while subscribing fails,
     // and also while fresh subscriptions keep dying young: a message that
     // makes the connection fail as soon as it is delivered would otherwise
@@ -105,35 +124,40 @@ pub(super) async fn supervise(
     let mut pause = MIN_RESUBSCRIBE_PAUSE;
     let mut subscribed_at = std::time::Instant::now();
     'subscription: loop {
-        let id = current.lock().unwrap_or_else(|p| p.into_inner()).id;
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(d) => out.push(RawDelivery {
-                    tag: (id << GENERATION_SHIFT) | (d.delivery_tag & TAG_MASK),
-                    exchange: d.exchange.to_string(),
-                    routing_key: d.routing_key.to_string(),
-                    redelivered: d.redelivered,
-                    body: d.data,
-                    props: from_basic_properties(&d.properties),
-                }),
-                Err(e) => {
-                    record(map_error(&e, &format!("consuming from queue '{queue}'")));
-                    break;
-                }
+        let generation = current.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // Until the stream ends under a reader, or its channel goes down
+        // while nobody reads it.
+        loop {
+            let ended = feed.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if done() {
+                break 'subscription;
+            }
+            if feed.ended(generation.id) {
+                break;
+            }
+            if !generation.channel.status().connected() {
+                record(Error::new(ErrorKind::Closed, format!("the channel consuming from queue '{queue}' closed")));
+                feed.lose(generation.id);
+                break;
+            }
+            tokio::select! {
+                () = &mut ended => {}
+                () = tokio::time::sleep(WATCH_EVERY) => {}
             }
         }
-        if stopped.load(Acquire) || backend.closed.load(Acquire) {
+        if done() {
             break;
         }
         crate::events::subscription_ended(&queue, &failure);
         // The channel or the connection went away under us. Whatever the
         // old channel delivered and we had not acknowledged is the broker's
         // again; retire it and subscribe anew, backing off while it is down.
-        current.lock().unwrap_or_else(|p| p.into_inner()).retire();
         // What the lost channel delivered and no handler has taken yet can
-        // never be acknowledged: the broker has put it back and will deliver
-        // it again. Handing it out now would run it twice for nothing.
-        out.drain();
+        // never be acknowledged: the feed drops it rather than run it twice.
+        generation.retire();
+        feed.lose(generation.id);
         *down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
         let lived = subscribed_at.elapsed();
         if lived < STABLE_SUBSCRIPTION {
@@ -151,17 +175,18 @@ pub(super) async fn supervise(
             pause = MIN_RESUBSCRIBE_PAUSE;
         }
         loop {
-            if stopped.load(Acquire) || backend.closed.load(Acquire) {
+            if done() {
                 break 'subscription;
             }
-            match subscribe(&backend, &queue, prefetch, id + 1).await {
-                Ok((generation, fresh)) => {
-                    *current.lock().unwrap_or_else(|p| p.into_inner()) = generation;
+            match subscribe(&backend, &queue, prefetch, generation.id + 1).await {
+                Ok((fresh, stream)) => {
+                    let id = fresh.id;
+                    *current.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+                    feed.install(id, stream);
                     *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     resubscribed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     crate::events::subscription("resubscribed", &queue, None);
                     subscribed_at = std::time::Instant::now();
-                    stream = fresh;
                     continue 'subscription;
                 }
                 Err(e) => {
@@ -173,14 +198,14 @@ pub(super) async fn supervise(
             }
         }
     }
-    out.close();
+    feed.close();
 }
 
 /// A subscription: the channel it is on now (a generation) and the task
 /// that feeds its deliveries and subscribes again when the channel is lost.
 pub(crate) struct AmqpConsumer {
     generation: Arc<Mutex<Arc<Generation>>>,
-    pub(crate) out: Arc<DeliveryQueue>,
+    feed: Arc<Feed>,
     stopped: Arc<std::sync::atomic::AtomicBool>,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(crate) failure: Arc<Mutex<Option<Error>>>,
@@ -212,6 +237,21 @@ impl Generation {
 }
 
 impl AmqpConsumer {
+    /// Wait for the next delivery (see [`Feed::pop`]).
+    pub(crate) async fn pop(&self) -> Option<RawDelivery> {
+        self.feed.pop().await
+    }
+
+    /// Wait at most `timeout` on a thread outside the runtime.
+    pub(crate) fn pop_blocking(&self, timeout: Duration) -> Pop {
+        self.feed.pop_blocking(timeout)
+    }
+
+    /// Wake every thread blocked in `pop_blocking`.
+    pub(crate) fn wake_all(&self) {
+        self.feed.wake_all();
+    }
+
     /// The generation a tag was handed out under, if it is still current.
     pub(super) fn live(&self, tag: u64) -> Option<(Arc<Generation>, u64)> {
         let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -234,8 +274,7 @@ impl AmqpConsumer {
         if g.channel.status().connected() {
             let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.basic_cancel(g.tag.clone(), BasicCancelOptions::default())).await;
         }
-        self.out.close();
-        self.out.drain();
+        self.feed.close();
     }
 
     /// Send the last acks, then close the channel: anything unsettled is

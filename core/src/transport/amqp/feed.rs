@@ -104,14 +104,31 @@ impl Feed {
     /// The current generation is lost (its channel went down while nobody
     /// was reading): drop its stream. What lapin still buffers of it can
     /// never be acknowledged; the broker delivers it again.
-    pub(super) fn lose(&self, id: u64) {
+    ///
+    /// Returns why the channel went down, when the stream was here to ask
+    /// (lapin queues the channel's error on it); a reader holding the stream
+    /// sees that error itself and records it.
+    pub(super) fn lose(&self, id: u64) -> Option<Error> {
         let mut st = self.lock();
-        if st.generation == id {
+        let stream = if st.generation == id {
             st.ended = true;
-            st.stream = None;
-        }
+            st.stream.take()
+        } else {
+            None
+        };
         drop(st);
         self.interrupt.notify_waiters();
+        let mut stream = stream?;
+        // What lapin still buffers: deliveries that can never be
+        // acknowledged (dropped), then the error, if it has one.
+        for _ in 0..=u16::MAX {
+            match futures_lite::future::block_on(futures_lite::future::poll_once(stream.next())) {
+                Some(Some(Ok(_))) => continue,
+                Some(Some(Err(e))) => return Some(super::map_error(&e, &format!("consuming from queue '{}'", self.queue))),
+                _ => return None,
+            }
+        }
+        None
     }
 
     /// No more deliveries: readers return closed, what lapin buffers is not

@@ -138,8 +138,11 @@ pub(super) async fn supervise(
                 break;
             }
             if !generation.channel.status().connected() {
-                record(Error::new(ErrorKind::Closed, format!("the channel consuming from queue '{queue}' closed")));
-                feed.lose(generation.id);
+                // Nobody was reading: ask the stream why (a reader holding
+                // it records the error itself).
+                if let Some(e) = feed.lose(generation.id) {
+                    record(e);
+                }
                 break;
             }
             tokio::select! {
@@ -281,6 +284,7 @@ impl AmqpConsumer {
     /// requeued by the broker.
     pub(crate) async fn close(&self) {
         self.stopped.store(true, std::sync::atomic::Ordering::Release);
+        self.feed.close();
         let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
         g.acks.lock().closing = true;
         g.acks.notify.notify_one();

@@ -8,7 +8,9 @@
 //! BENCH_RUNS (default 5) runs per side and case, the median reported;
 //! BENCH_SCALE (default 1.0) multiplies every message count; BENCH_CASES
 //! (default all) names the cases to run, comma-separated; BENCH_SIDE=acemq
-//! or lapin runs only that side of the consume case (for a profiler). Every case sends
+//! or lapin runs only that side of the consume case (for a profiler), with
+//! each run's client CPU per thread; BENCH_PHASES=1 prints how long acemq's
+//! consume took to open, to handle every message and to cancel. Every case sends
 //! the same 1 KiB JSON object, persistent; queues are named per run, purged
 //! before every timed run and deleted at the end.
 //!
@@ -280,8 +282,13 @@ impl Bench {
                 }
             })
             .await?;
+        let opened = t.elapsed();
         tokio::time::timeout(RUN_LIMIT, done.notified()).await.map_err(|_| "acemq consume timed out")?;
+        let handled = t.elapsed();
         handle.cancel().await;
+        if std::env::var("BENCH_PHASES").is_ok() {
+            println!("  phases: open {:?}, handled {:?}, cancelled {:?}", opened, handled, t.elapsed());
+        }
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
 

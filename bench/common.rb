@@ -96,6 +96,15 @@ module BenchCommon
   # What a bench runner makes and must leave behind it: its queues (deleted
   # through @admin), PostgreSQL tables, open handles, the temp dir, and its
   # two connections.
+  # The broker's queues whose names start with `prefix`, from rabbitmqctl
+  # when it is on this machine (the shared broker is); none otherwise.
+  def self.queues_named(prefix)
+    out = IO.popen(%w[rabbitmqctl list_queues -q --no-table-headers name], err: File::NULL, &:read)
+    $?.success? ? out.lines.map(&:strip).select { |q| q.start_with?(prefix) } : []
+  rescue SystemCallError
+    []
+  end
+
   module Cleanup
     # The connections, names and scratch space of a run called `name`.
     def setup_resources(name)
@@ -123,6 +132,9 @@ module BenchCommon
     end
 
     def cleanup
+      # Consuming declares each queue's retry rungs too ({q}.retry.1s, …):
+      # whatever this run named with its prefix goes.
+      @queues.concat(BenchCommon.queues_named(@prefix)) if @prefix
       @queues.uniq.each do |q|
         @admin.queue_delete(q)
       rescue Bunny::Exception

@@ -19,6 +19,7 @@ RSpec.configure do |config|
     end
   end
   config.include AceMQSpecHelpers
+  config.after(:suite) { AceMQSpecHelpers.delete_named_queues }
   # ACEMQ_GC_STRESS=1 runs every example under GC.stress: how a Ruby value
   # the extension forgot to mark shows up.
   if ENV["ACEMQ_GC_STRESS"]

@@ -165,6 +165,10 @@ impl Bench {
         self.mq.apply(&Topology::new().queue(q.as_str())).await?;
         self.queues.push(q.clone());
         self.queues.push(acemq::dlq_name(&q));
+        // The default ladder's rungs, which consuming declares.
+        for delay in acemq::RetryPolicy::default().rungs() {
+            self.queues.push(acemq::rung_name(&q, delay));
+        }
         Ok(q)
     }
 

@@ -20,9 +20,43 @@ module AceMQSpecHelpers
     end
   end
 
+  # Every name `unique` handed out this run: the queues named from them
+  # (and their .dlq and .retry.* rungs) are deleted after the suite.
+  NAMED = Queue.new
+
   # A name no other example (or earlier run) uses.
   def unique(prefix = "spec")
-    "#{prefix}-#{SecureRandom.hex(6)}"
+    "#{prefix}-#{SecureRandom.hex(6)}".tap { |name| NAMED << name }
+  end
+
+  # Delete the shared broker's queues named from this run's unique names,
+  # so runs do not pile queues up on it (one run names about 700). Only
+  # names this process made: another run's queues are never touched.
+  def self.delete_named_queues
+    require "bunny"
+    require "logger"
+    names = []
+    names << NAMED.pop until NAMED.empty?
+    return 0 if names.empty?
+
+    listing = IO.popen(%w[rabbitmqctl list_queues -q --no-table-headers name], err: File::NULL, &:read)
+    return 0 unless $?.success?
+
+    ours = listing.lines.map(&:strip).select { |q| names.any? { |n| q == n || q.start_with?("#{n}.") } }
+    return 0 if ours.empty?
+
+    bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil))
+    bunny.start
+    ch = bunny.create_channel
+    ours.each do |q|
+      ch.queue_delete(q)
+    rescue Bunny::Exception
+      ch = bunny.create_channel
+    end
+    bunny.close
+    ours.size
+  rescue SystemCallError, Bunny::Exception
+    0
   end
 
   def memory_url

@@ -81,8 +81,14 @@ fn cpu_seconds() -> f64 {
     // Fields after the command's closing parenthesis; utime and stime are
     // the 12th and 13th of them, in clock ticks (100 a second on Linux).
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    f.get(11).zip(f.get(12)).map_or(0.0, |(u, s)| (u + s) / 100.0)
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    ticks(&f)
+}
+
+/// utime + stime, in seconds, of a stat line's fields after the command.
+fn ticks(f: &[&str]) -> f64 {
+    let at = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (at(11) + at(12)) / 100.0
 }
 
 /// CPU seconds and voluntary context switches of this process's threads so
@@ -94,8 +100,8 @@ fn threads_cpu() -> std::collections::BTreeMap<String, (f64, u64)> {
         let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
         let name = stat.split_once('(').and_then(|(_, r)| r.rsplit_once(')')).map_or("?", |(n, _)| n).to_owned();
         let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-        let cpu = f.get(11).zip(f.get(12)).map_or(0.0, |(u, s)| (u + s) / 100.0);
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let cpu = ticks(&f);
         let switches = status
             .lines()
             .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))

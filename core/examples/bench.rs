@@ -384,6 +384,21 @@ impl Bench {
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
 
+    /// One timed consume of n preloaded messages, acemq's or raw lapin's:
+    /// its rate and the client's CPU per message (and, with `threads`, each
+    /// thread's, printed).
+    async fn consume_once(&self, q: &str, n: u64, acemq: bool, threads: bool) -> Result<(f64, f64), BoxError> {
+        self.preload(q, n).await?;
+        let cpu = cpu_seconds();
+        let before = threads_cpu();
+        let rate = if acemq { self.acemq_consume(q, n).await? } else { self.raw_consume(q, n).await? };
+        let per = (cpu_seconds() - cpu) / n as f64 * 1e6;
+        if threads {
+            println!("  {}: {}", if acemq { "acemq" } else { "lapin" }, per_thread(&before, n));
+        }
+        Ok((rate, per))
+    }
+
     async fn consume(&mut self) -> Result<(), BoxError> {
         let q = self.queue("consume").await?;
         let n = count(10_000.0);
@@ -394,24 +409,14 @@ impl Bench {
         let side = std::env::var("BENCH_SIDE").unwrap_or_default();
         for _ in 0..self.runs {
             if side != "lapin" {
-                self.preload(&q, n).await?;
-                let cpu = cpu_seconds();
-                let threads = threads_cpu();
-                ours.push(self.acemq_consume(&q, n).await?);
-                ours_cpu.push((cpu_seconds() - cpu) / n as f64 * 1e6);
-                if !side.is_empty() {
-                    println!("  acemq: {}", per_thread(&threads, n));
-                }
+                let (rate, cpu) = self.consume_once(&q, n, true, !side.is_empty()).await?;
+                ours.push(rate);
+                ours_cpu.push(cpu);
             }
             if side != "acemq" {
-                self.preload(&q, n).await?;
-                let cpu = cpu_seconds();
-                let threads = threads_cpu();
-                base.push(self.raw_consume(&q, n).await?);
-                base_cpu.push((cpu_seconds() - cpu) / n as f64 * 1e6);
-                if !side.is_empty() {
-                    println!("  lapin: {}", per_thread(&threads, n));
-                }
+                let (rate, cpu) = self.consume_once(&q, n, false, !side.is_empty()).await?;
+                base.push(rate);
+                base_cpu.push(cpu);
             }
         }
         if ours.is_empty() || base.is_empty() {

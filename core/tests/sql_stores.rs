@@ -182,6 +182,14 @@ impl AsyncConnectionSource for Source {
             Source::Pg(s) => Session::Pg(s.connection().await?),
         })
     }
+
+    fn listen(&self, channel: &str, notified: acemq::sql::Notified, stop: tokio::sync::watch::Receiver<bool>) -> bool {
+        match self {
+            Source::Sqlite(s) => s.listen(channel, notified, stop),
+            #[cfg(feature = "postgres")]
+            Source::Pg(s) => s.listen(channel, notified, stop),
+        }
+    }
 }
 
 impl AsyncSqlConnection for Session<'_> {
@@ -597,6 +605,44 @@ async fn fill(db: &Db, store: &AsyncSqlOutboxStore<Source>, n: usize) {
         store.add(&record(i), &tx).await.unwrap();
     }
     tx.execute("COMMIT", &[]).await.unwrap();
+}
+
+/// A started relay sweeps when a row is committed, not an `interval` later:
+/// on PostgreSQL through its `LISTEN` (the row committed on another
+/// connection, which is what another process does), on SQLite through the
+/// process's own wake-up. The interval is a minute, so only the wake-up can
+/// deliver within the few seconds allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_relay_wakes_when_a_row_is_committed() {
+    for db in databases("wakes") {
+        let store = db.outbox("relay", Duration::from_secs(60)).await;
+        let publisher = Arc::new(Recorder::default());
+        let options = RelayOptions { interval: Duration::from_secs(60), ..RelayOptions::default() };
+        let relay = OutboxRelay::new(publisher.clone(), store, options);
+        relay.start().unwrap();
+        // Its first sweep finds nothing and it waits; then, from another
+        // connection, one row at a time.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let other = db.source().await;
+        let adder = AsyncSqlOutboxStore::new(other, OutboxStoreOptions { table: db.table.clone(), ..Default::default() }).unwrap();
+        for n in 1..=3 {
+            let session = db.source().await;
+            let conn = session.connection().await.unwrap();
+            adder.add(&record(n), &conn).await.unwrap();
+            let started = std::time::Instant::now();
+            while publisher.published.lock().unwrap().len() < n {
+                assert!(
+                    started.elapsed() < Duration::from_secs(5),
+                    "{}: row {n} was not relayed within 5 s of its commit (interval 60 s)",
+                    db.name()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        assert_eq!(*publisher.published.lock().unwrap(), ["msg-1", "msg-2", "msg-3"], "{}", db.name());
+        // Closing stops the listening too: the relay's task ends.
+        tokio::time::timeout(Duration::from_secs(5), relay.close()).await.expect("the relay closes");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,6 +54,12 @@ pub struct AsyncSqlOutboxStore<S> {
 crate::outbox::rules::store_debug!(AsyncSqlOutboxStore);
 
 impl<S: AsyncConnectionSource> AsyncSqlOutboxStore<S> {
+    /// Call `notified` whenever an `add` commits in any process, where the
+    /// source can listen (see [`AsyncConnectionSource::listen`]).
+    pub(crate) fn listen_for_rows(&self, notified: crate::sql::Notified, stop: tokio::sync::watch::Receiver<bool>) -> bool {
+        self.source.listen(&self.channel(), notified, stop)
+    }
+
     /// A store whose own calls run on connections from `source`. Fails when
     /// the table name in `options` is not a plain identifier.
     pub fn new(source: S, options: OutboxStoreOptions) -> Result<Self> {

@@ -21,8 +21,9 @@ pub type OnError = Box<dyn Fn(&Error, &str, &str) + Send + Sync>;
 pub struct RelayOptions {
     /// The longest wait between sweeps that found less than a full batch: a
     /// relay also wakes as soon as a row is added in this process (SQLite)
-    /// or committed by any process (PostgreSQL, `LISTEN`, the Ruby relay),
-    /// so this is the fallback poll. Default 1 second.
+    /// or committed by any process (PostgreSQL through `LISTEN`, where the
+    /// store's source can: `PgConnection::connect` (feature `postgres`)
+    /// and the Ruby relay), so this is the fallback poll. Default 1 second.
     pub interval: Duration,
     /// Rows claimed and published per sweep. Default 100.
     pub batch_size: usize,
@@ -90,6 +91,14 @@ pub trait RelayStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send;
     /// [`SqlOutboxStore::delete_confirmed`].
     fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send;
+    /// Move [`wake_for_relay`](Self::wake_for_relay) whenever rows are
+    /// committed by any process, until `stop`: PostgreSQL's `LISTEN`, where
+    /// the store's source can ([`AsyncConnectionSource::listen`]). The
+    /// default listens to nothing.
+    fn listen_for_relay(&self, stop: watch::Receiver<bool>) -> bool {
+        let _ = stop;
+        false
+    }
 }
 
 /// The blocking store's SQL runs on tokio's blocking pool (`spawn_blocking`)
@@ -136,6 +145,10 @@ impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
     }
     fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send {
         async move { self.delete_confirmed(&ids).await }
+    }
+    fn listen_for_relay(&self, stop: watch::Receiver<bool>) -> bool {
+        let wake = self.local_wake().clone();
+        self.listen_for_rows(Arc::new(move || wake.rows_added()), stop)
     }
 }
 
@@ -223,8 +236,9 @@ impl<T: RelayStore> OutboxRelay<T> {
 
     /// Sweep on a tokio task until [`close`](Self::close): again at once
     /// after a full batch that all went out, as soon as a row is added to
-    /// the table in this process (SQLite; see [`LocalWake`]), and otherwise
-    /// every `interval`. Must be called within a tokio runtime; fails when
+    /// the table in this process (SQLite; see [`LocalWake`]) or committed by
+    /// any process (PostgreSQL, where the store's source listens:
+    /// [`AsyncConnectionSource::listen`]), and otherwise every `interval`. Must be called within a tokio runtime; fails when
     /// the options are invalid. Starting a started relay does nothing.
     pub fn start(&self) -> Result<()> {
         self.inner.options.validate()?;
@@ -276,6 +290,9 @@ impl<T: RelayStore + std::fmt::Debug> std::fmt::Debug for OutboxRelay<T> {
 impl<T: RelayStore> Inner<T> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let wake = self.store.wake_for_relay().clone();
+        // Rows committed by any process wake it too, where the store can
+        // listen (PostgreSQL); it stops listening when the relay stops.
+        self.store.listen_for_relay(stop.clone());
         // Confirmed rows whose delete is held back for the next claim.
         let mut held: Vec<i64> = Vec::new();
         loop {

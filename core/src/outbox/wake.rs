@@ -13,7 +13,8 @@
 //! commit and sees the row. PostgreSQL's equivalent is `NOTIFY`, sent by the
 //! insert itself and delivered at commit to every listening process (see
 //! `Statements::insert`); a woken claim there would only find nothing, so
-//! PostgreSQL adds do not bump the counter.
+//! PostgreSQL adds do not bump the counter: the relay's `LISTEN` does, on
+//! every notification, once the row is committed (`AsyncConnectionSource::listen`).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -40,7 +41,8 @@ impl LocalWake {
         LocalWake { tx: map.entry(table.to_owned()).or_insert_with(|| watch::channel(0).0).clone() }
     }
 
-    /// A row was added in this process.
+    /// A row was added in this process, or a PostgreSQL `NOTIFY` said rows
+    /// were committed (the relay's `LISTEN`).
     pub(crate) fn rows_added(&self) {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
     }

@@ -63,7 +63,21 @@ pub trait AsyncConnectionSource: Send + Sync {
     /// a connection dropped inside a store's transaction is rolled back
     /// before it is lent again.
     fn connection(&self) -> impl Future<Output = Result<Self::Connection<'_>>> + Send;
+
+    /// Call `notified` whenever a `NOTIFY` on `channel` commits, from any
+    /// process, until `stop` turns true; false when this source cannot
+    /// listen (the default: SQLite, a pool, a client the service connected
+    /// itself). `PgConnection::connect` (feature `postgres`) can:
+    /// it listens on a connection of its own, opened again when the server
+    /// drops it. What a started outbox relay wakes on.
+    fn listen(&self, channel: &str, notified: Notified, stop: tokio::sync::watch::Receiver<bool>) -> bool {
+        let _ = (channel, notified, stop);
+        false
+    }
 }
+
+/// What [`AsyncConnectionSource::listen`] calls on every notification.
+pub type Notified = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 impl<S: AsyncConnectionSource + ?Sized> AsyncConnectionSource for std::sync::Arc<S> {
     type Connection<'a>
@@ -73,5 +87,8 @@ impl<S: AsyncConnectionSource + ?Sized> AsyncConnectionSource for std::sync::Arc
 
     fn connection(&self) -> impl Future<Output = Result<Self::Connection<'_>>> + Send {
         (**self).connection()
+    }
+    fn listen(&self, channel: &str, notified: Notified, stop: tokio::sync::watch::Receiver<bool>) -> bool {
+        (**self).listen(channel, notified, stop)
     }
 }

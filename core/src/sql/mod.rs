@@ -59,7 +59,7 @@ pub trait SqlConnection {
     fn query(&self, sql: &str, params: &[SqlValue]) -> Result<Vec<Row>>;
 }
 mod asynchronous;
-pub use asynchronous::{AsyncConnectionSource, AsyncSqlConnection};
+pub use asynchronous::{AsyncConnectionSource, AsyncSqlConnection, Notified};
 pub(crate) mod blocking;
 #[cfg(feature = "postgres")]
 mod postgres;

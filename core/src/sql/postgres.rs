@@ -196,6 +196,66 @@ impl PgConnection {
     }
 }
 
+/// `LISTEN` on a connection of its own until `stop`: each notification
+/// calls `notified`. A lost connection is opened again, backing off from
+/// 100 ms to 5 s, and `notified` is called once it listens again: rows may
+/// have been committed while nobody listened.
+async fn listen(
+    config: tokio_postgres::Config,
+    statement: String,
+    notified: super::Notified,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut pause = std::time::Duration::from_millis(100);
+    loop {
+        if let Ok((client, mut connection)) = config.connect(NoTls).await {
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+            // The connection's own task: it reads the socket, and a
+            // notification is a message on it, not a reply to a query.
+            let driver = tokio::spawn(async move {
+                let mut messages = futures_lite::stream::poll_fn(move |cx| connection.poll_message(cx));
+                while let Some(Ok(message)) = futures_lite::StreamExt::next(&mut messages).await {
+                    if let tokio_postgres::AsyncMessage::Notification(_) = message {
+                        let _ = tx.send(());
+                    }
+                }
+            });
+            if client.batch_execute(&statement).await.is_ok() {
+                pause = std::time::Duration::from_millis(100);
+                notified();
+                loop {
+                    tokio::select! {
+                        got = rx.recv() => match got {
+                            Some(()) => notified(),
+                            None => break, // the connection ended
+                        },
+                        () = stopped(&mut stop) => {
+                            driver.abort();
+                            return;
+                        }
+                    }
+                }
+            }
+            drop(client);
+            driver.abort();
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = stopped(&mut stop) => return,
+        }
+        pause = (pause * 2).min(std::time::Duration::from_secs(5));
+    }
+}
+
+/// Until `stop` is true or its sender is gone.
+async fn stopped(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 async fn open(config: &tokio_postgres::Config) -> Result<Client> {
     let (client, connection) = config
         .connect(NoTls)
@@ -235,6 +295,14 @@ impl AsyncConnectionSource for PgConnection {
             state.in_transaction.store(false, Ordering::SeqCst);
         }
         Ok(PgSession { state })
+    }
+
+    fn listen(&self, channel: &str, notified: super::Notified, stop: tokio::sync::watch::Receiver<bool>) -> bool {
+        let (Some(config), Ok(runtime)) = (self.config.clone(), tokio::runtime::Handle::try_current()) else {
+            return false;
+        };
+        runtime.spawn(listen(config, format!("LISTEN \"{}\"", channel.replace('"', "\"\"")), notified, stop));
+        true
     }
 }
 

@@ -61,9 +61,11 @@ pub struct Props {
     pub received: Received,
 }
 
-/// What [`Props::received`] holds: opaque, set only by the AMQP transport.
+/// What [`Props::received`] holds: opaque, set only by the AMQP transport
+/// (the properties as they arrived, moved there rather than copied; only
+/// their headers are read).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Received(pub(crate) Option<std::sync::Arc<lapin::types::FieldTable>>);
+pub struct Received(pub(crate) Option<std::sync::Arc<lapin::BasicProperties>>);
 
 /// One message as it came off a queue, before it is understood.
 #[derive(Debug, Clone)]
@@ -108,18 +110,24 @@ pub fn props_for(envelope: &Envelope) -> Props {
 /// `x-acemq-id` header, else empty — and an empty id is not a key the
 /// idempotent consumer will guess at (see docs/idempotency.md).
 pub fn envelope_of(props: &Props) -> Envelope {
-    let mut headers = props.headers.clone();
-    let header_id = headers.remove(ID_HEADER).and_then(|v| v.as_str().map(str::to_owned));
-    let header_origin = headers.remove(ORIGIN_HEADER).and_then(|v| v.as_str().map(str::to_owned));
-    let attempt = headers
-        .remove(ATTEMPT_HEADER)
+    let h = &props.headers;
+    let text = |name: &str| h.get(name).and_then(|v| v.as_str().map(str::to_owned));
+    let attempt = h
+        .get(ATTEMPT_HEADER)
         .and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
         .unwrap_or(1)
         .clamp(1, u32::MAX as u64) as u32;
+    // The application's headers: all but the envelope's own, copied one by
+    // one (a message that carries only the envelope's copies nothing).
+    let headers = h
+        .iter()
+        .filter(|(k, _)| ![ID_HEADER, ORIGIN_HEADER, ATTEMPT_HEADER].contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     Envelope {
-        id: props.message_id.clone().filter(|s| !s.is_empty()).or(header_id).unwrap_or_default(),
+        id: props.message_id.clone().filter(|s| !s.is_empty()).or_else(|| text(ID_HEADER)).unwrap_or_default(),
         kind: props.kind.clone(),
-        origin: props.app_id.clone().or(header_origin),
+        origin: props.app_id.clone().or_else(|| text(ORIGIN_HEADER)),
         timestamp: props.timestamp.unwrap_or(0),
         attempt,
         headers,

@@ -32,13 +32,14 @@ pub(super) fn to_basic_properties(p: &Props) -> BasicProperties {
         b = b.with_delivery_mode(2);
     }
     if !p.headers.is_empty() {
-        b = b.with_headers(to_field_table_keeping(&p.headers, p.received.0.as_deref()));
+        b = b.with_headers(to_field_table_keeping(&p.headers, p.received.0.as_deref().and_then(|r| r.headers().as_ref())));
     }
     b
 }
 
-pub(super) fn from_basic_properties(b: &BasicProperties) -> Props {
+pub(super) fn from_basic_properties(b: BasicProperties) -> Props {
     let s = |v: &Option<ShortString>| v.as_ref().map(|x| x.as_str().to_owned());
+    let headers = b.headers().as_ref().map(from_field_table);
     Props {
         content_type: s(b.content_type()),
         message_id: s(b.message_id()),
@@ -47,8 +48,9 @@ pub(super) fn from_basic_properties(b: &BasicProperties) -> Props {
         timestamp: *b.timestamp(),
         correlation_id: s(b.correlation_id()),
         persistent: *b.delivery_mode() == Some(2),
-        headers: b.headers().as_ref().map(from_field_table).unwrap_or_default(),
-        received: crate::wire::Received(b.headers().as_ref().map(|t| Arc::new(t.clone()))),
+        // The table as it arrived goes with them, moved rather than copied.
+        received: crate::wire::Received(headers.is_some().then(|| Arc::new(b))),
+        headers: headers.unwrap_or_default(),
     }
 }
 

@@ -173,7 +173,7 @@ pub(crate) async fn get(ch: &Channel, queue: &str) -> Result<Option<RawDelivery>
             routing_key: d.routing_key.to_string(),
             redelivered: d.redelivered,
             body: d.data,
-            props: from_basic_properties(&d.properties),
+            props: from_basic_properties(d.properties),
         }
     }))
 }

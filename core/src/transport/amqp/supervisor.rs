@@ -93,7 +93,7 @@ pub(super) fn raw_delivery(d: lapin::message::Delivery, generation: u64, shift: 
         exchange: d.exchange.to_string(),
         routing_key: d.routing_key.to_string(),
         redelivered: d.redelivered,
-        props: from_basic_properties(&d.properties),
+        props: from_basic_properties(d.properties),
         body: d.data,
     }
 }

@@ -156,6 +156,53 @@ async fn a_body_that_is_not_json_is_dead_lettered_byte_for_byte() {
     }
 }
 
+/// `next` is cancel safe: a wait given up takes nothing and keeps nothing
+/// (on RabbitMQ the waiting handler holds the subscription's stream while it
+/// waits, and must give it back), and handlers waiting together each get
+/// their own delivery.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_given_up_takes_nothing_and_waiting_handlers_share_the_deliveries() {
+    for mq in transports().await {
+        let q = unique("abandoned");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let c = std::sync::Arc::new(mq.consumer(&q, ConsumeOptions::default()).await.unwrap());
+        for _ in 0..5 {
+            assert!(tokio::time::timeout(Duration::from_millis(20), c.next()).await.is_err(), "nothing was published");
+        }
+        // A wait given up while another is under way: the other still gets the message.
+        let waiting = tokio::spawn({
+            let c = c.clone();
+            async move { next(&c).await }
+        });
+        assert!(tokio::time::timeout(Duration::from_millis(50), c.next()).await.is_err());
+        mq.publish(&json!({"n": 1}), &q, PublishOptions::default()).await.unwrap();
+        let d = waiting.await.unwrap();
+        assert_eq!(d.message.payload["n"], 1);
+        c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        // Two handlers waiting at once, two messages: one each, neither lost.
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let c = c.clone();
+                tokio::spawn(async move { next(&c).await })
+            })
+            .collect();
+        for n in 2..=3 {
+            mq.publish(&json!({"n": n}), &q, PublishOptions::default()).await.unwrap();
+        }
+        let mut got = Vec::new();
+        for w in waiters {
+            let d = w.await.unwrap();
+            got.push(d.message.payload["n"].as_i64().unwrap());
+            c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        }
+        got.sort_unstable();
+        assert_eq!(got, [2, 3]);
+        assert_eq!(c.stats().accepted, 3);
+        c.close().await;
+        mq.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn unsettled_messages_come_back_when_a_consumer_goes_away() {
     for mq in transports().await {

@@ -33,16 +33,31 @@ module AceMQSpecHelpers
   # so runs do not pile queues up on it (one run names about 700). Only
   # names this process made: another run's queues are never touched.
   def self.delete_named_queues
-    require "bunny"
-    require "logger"
     names = []
     names << NAMED.pop until NAMED.empty?
     return 0 if names.empty?
 
-    listing = IO.popen(%w[rabbitmqctl list_queues -q --no-table-headers name], err: File::NULL, &:read)
+    delete_idle_queues { |q| names.any? { |n| q == n || q.start_with?("#{n}.") } }
+  end
+
+  # The same after `cargo test` (Rakefile): the Rust tests name their queues
+  # with a UUIDv7, whose first 48 bits are the millisecond it was made, so a
+  # queue named between from_ms and to_ms is one of theirs.
+  def self.delete_queues_named_between(from_ms, to_ms)
+    delete_idle_queues do |q|
+      q.scan(/\h{8}-?\h{4}-?7\h{3}-?\h{4}-?\h{12}/).any? { |u| (from_ms..to_ms).cover?(u.delete("-")[0, 12].to_i(16)) }
+    end
+  end
+
+  # Delete the queues with no consumer that the block picks; how many.
+  # Nothing (0) where rabbitmqctl cannot list them.
+  def self.delete_idle_queues
+    require "bunny"
+    require "logger"
+    listing = IO.popen(%w[rabbitmqctl list_queues -q --no-table-headers name consumers], err: File::NULL, &:read)
     return 0 unless $?.success?
 
-    ours = listing.lines.map(&:strip).select { |q| names.any? { |n| q == n || q.start_with?("#{n}.") } }
+    ours = listing.lines.map { |l| l.chomp.split("\t") }.select { |q, consumers| consumers.to_i.zero? && yield(q) }.map(&:first)
     return 0 if ours.empty?
 
     bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil))

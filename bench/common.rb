@@ -105,6 +105,17 @@ module BenchCommon
     []
   end
 
+  # Delete each of `queues` on `channel` (a new one after a refusal, which
+  # closes it); the channel to go on with.
+  def self.delete_queues(bunny, channel, queues)
+    queues.each do |q|
+      channel.queue_delete(q)
+    rescue Bunny::Exception
+      channel = bunny.create_channel
+    end
+    channel
+  end
+
   module Cleanup
     # The connections, names and scratch space of a run called `name`.
     def setup_resources(name)
@@ -135,11 +146,7 @@ module BenchCommon
       # Consuming declares each queue's retry rungs too ({q}.retry.1s, …):
       # whatever this run named with its prefix goes.
       @queues.concat(BenchCommon.queues_named(@prefix)) if @prefix
-      @queues.uniq.each do |q|
-        @admin.queue_delete(q)
-      rescue Bunny::Exception
-        @admin = @bunny.create_channel
-      end
+      @admin = BenchCommon.delete_queues(@bunny, @admin, @queues.uniq)
       unless @pg_tables.to_a.empty?
         admin = PG.connect(BenchCommon::PG_URL)
         @pg_tables.uniq.each { |t| admin.exec("DROP TABLE IF EXISTS #{t}") }

@@ -81,8 +81,7 @@ module ThreadsBench
   def self.delete(queues)
     bunny = Bunny.new(C::URL, logger: Logger.new(nil))
     bunny.start
-    ch = bunny.create_channel
-    queues.each { |q| ch.queue_delete(q) }
+    C.delete_queues(bunny, bunny.create_channel, queues)
     bunny.close
   end
 end

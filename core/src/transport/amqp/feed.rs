@@ -167,10 +167,13 @@ impl Feed {
     /// A reader is done with its turn: the stream goes back for the next,
     /// unless its generation is over.
     fn give_back(&self, generation: u64, stream: lapin::Consumer) {
-        let mut st = self.lock();
+        self.give_back_locked(&mut self.lock(), generation, stream);
+    }
+
+    fn give_back_locked(&self, st: &mut State, generation: u64, stream: lapin::Consumer) {
         if st.generation == generation && !st.ended && !st.closed {
             st.stream = Some(stream);
-            self.hand_on(&st);
+            self.hand_on(st);
         }
     }
 
@@ -180,10 +183,13 @@ impl Feed {
     fn took(&self, generation: u64, stream: lapin::Consumer, item: Option<lapin::Result<lapin::message::Delivery>>) -> Option<RawDelivery> {
         match item {
             Some(Ok(d)) => {
-                self.give_back(generation, stream);
+                // One lock per delivery: the stream goes back and the
+                // generation is checked together.
                 let current = {
-                    let st = self.lock();
-                    st.generation == generation && !st.closed
+                    let mut st = self.lock();
+                    let current = st.generation == generation && !st.closed;
+                    self.give_back_locked(&mut st, generation, stream);
+                    current
                 };
                 current.then(|| super::supervisor::raw_delivery(d, generation, self.shift, self.mask))
             }

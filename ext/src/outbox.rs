@@ -4,6 +4,7 @@
 //! and the publish are core's; lib/acemq/amqp/patterns/outbox*.rb adds the
 //! keywords and the relay's thread.
 
+mod in_flight;
 mod record;
 mod store;
 

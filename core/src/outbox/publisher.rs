@@ -8,6 +8,13 @@ use std::pin::Pin;
 /// The future returned by [`OutboxPublisher::publish_batch`].
 pub type PublishFuture<'a> = Pin<Box<dyn Future<Output = Vec<Result<()>>> + Send + 'a>>;
 
+/// The confirms of a batch already sent, one result per record as
+/// [`OutboxPublisher::publish_batch`] gives them; owns what it waits on.
+pub type Confirms = Pin<Box<dyn Future<Output = Vec<Result<()>>> + Send + 'static>>;
+
+/// The future returned by [`OutboxPublisher::send_batch`].
+pub type SendFuture<'a> = Pin<Box<dyn Future<Output = Confirms> + Send + 'a>>;
+
 /// What the relay needs from a connection: publish these records and await
 /// their confirms together.
 ///
@@ -21,6 +28,20 @@ pub trait OutboxPublisher: Send + Sync {
     /// A missing result (a shorter vector) is treated as a failure of that
     /// record, so it is retried rather than deleted.
     fn publish_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> PublishFuture<'a>;
+
+    /// Send `records` and resolve once they are on their way, with the
+    /// future of their confirms: what lets a started relay claim its next
+    /// batch while this one's confirms come back. Whatever is sent after
+    /// this resolves goes out after these records.
+    ///
+    /// The default publishes the whole batch first, confirms included
+    /// (nothing overlaps, which is always correct).
+    fn send_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> SendFuture<'a> {
+        Box::pin(async move {
+            let results = self.publish_batch(records).await;
+            Box::pin(std::future::ready(results)) as Confirms
+        })
+    }
 }
 
 /// A broker connection publishes a batch the way [`Connection::publish`](crate::Connection::publish)
@@ -39,6 +60,10 @@ pub trait OutboxPublisher: Send + Sync {
 /// publishing channel and can take what is pipelined behind it down too.
 impl OutboxPublisher for crate::Connection {
     fn publish_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> PublishFuture<'a> {
+        Box::pin(async move { self.send_batch(records).await.await })
+    }
+
+    fn send_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> SendFuture<'a> {
         Box::pin(async move {
             let messages: Vec<crate::connection::JsonMessage<'_>> = records
                 .iter()
@@ -49,17 +74,22 @@ impl OutboxPublisher for crate::Connection {
                     envelope: &r.envelope,
                 })
                 .collect();
-            let mut results = Vec::with_capacity(records.len());
-            for sent in self.send_json_batch(&messages).await {
-                results.push(match sent {
-                    Ok(confirm) => confirm.wait().await,
-                    Err(e) => Err(e),
-                });
-            }
-            if results.iter().any(|r: &Result<()>| r.is_ok()) {
-                crate::fault::point("exit-after-publish");
-            }
-            results
+            // Every publish is on the wire (queued to lapin, in order) once
+            // this returns; only the confirms are left to wait for.
+            let sent = self.send_json_batch(&messages).await;
+            Box::pin(async move {
+                let mut results = Vec::with_capacity(sent.len());
+                for sent in sent {
+                    results.push(match sent {
+                        Ok(confirm) => confirm.wait().await,
+                        Err(e) => Err(e),
+                    });
+                }
+                if results.iter().any(|r: &Result<()>| r.is_ok()) {
+                    crate::fault::point("exit-after-publish");
+                }
+                results
+            }) as Confirms
         })
     }
 }

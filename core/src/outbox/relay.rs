@@ -1,6 +1,6 @@
 //! The relay for Rust services: claim, publish, complete, on a tokio task.
 
-use super::{settle, AsyncSqlOutboxStore, Completion, LocalWake, OutboxPublisher, OutboxRecord, SqlOutboxStore, Swept};
+use super::{settle, AsyncSqlOutboxStore, Completion, InFlight, LocalWake, OutboxPublisher, OutboxRecord, Settled, SqlOutboxStore, Swept};
 use crate::error::{Error, Result};
 use crate::sql::blocking::off_runtime;
 use crate::sql::{AsyncConnectionSource, ConnectionSource};
@@ -287,6 +287,14 @@ impl<T: RelayStore + std::fmt::Debug> std::fmt::Debug for OutboxRelay<T> {
     }
 }
 
+/// What one step of a started relay left: the ids whose delete is held for
+/// the next claim, and the batch still in flight.
+struct Step {
+    again: bool,
+    held: Vec<i64>,
+    in_flight: Option<InFlight>,
+}
+
 impl<T: RelayStore> Inner<T> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let wake = self.store.wake_for_relay().clone();
@@ -295,6 +303,8 @@ impl<T: RelayStore> Inner<T> {
         self.store.listen_for_relay(stop.clone());
         // Confirmed rows whose delete is held back for the next claim.
         let mut held: Vec<i64> = Vec::new();
+        // A full batch sent, settled after the next claim.
+        let mut in_flight: Option<InFlight> = None;
         loop {
             if *stop.borrow() {
                 break;
@@ -302,10 +312,11 @@ impl<T: RelayStore> Inner<T> {
             // Read before the sweep: an add made while it runs moves the
             // counter past this, and the wait below returns at once.
             let seen = wake.seen();
-            let again = match self.sweep_holding(std::mem::take(&mut held), &wake, seen).await {
-                Ok((swept, kept)) => {
-                    held = kept;
-                    swept.again(self.options.batch_size) || !held.is_empty()
+            let again = match self.sweep_holding(std::mem::take(&mut held), in_flight.take(), &wake, seen).await {
+                Ok(step) => {
+                    held = step.held;
+                    in_flight = step.in_flight;
+                    step.again
                 }
                 Err((e, kept)) => {
                     held = kept;
@@ -325,6 +336,15 @@ impl<T: RelayStore> Inner<T> {
                 _ = stop.changed() => {}
             }
         }
+        // Stopping: the batch in flight is settled like any other, then
+        // what is held is deleted.
+        if let Some(batch) = in_flight {
+            let (ids, result) = self.settled(batch.settle().await).await;
+            held.extend(ids);
+            if let Err(e) = result {
+                self.report(&e, "", "");
+            }
+        }
         if !held.is_empty() {
             // Not lost if this fails: they go out again after their lease.
             if let Err(e) = self.store.clone().delete_for_relay(held).await {
@@ -333,41 +353,90 @@ impl<T: RelayStore> Inner<T> {
         }
     }
 
-    /// A sweep of the started relay: deletes `done` in its claim's commit and
-    /// holds back its own confirmed rows' delete when core's
-    /// [`Swept::defer_delete`] says the next claim comes at once. The ids
-    /// held back, also on an error (the claim failed, so `done` was not
-    /// deleted: it is tried again).
+    /// A settled batch of the started relay: its failures reported, its
+    /// event emitted, and its confirmed ids back for a later claim to
+    /// delete when nothing failed; otherwise completed now (the failures
+    /// backed off, the confirmed deleted) and no ids back.
+    async fn settled(&self, settled: Settled) -> (Vec<i64>, Result<()>) {
+        for (e, exchange, routing_key) in &settled.failures {
+            self.report(e, exchange, routing_key);
+        }
+        let failures = crate::events::outbox_failures(&settled.completions);
+        crate::events::outbox_swept(settled.swept.claimed, settled.swept.confirmed, failures, None);
+        if settled.swept.failed == 0 {
+            return (settled.completions.iter().map(|c| c.id).collect(), Ok(()));
+        }
+        (Vec::new(), self.store.clone().complete_for_relay(settled.completions).await.map(|_| ()))
+    }
+
+    /// A step of the started relay: claim, deleting `done` in the claim's
+    /// commit; settle `previous` (the batch in flight, whose confirms came
+    /// back while the claim ran); send what was claimed. A full batch is
+    /// left in flight ([`InFlight::worth_it`]) and the next step comes at
+    /// once; otherwise its confirms are awaited here and its confirmed rows'
+    /// delete is held for the next claim when core's
+    /// [`Swept::defer_delete`] says that claim comes at once. On an error,
+    /// the ids still to delete (the claim failed, so `done` was not deleted).
     async fn sweep_holding(
         &self,
         done: Vec<i64>,
+        previous: Option<InFlight>,
         wake: &LocalWake,
         seen: u64,
-    ) -> std::result::Result<(Swept, Vec<i64>), (Error, Vec<i64>)> {
+    ) -> std::result::Result<Step, (Error, Vec<i64>)> {
         let batch_size = self.options.batch_size;
-        let records = match self.store.clone().delete_then_claim_for_relay(done.clone(), batch_size).await {
+        let claimed = self.store.clone().delete_then_claim_for_relay(done.clone(), batch_size).await;
+        // The batch in flight is settled whatever the claim did.
+        let (mut held, prior, settled) = match previous {
+            Some(batch) => {
+                let settled = batch.settle().await;
+                let swept = settled.swept;
+                let (ids, result) = self.settled(settled).await;
+                (ids, swept, result)
+            }
+            None => (Vec::new(), Swept::default(), Ok(())),
+        };
+        // A failed completion of that batch leaves its rows leased, to be
+        // published again after the lease; it does not hold up this claim.
+        if let Err(e) = settled {
+            self.report(&e, "", "");
+        }
+        let records = match claimed {
             Ok(records) => records,
-            Err(e) => return Err((e, done)),
+            Err(e) => {
+                held.extend(done);
+                return Err((e, held));
+            }
         };
         if records.is_empty() {
-            return Ok((Swept::default(), Vec::new()));
+            // The previous batch's rows are deleted by the next claim, now.
+            let again = !held.is_empty();
+            return Ok(Step { again, held, in_flight: None });
         }
-        let results = self.publisher.publish_batch(&records).await;
-        let settled = settle(&records, results);
+        let confirms = self.publisher.send_batch(&records).await;
+        let batch = InFlight::new(records, confirms);
+        if InFlight::worth_it(batch.len(), batch_size, &prior) {
+            return Ok(Step { again: true, held, in_flight: Some(batch) });
+        }
+        let settled = batch.settle().await;
         for (e, exchange, routing_key) in &settled.failures {
             self.report(e, exchange, routing_key);
         }
         let swept = settled.swept;
         let failures = crate::events::outbox_failures(&settled.completions);
         if swept.defer_delete(batch_size, wake.seen() != seen) {
-            crate::events::outbox_swept(records.len(), swept.confirmed, failures, None);
-            return Ok((swept, settled.completions.iter().map(|c| c.id).collect()));
+            crate::events::outbox_swept(swept.claimed, swept.confirmed, failures, None);
+            held.extend(settled.completions.iter().map(|c| c.id));
+            return Ok(Step { again: true, held, in_flight: None });
         }
         // Completing after the confirms, never before: a crash in between
         // publishes these again, where deleting first would lose them.
-        self.store.clone().complete_for_relay(settled.completions).await.map_err(|e| (e, Vec::new()))?;
-        crate::events::outbox_swept(records.len(), swept.confirmed, failures, None);
-        Ok((swept, Vec::new()))
+        self.store.clone().complete_for_relay(settled.completions).await.map_err(|e| (e, held.clone()))?;
+        crate::events::outbox_swept(swept.claimed, swept.confirmed, failures, None);
+        if !held.is_empty() {
+            self.store.clone().delete_for_relay(held.clone()).await.map_err(|e| (e, held))?;
+        }
+        Ok(Step { again: swept.again(batch_size), held: Vec::new(), in_flight: None })
     }
 
     async fn sweep(&self) -> Result<Swept> {

@@ -3,7 +3,7 @@
 //! it drives claim, publish and complete itself) both settle a published
 //! batch here and ask it whether to sweep again.
 
-use super::{Completion, OutboxRecord};
+use super::{Completion, Confirms, OutboxRecord};
 use crate::error::Error;
 
 /// What one sweep did.
@@ -78,4 +78,65 @@ pub fn settle(records: &[OutboxRecord], results: Vec<crate::error::Result<()>>) 
     }
     let swept = Swept { claimed: records.len(), confirmed, failed: failures.len() };
     Settled { completions, failures, swept }
+}
+
+/// A full batch a started relay has sent and not settled yet. While a
+/// backlog drains, the relay claims its next batch as soon as this one is
+/// sent and settles this one after that claim: the claim (a round trip and
+/// the rows' conversion, 10-25 ms for 1000 rows measured here) overlaps the
+/// broker's confirms instead of following them. The rows stay leased to
+/// this relay until they are settled, so no other relay can pick them, and
+/// the next batch goes out after them, so rows still leave in id order.
+///
+/// Dropped unsettled (the relay's task cancelled, its process killed), the
+/// rows stay leased and are published again once the lease runs out: a
+/// duplicate, never a loss.
+pub struct InFlight {
+    records: Vec<OutboxRecord>,
+    confirms: Confirms,
+}
+
+impl InFlight {
+    /// `records` as sent, with the future of their confirms
+    /// ([`OutboxPublisher::send_batch`](super::OutboxPublisher::send_batch)).
+    pub fn new(records: Vec<OutboxRecord>, confirms: Confirms) -> Self {
+        InFlight { records, confirms }
+    }
+
+    /// Whether a batch of `claimed` rows just sent should be left in flight
+    /// while the next batch is claimed: when it is full (more is waiting,
+    /// as [`Swept::again`] says) and the batch before it, if any, had no
+    /// failure. After a failure the relay waits for each batch's confirms
+    /// before claiming the next, as a relay that does not overlap would:
+    /// with the broker gone, claiming ahead only leases rows that fail.
+    pub fn worth_it(claimed: usize, batch_size: usize, previous: &Swept) -> bool {
+        claimed >= batch_size && previous.failed == 0
+    }
+
+    /// Rows in flight.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    /// Whether nothing is in flight (never, for a batch worth keeping).
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Wait for the confirms and settle them ([`settle`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe in that nothing is lost: dropped, the rows stay leased
+    /// and are published again after their lease.
+    pub async fn settle(self) -> Settled {
+        let results = self.confirms.await;
+        settle(&self.records, results)
+    }
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight").field("rows", &self.records.len()).finish()
+    }
 }

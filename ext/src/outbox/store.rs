@@ -4,13 +4,14 @@
 //! `SQL.connect`'s adapter, GVL held), and the relay's sweep.
 //! lib/acemq/amqp/patterns/sql_outbox_store.rb adds the keywords.
 
+use super::in_flight::RbInFlight;
 use super::record::RbOutboxRecord;
 use crate::connection::RbConnection;
 use crate::gvl;
 use crate::errors::IntoRuby;
 use crate::sql::{self, RbSource};
 use acemq::sql::ConnectionSource;
-use acemq::outbox::{settle, LocalWake, OutboxPublisher, OutboxRecord, OutboxStoreOptions, RelayOptions, SqlOutboxStore};
+use acemq::outbox::{InFlight, LocalWake, OutboxPublisher, OutboxRecord, OutboxStoreOptions, RelayOptions, Settled, SqlOutboxStore, Swept};
 use acemq::sql::{Dialect, SqliteConnection};
 use magnus::{
     function, method, prelude::*, typed_data::DataTypeFunctions, Error, Exception, ExceptionClass, RArray, RModule, Ruby,
@@ -169,12 +170,19 @@ impl RbOutboxStore {
     /// last sweep held back), publish them through `mq` and await the
     /// confirms together (without the GVL), settle the results (core's
     /// `settle`, the Rust relay's own bookkeeping) and complete: delete the
-    /// confirmed, back off the failed. With `hold`, a sweep in which nothing
-    /// failed deletes nothing yet and returns the confirmed ids instead, for
-    /// `_finish` to hold back or delete. Returns [claimed, confirmed, failed,
-    /// again, held ids, [[exception, exchange, routing_key], …]], `again`
-    /// being core's rule for sweeping again at once; a database error is
-    /// raised (and `done` is then not deleted either).
+    /// confirmed, back off the failed. With `hold` (the started relay), a
+    /// sweep in which nothing failed deletes nothing yet and returns the
+    /// confirmed ids instead, for `_finish` to hold back or delete; and a
+    /// full batch is left in flight (core's `InFlight::worth_it`): returned
+    /// unsettled, for the next `_sweep` to settle after its claim, which so
+    /// runs while the broker confirms. `previous` is that batch, or nil.
+    ///
+    /// Returns [claimed, confirmed, failed, again, held ids,
+    /// [[exception, exchange, routing_key], …], in flight or nil], the
+    /// counts being those of the batch settled last and `again` core's rule
+    /// for sweeping again at once; a database error is raised (and `done`
+    /// is then not deleted either: those rows, and a batch in flight, are
+    /// published again after their lease).
     #[allow(clippy::type_complexity)]
     fn sweep(
         ruby: &Ruby,
@@ -183,34 +191,86 @@ impl RbOutboxStore {
         batch_size: usize,
         done: Vec<i64>,
         hold: bool,
-    ) -> Result<(usize, usize, usize, bool, Vec<i64>, RArray), Error> {
-        let records: Vec<OutboxRecord> = on_store!(ruby, rb_self, |s| s.delete_then_claim(&done, batch_size))?;
+        previous: Option<&RbInFlight>,
+    ) -> Result<(usize, usize, usize, bool, Vec<i64>, RArray, Option<RbInFlight>), Error> {
         let failures = ruby.ary_new();
+        // The claim runs while the batch in flight is confirmed.
+        let records: Vec<OutboxRecord> = on_store!(ruby, rb_self, |s| s.delete_then_claim(&done, batch_size))?;
+        let (mut held, prior) = match previous.and_then(RbInFlight::take) {
+            Some(batch) => {
+                let settled = gvl::block_on(ruby, batch.settle())?;
+                let swept = settled.swept;
+                (Self::settled(ruby, rb_self, settled, &failures)?, swept)
+            }
+            None => (Vec::new(), Swept::default()),
+        };
         if records.is_empty() {
-            return Ok((0, 0, 0, false, Vec::new(), failures));
+            // The previous batch's rows are deleted by the next claim, now.
+            let again = !held.is_empty();
+            return Ok((prior.claimed, prior.confirmed, prior.failed, again, held, failures, None));
         }
         // Interrupted here (Thread#kill, Ctrl-C): the rows stay leased and
         // are published again once the lease runs out. Never deleted unconfirmed.
-        let results = gvl::block_on(ruby, mq.inner.publish_batch(&records))?;
-        let settled = settle(&records, results);
+        let confirms = gvl::block_on(ruby, mq.inner.send_batch(&records))?;
+        let batch = InFlight::new(records, confirms);
+        if hold && InFlight::worth_it(batch.len(), batch_size, &prior) {
+            return Ok((prior.claimed, prior.confirmed, prior.failed, true, held, failures, Some(RbInFlight::new(batch))));
+        }
+        let settled = gvl::block_on(ruby, batch.settle())?;
         let swept = settled.swept;
-        let held = if hold && swept.failed == 0 {
+        if hold && swept.failed == 0 {
+            held.extend(settled.completions.iter().map(|c| c.id));
+            Self::emit(ruby, rb_self, &settled);
+        } else {
+            held.extend(Self::settled(ruby, rb_self, settled, &failures)?);
+            // Not held: the previous batch's rows go now too.
+            on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))?;
+            held.clear();
+        }
+        Ok((swept.claimed, swept.confirmed, swept.failed, swept.again(batch_size), held, failures, None))
+    }
+
+    /// A settled batch: its failures added to `failures`, its event
+    /// emitted, and its confirmed ids back when nothing failed (for a later
+    /// claim or `_finish` to delete); otherwise completed now, after the
+    /// confirms, never before (the failed backed off, the confirmed deleted:
+    /// a crash in between publishes these again, where deleting first would
+    /// lose them) and no ids back.
+    fn settled(ruby: &Ruby, rb_self: &Self, settled: Settled, failures: &RArray) -> Result<Vec<i64>, Error> {
+        let ids = if settled.swept.failed == 0 {
             settled.completions.iter().map(|c| c.id).collect()
         } else {
-            // After the confirms, never before: a crash in between publishes
-            // these again, where deleting first would lose them.
             on_store!(ruby, rb_self, |s| s.complete(&settled.completions))?;
             Vec::new()
         };
-        if acemq::events::enabled() {
-            let backlog = on_store!(ruby, rb_self, |s| s.backlog()).ok().map(|b| (b.count, b.oldest_age));
-            let failed = acemq::events::outbox_failures(&settled.completions);
-            acemq::events::outbox_swept(records.len(), swept.confirmed, failed, backlog);
-        }
+        Self::emit(ruby, rb_self, &settled);
         for (e, exchange, routing_key) in settled.failures {
             failures.push((exception(ruby, e), exchange, routing_key))?;
         }
-        Ok((swept.claimed, swept.confirmed, swept.failed, swept.again(batch_size), held, failures))
+        Ok(ids)
+    }
+
+    fn emit(ruby: &Ruby, rb_self: &Self, settled: &Settled) {
+        if acemq::events::enabled() {
+            let backlog = on_store!(ruby, rb_self, |s| s.backlog()).ok().map(|b| (b.count, b.oldest_age));
+            let failed = acemq::events::outbox_failures(&settled.completions);
+            acemq::events::outbox_swept(settled.swept.claimed, settled.swept.confirmed, failed, backlog);
+        }
+    }
+
+    /// A stopping relay's batch in flight, settled and completed, with
+    /// `held` (ids held back for a claim that is not coming) deleted in the
+    /// same statement when nothing failed. Returns [[exception, exchange,
+    /// routing_key], …].
+    fn settle_in_flight(ruby: &Ruby, rb_self: &Self, batch: &RbInFlight, held: Vec<i64>) -> Result<RArray, Error> {
+        let failures = ruby.ary_new();
+        let mut held = held;
+        if let Some(batch) = batch.take() {
+            let settled = gvl::block_on(ruby, batch.settle())?;
+            held.extend(Self::settled(ruby, rb_self, settled, &failures)?);
+        }
+        on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))?;
+        Ok(failures)
     }
 
     /// What to do with the ids a held sweep returned: core's
@@ -322,14 +382,17 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_private_method("_add", method!(RbOutboxStore::add, 2))?;
     class.define_private_method("_backlog", method!(RbOutboxStore::backlog, 0))?;
     class.define_private_method("_stuck", method!(RbOutboxStore::stuck, 1))?;
-    class.define_private_method("_sweep", method!(RbOutboxStore::sweep, 4))?;
+    class.define_private_method("_sweep", method!(RbOutboxStore::sweep, 5))?;
+    class.define_private_method("_settle_in_flight", method!(RbOutboxStore::settle_in_flight, 2))?;
     class.define_private_method("_finish", method!(RbOutboxStore::finish, 4))?;
     class.define_private_method("_delete_held", method!(RbOutboxStore::delete_held, 1))?;
     class.define_private_method("_wakes_on_add?", method!(RbOutboxStore::wakes_on_add, 0))?;
     class.define_private_method("_wake_seen", method!(RbOutboxStore::wake_seen, 0))?;
     class.define_private_method("_wait_for_add", method!(RbOutboxStore::wait_for_add, 2))?;
     class.define_private_method("_channel", method!(RbOutboxStore::channel, 0))?;
-    patterns.define_class("OutboxRelay", ruby.class_object())?.define_singleton_method("_options", function!(relay_options, 2))?;
+    let relay = patterns.define_class("OutboxRelay", ruby.class_object())?;
+    relay.define_singleton_method("_options", function!(relay_options, 2))?;
+    super::in_flight::init(ruby, relay)?;
     class.define_private_method("_schema_sql", method!(RbOutboxStore::schema_sql, 1))?;
     class.define_method("table", method!(RbOutboxStore::table, 0))?;
     class.define_method("worker", method!(RbOutboxStore::worker, 0))?;

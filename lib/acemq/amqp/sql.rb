@@ -109,6 +109,12 @@ module AceMQ
         FLOAT = [700, 701].freeze         # float4, float8
         NUMERIC = 1700
         BOOLEAN = 16
+        # Made on first use: PG is the application's to require.
+        DECODERS = Hash.new do |h, type|
+          h[type] = if INTEGER.include?(type) then PG::TextDecoder::Integer.new
+                    elsif FLOAT.include?(type) then PG::TextDecoder::Float.new
+                    end
+        end
 
         def initialize(conn)
           @conn = conn
@@ -127,7 +133,18 @@ module AceMQ
           result = @conn.exec_params(sql, SQL.text(params))
           begin
             types = Array.new(result.nfields) { |i| result.ftype(i) }
-            result.values.map { |row| row.each_with_index.map { |v, i| cast(v, types[i]) } }
+            # Integers and floats are decoded by the driver, in C, as it
+            # reads each row; a relay's claim of 1000 rows spent 3 ms in a
+            # Ruby cast of every value. Only numeric and boolean columns,
+            # which no store query returns, are still cast in Ruby.
+            result.type_map = PG::TypeMapByColumn.new(types.map { |t| DECODERS[t] })
+            rows = result.values
+            types.each_with_index do |type, i|
+              next unless type == NUMERIC || type == BOOLEAN
+
+              rows.each { |row| row[i] = cast(row[i], type) }
+            end
+            rows
           ensure
             result.clear
           end

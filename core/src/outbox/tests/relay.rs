@@ -332,3 +332,111 @@ async fn a_started_relay_draining_a_backlog_holds_deletes_for_the_next_claim_and
     assert!(eventually(Duration::from_secs(5), || relay.store().backlog().unwrap().count == 0).await);
     relay.close().await;
 }
+
+/// Sends at once (what it sent is in `inner.published`, in order) and holds
+/// every batch's confirms until the test opens `gate`.
+struct GatedPublisher {
+    inner: FakePublisher,
+    gate: tokio::sync::watch::Sender<bool>,
+}
+
+impl crate::outbox::OutboxPublisher for GatedPublisher {
+    fn publish_batch<'a>(&'a self, records: &'a [crate::outbox::OutboxRecord]) -> crate::outbox::PublishFuture<'a> {
+        Box::pin(async move { self.send_batch(records).await.await })
+    }
+
+    fn send_batch<'a>(&'a self, records: &'a [crate::outbox::OutboxRecord]) -> crate::outbox::SendFuture<'a> {
+        Box::pin(async move {
+            self.inner.batches.fetch_add(1, Ordering::SeqCst);
+            self.inner.published.lock().unwrap().extend(records.iter().cloned());
+            let n = records.len();
+            let mut gate = self.gate.subscribe();
+            Box::pin(async move {
+                let _ = gate.wait_for(|open| *open).await;
+                (0..n).map(|_| Ok(())).collect()
+            }) as crate::outbox::Confirms
+        })
+    }
+}
+
+fn leased(conn: &crate::sql::SqliteConnection, table: &str) -> i64 {
+    match super::support::scalar(conn, &format!("SELECT COUNT(*) FROM {table} WHERE claimed_by IS NOT NULL"), &[]) {
+        crate::sql::SqlValue::Int(n) => n,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_relay_claims_the_next_batch_while_the_confirms_of_a_full_one_are_in_flight() {
+    let db = TempDb::new("in-flight");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..7 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let table = store.table().to_owned();
+    let (gate, _) = tokio::sync::watch::channel(false);
+    let publisher = Arc::new(GatedPublisher { inner: FakePublisher::default(), gate });
+    let relay = OutboxRelay::new(
+        publisher.clone(),
+        store,
+        RelayOptions { batch_size: 3, interval: Duration::from_secs(3600), ..RelayOptions::default() },
+    );
+    relay.start().unwrap();
+    // The first batch is sent and unconfirmed; the second is claimed while
+    // those confirms are still out, and the relay goes no further: it
+    // settles the first before it sends the second or claims a third.
+    assert!(eventually(Duration::from_secs(5), || leased(&app, &table) == 6).await, "leased: {}", leased(&app, &table));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(leased(&app, &table), 6, "one batch claimed ahead, not more");
+    assert_eq!(publisher.inner.message_ids(), ["msg-0", "msg-1", "msg-2"]);
+    assert_eq!(relay.store().backlog().unwrap().count, 7, "nothing deleted before its confirm");
+
+    publisher.gate.send_replace(true);
+    assert!(eventually(Duration::from_secs(5), || relay.store().backlog().unwrap().count == 0).await);
+    let ids: Vec<String> = (0..7).map(|n| format!("msg-{n}")).collect();
+    assert_eq!(publisher.inner.message_ids(), ids, "each once, in id order");
+    relay.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_relay_with_a_batch_in_flight_settles_it_and_loses_nothing() {
+    let db = TempDb::new("close-in-flight");
+    let store = db.store("w1");
+    let app = db.connect();
+    for n in 0..6 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let table = store.table().to_owned();
+    let (gate, _) = tokio::sync::watch::channel(false);
+    let publisher = Arc::new(GatedPublisher { inner: FakePublisher::default(), gate });
+    let relay = Arc::new(OutboxRelay::new(
+        publisher.clone(),
+        store,
+        RelayOptions { batch_size: 2, interval: Duration::from_secs(3600), ..RelayOptions::default() },
+    ));
+    relay.start().unwrap();
+    assert!(eventually(Duration::from_secs(5), || leased(&app, &table) == 4).await);
+    // close waits for the sweep in progress, which waits for the first
+    // batch's confirms, then sends the second and waits for those too.
+    let closing = tokio::spawn({
+        let relay = relay.clone();
+        async move { relay.close().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    publisher.gate.send_replace(true);
+    closing.await.unwrap();
+    let sent = publisher.inner.message_ids();
+    assert_eq!(sent, ["msg-0", "msg-1", "msg-2", "msg-3"], "the batch claimed ahead went out too, nothing more");
+    assert_eq!(relay.store().backlog().unwrap().count, 2, "what was sent and confirmed is deleted, the rest is there");
+    assert_eq!(leased(&app, &table), 0, "nothing is left leased by a relay that stopped cleanly");
+}
+
+#[test]
+fn a_batch_is_left_in_flight_only_when_full_and_after_a_batch_without_failures() {
+    use crate::outbox::{InFlight, Swept};
+    assert!(InFlight::worth_it(3, 3, &Swept::default()), "the first full batch");
+    assert!(InFlight::worth_it(3, 3, &Swept { claimed: 3, confirmed: 3, failed: 0 }));
+    assert!(!InFlight::worth_it(2, 3, &Swept::default()), "less than a batch: nothing more is waiting");
+    assert!(!InFlight::worth_it(3, 3, &Swept { claimed: 3, confirmed: 2, failed: 1 }), "after a failure, one at a time");
+}

@@ -117,18 +117,21 @@ module AceMQ
 
         private
 
-        # [confirmed, again, claimed, failed, held ids]. again is core's rule
-        # (a full batch with no failure: more is waiting, sweep now). With
-        # hold, the confirmed rows are not deleted yet: their ids come back
-        # for _finish (core's Swept::defer_delete) to hold for the next
-        # claim, which deletes them in its own commit, or to delete now.
-        # done: ids held by the previous sweep.
-        def sweep_once(done = [], hold: false)
-          claimed, confirmed, failed, again, held, failures = @sweeping.synchronize do
-            @store.__send__(:_sweep, @mq, @batch_size, done, hold)
+        # [confirmed, again, claimed, failed, held ids, in flight]. again is
+        # core's rule (a full batch with no failure: more is waiting, sweep
+        # now). With hold (the relay's own thread), the confirmed rows are
+        # not deleted yet: their ids come back for _finish (core's
+        # Swept::defer_delete) to hold for the next claim, which deletes
+        # them in its own commit, or to delete now; and a full batch comes
+        # back in flight, sent but not settled, for the next sweep to settle
+        # after its claim (so the claim runs while the broker confirms).
+        # done: ids held by the previous sweep; in_flight: its batch.
+        def sweep_once(done = [], hold: false, in_flight: nil)
+          claimed, confirmed, failed, again, held, failures, in_flight = @sweeping.synchronize do
+            @store.__send__(:_sweep, @mq, @batch_size, done, hold, in_flight)
           end
           failures.each { |error, exchange, routing_key| report(error, exchange, routing_key) }
-          [confirmed, again, claimed, failed, held]
+          [confirmed, again, claimed, failed, held, in_flight]
         end
 
         # How long one wait lasts at most before close is noticed. Not a
@@ -138,6 +141,7 @@ module AceMQ
         def run
           listener = nil
           held = []
+          in_flight = nil
           local = @store.__send__(:_wakes_on_add?)
           until @stopping
             listener ||= open_listener
@@ -147,7 +151,8 @@ module AceMQ
             listener = drain(listener)
             again = false
             begin
-              _, again, claimed, failed, ids = sweep_once(held, hold: true)
+              previous, in_flight = in_flight, nil
+              _, again, claimed, failed, ids, in_flight = sweep_once(held, hold: true, in_flight: previous)
               held = []
               woken = !ids.empty? && woken?(listener, seen)
               held = @sweeping.synchronize do
@@ -156,13 +161,13 @@ module AceMQ
             rescue StandardError => e
               report(e, nil, nil)
             end
-            # Rows held back mean core expects the next claim at once.
-            next if again || !held.empty?
+            # Rows held back or in flight mean core expects the next claim at once.
+            next if again || !held.empty? || in_flight
 
             listener = wait(listener, local ? seen : nil)
           end
         ensure
-          finish_held(held)
+          finish_held(held, in_flight)
           listener&.close
         end
 
@@ -176,8 +181,16 @@ module AceMQ
           false
         end
 
-        def finish_held(held)
-          @sweeping.synchronize { @store.__send__(:_delete_held, held) } unless held.nil? || held.empty?
+        # Stopping: the batch in flight is settled like any other (its
+        # failures reported), then what is held is deleted.
+        def finish_held(held, in_flight)
+          held ||= []
+          if in_flight
+            failures = @sweeping.synchronize { @store.__send__(:_settle_in_flight, in_flight, held) }
+            failures.each { |error, exchange, routing_key| report(error, exchange, routing_key) }
+          elsif !held.empty?
+            @sweeping.synchronize { @store.__send__(:_delete_held, held) }
+          end
         rescue StandardError => e
           # Not lost: they are published again once their lease runs out.
           report(e, nil, nil)

@@ -130,6 +130,59 @@ module OutboxSpec
       expect(errors.size).to eq(1)
     end
 
+    # A started relay claims its next batch while a full batch's confirms
+    # are out (docs/outbox.md, "Draining a backlog"): the rows still leave in
+    # id order, a failing row among them is backed off alone, and a relay
+    # that stops leaves nothing leased or undeleted.
+    it "drains a backlog of full batches through relay.start in id order, a failing row among them" do
+      exchange, queue = destination(mq)
+      missing = unique("no-such-exchange")
+      errors = []
+      db.transaction do
+        10.times do |n|
+          store.add(Patterns.record(mq, { "n" => n }, to: "order.placed", exchange: n == 4 ? missing : exchange),
+                    connection: db)
+        end
+      end
+      relay = Patterns::OutboxRelay.new(mq, store, batch_size: 3, interval: 60, listen: false,
+                                                   on_error: ->(error, exchange:, routing_key:) { errors << [error.class, exchange] })
+      begin
+        relay.start
+        # Watched on the broker: the store's connection is the relay thread's
+        # while it runs (a driver connection is not for two threads at once).
+        eventually(timeout: 10) { mq.queue_counts(queue)[:ready] == 9 }
+      ensure
+        relay.close
+      end
+
+      expect(drain(queue, expect: 9).map { |_, body| JSON.parse(body)["n"] }).to eq([0, 1, 2, 3, 5, 6, 7, 8, 9])
+      expect(errors).to eq([[AceMQ::AMQP::NotFound, missing]])
+      expect(store.stuck.map { |row| [row[:exchange], row[:attempts]] }).to eq([[missing, 1]])
+      expect(store.backlog).to include(count: 1, stuck: 1)
+    end
+
+    it "leaves nothing leased when relay.close stops it in the middle of a backlog" do
+      exchange, queue = destination(mq)
+      db.transaction do
+        300.times { |n| store.add(Patterns.record(mq, { "n" => n }, to: "order.placed", exchange: exchange), connection: db) }
+      end
+      relay = Patterns::OutboxRelay.new(mq, store, batch_size: 3, interval: 60, listen: false)
+      begin
+        relay.start
+        eventually(timeout: 10) { mq.queue_counts(queue)[:ready] >= 30 }
+      ensure
+        relay.close
+      end
+      expect(mq.queue_counts(queue)[:ready]).to be < 300, "stopped in the middle"
+      # Another worker's relay can take every row the first did not delete:
+      # a row left leased (a batch in flight dropped) would wait out its lease.
+      other = Patterns::OutboxRelay.new(mq, Patterns::SQLOutboxStore.new(connection: db, table: store.table,
+                                                                          worker: "other"))
+      nil until other.sweep.zero?
+      expect(drain(queue, expect: 300).map { |_, body| JSON.parse(body)["n"] }.sort).to eq((0...300).to_a)
+      expect(store.backlog[:count]).to eq(0)
+    end
+
     it "calls the guide's on_error with the destination" do
       logged = []
       logger = Object.new

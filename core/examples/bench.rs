@@ -308,6 +308,9 @@ impl Bench {
         ch.basic_qos(PREFETCH, BasicQosOptions::default()).await?;
         let mut consumer =
             ch.basic_consume(ShortString::from(q), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default()).await?;
+        if std::env::var("BENCH_PHASES").is_ok() {
+            println!("  phases: lapin open {:?}", t.elapsed());
+        }
         let mut seen = 0u64;
         let work = async {
             while let Some(d) = consumer.next().await {

@@ -311,6 +311,20 @@ struct Background {
     errors: std::sync::Mutex<Vec<Error>>,
 }
 
+/// The DLQ and one rung per distinct delay of `queue`'s ladder. Declared by
+/// every consumer: a reject must never find its queue missing.
+fn ladder(conn: &Connection, queue: &str, options: &ConsumeOptions) -> Topology {
+    let kind = options.queue_type.or_else(|| conn.applied_type(queue)).unwrap_or_default();
+    let mut t = Topology::new();
+    let mut dlq = QueueSpec::new(dlq_name(queue)).with_type(kind);
+    dlq.dead_letter_queue = false;
+    t = t.queue_spec(dlq);
+    for delay in options.retry.rungs() {
+        t = t.queue_spec(QueueSpec::delay(rung_name(queue, delay), delay, queue).with_type(kind));
+    }
+    t
+}
+
 impl Consumer {
     pub(crate) async fn open(conn: Connection, queue: &str, options: ConsumeOptions) -> Result<Consumer> {
         options.retry.validate()?;
@@ -332,41 +346,33 @@ impl Consumer {
         .into_iter()
         .flatten()
         .collect();
-        let link = conn.backend().subscribe(queue, options.prefetch).await?;
+        // Subscribing and declaring the ladder each take a channel of their
+        // own and a few round trips: done together, opening costs the
+        // longer of the two instead of both. Either way nothing is handled
+        // before both are done, so a reject never finds its queue missing.
+        let ladder = ladder(&conn, queue, &options);
+        let (link, declared) =
+            futures_lite::future::zip(conn.backend().subscribe(queue, options.prefetch), conn.backend().apply(&ladder)).await;
         let consumer = Consumer {
             conn,
             queue: queue.to_owned(),
             options,
-            link,
+            link: link?,
             counters: Counters::default(),
             stopped: AtomicBool::new(false),
             background: Background::default(),
             inflight: InFlight::default(),
             warnings,
         };
-        if let Err(e) = consumer.declare_ladder().await {
+        if let Err(e) = declared {
             consumer.close().await;
             return Err(e);
         }
         Ok(consumer)
     }
 
-    /// The DLQ and one rung per distinct delay. Declared by every consumer:
-    /// a reject must never find its queue missing.
-    fn ladder(&self) -> Topology {
-        let kind = self.options.queue_type.or_else(|| self.conn.applied_type(&self.queue)).unwrap_or_default();
-        let mut t = Topology::new();
-        let mut dlq = QueueSpec::new(dlq_name(&self.queue)).with_type(kind);
-        dlq.dead_letter_queue = false;
-        t = t.queue_spec(dlq);
-        for delay in self.options.retry.rungs() {
-            t = t.queue_spec(QueueSpec::delay(rung_name(&self.queue, delay), delay, &self.queue).with_type(kind));
-        }
-        t
-    }
-
     async fn declare_ladder(&self) -> Result<()> {
-        self.conn.backend().apply(&self.ladder()).await
+        self.conn.backend().apply(&ladder(&self.conn, &self.queue, &self.options)).await
     }
 
     /// The queue.

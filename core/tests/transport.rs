@@ -251,7 +251,43 @@ async fn redeclaring_a_queue_with_other_arguments_says_which() {
         let err = mq.apply(&Topology::new().queue_spec(acemq::QueueSpec::delay(&q, Duration::from_secs(2), "x"))).await.unwrap_err();
         assert!(err.is_precondition_failed(), "{err:?}");
         assert!(err.to_string().contains("x-message-ttl"), "{err}");
+
+        // Declared together (one round trip): the conflict in the middle is
+        // the error reported, not the channel closing under the ones after it.
+        let (a, c) = (unique("before"), unique("after"));
+        let together = Topology::new()
+            .queue(&a)
+            .queue_spec(acemq::QueueSpec::delay(&q, Duration::from_secs(3), "x"))
+            .queue(&c);
+        let err = mq.apply(&together).await.unwrap_err();
+        assert!(err.is_precondition_failed(), "{err:?}");
+        assert!(err.to_string().contains(&q), "names the queue in conflict: {err}");
+        // The connection goes on: a later declaration and a publish work.
+        mq.apply(&Topology::new().queue(&c)).await.unwrap();
+        mq.publish(&json!({}), &c, PublishOptions::default()).await.unwrap();
+
+        // A consumer whose rung exists with other arguments fails to open,
+        // its subscription (opened alongside the ladder) closed behind it.
+        let main = unique("ladder-conflict");
+        mq.apply(&Topology::new().queue(&main)).await.unwrap();
+        let rung = format!("{main}.retry.1s");
+        mq.apply(&Topology::new().queue_spec(acemq::QueueSpec::delay(&rung, Duration::from_secs(7), &main))).await.unwrap();
+        let err = mq.consumer(&main, ConsumeOptions::default()).await.err().expect("a conflicting rung fails the consumer");
+        assert!(err.is_precondition_failed(), "{err:?}");
+        if let Some(counts) = mq.queue_counts(&main).await.unwrap() {
+            assert!(eventually_zero_consumers(&mq, &main).await, "the subscription is closed: {counts:?}");
+        }
     }
+}
+
+async fn eventually_zero_consumers(mq: &Connection, queue: &str) -> bool {
+    for _ in 0..100 {
+        if mq.queue_counts(queue).await.unwrap().is_some_and(|c| c.consumers == 0) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
 }
 
 #[tokio::test(flavor = "multi_thread")]

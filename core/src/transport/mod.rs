@@ -296,17 +296,17 @@ impl Backend {
             }
             Backend::Amqp(a) => {
                 let declared = topology.exchanges.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
+                // Each group's declarations are sent together and their
+                // replies awaited together: a channel answers its methods in
+                // the order sent, so a consumer's DLQ and four rungs cost
+                // one round trip, not five. A failure closes the channel and
+                // fails what was sent behind it; the first failure in order
+                // is the one reported. Bindings go after the queues and
+                // exchanges they name have been declared.
                 a.with_declare_channel(|ch| async move {
-                    for e in &topology.exchanges {
-                        amqp::declare_exchange(&ch, e).await?;
-                    }
-                    for q in &queues {
-                        amqp::declare_queue(&ch, q).await?;
-                    }
-                    for bind in &topology.bindings {
-                        amqp::bind(&ch, bind).await?;
-                    }
-                    Ok(())
+                    amqp::all(topology.exchanges.iter().map(|e| amqp::declare_exchange(&ch, e))).await?;
+                    amqp::all(queues.iter().map(|q| amqp::declare_queue(&ch, q))).await?;
+                    amqp::all(topology.bindings.iter().map(|b| amqp::bind(&ch, b))).await
                 })
                 .await?;
                 a.declared(declared);

@@ -19,7 +19,7 @@ mod publish;
 mod redial;
 mod supervisor;
 
-pub(crate) use declare::{bind, declare_exchange, declare_queue};
+pub(crate) use declare::{all, bind, declare_exchange, declare_queue};
 pub(crate) use publish::AmqpConfirm;
 pub(crate) use supervisor::AmqpConsumer;
 

@@ -160,6 +160,22 @@ struct InFlight {
     closed: AtomicBool,
 }
 
+/// A delivery's body, shared with the delivery ([`Delivery::shared_body`]).
+#[derive(Clone)]
+pub struct Body(Arc<RawDelivery>);
+
+impl AsRef<[u8]> for Body {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.body
+    }
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Body({} bytes)", self.0.body.len())
+    }
+}
+
 impl Delivery {
     /// The delivery tag (unique within this consumer while unsettled).
     pub fn tag(&self) -> u64 {
@@ -169,6 +185,13 @@ impl Delivery {
     /// The body as it arrived, byte for byte.
     pub fn body(&self) -> &[u8] {
         &self.raw.body
+    }
+
+    /// The body as it arrived, shared rather than copied: what a handler
+    /// that outlives this borrow keeps (the Ruby extension's delivery
+    /// object, whose payload is built from it when first read).
+    pub fn shared_body(&self) -> Body {
+        Body(self.raw.clone())
     }
 
     /// The message, moved out for a handler that takes it by value (the

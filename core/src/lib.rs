@@ -63,7 +63,7 @@ pub mod trace;
 pub use ack::{Ack, Outcome, Settlement};
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
 pub use consumer::{
-    ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
+    Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
     TIMEOUT_CLASS,
 };
 pub use envelope::{new_id, Envelope};

@@ -33,7 +33,7 @@ impl RbConsumer {
     /// moves into the object, what settles it stays here until `_settle`.
     fn hand_out(&self, ruby: &Ruby, mut d: Delivery) -> Result<Value, Error> {
         let message = d.take_message();
-        let native = RbDelivery::new(d.tag(), message, d.body());
+        let native = RbDelivery::new(d.tag(), message, d.shared_body());
         self.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(d.tag(), d);
         Ok(native.into_value_with(ruby))
     }

@@ -11,7 +11,7 @@
 //! them). A handler that never reads it, such as a duplicate the idempotent
 //! guard settles unrun, never pays for it.
 
-use acemq::{Ack, Message, Outcome};
+use acemq::{Ack, Body, Message, Outcome};
 use magnus::value::Lazy;
 use magnus::{method, prelude::*, Error, ExceptionClass, RClass, RModule, RString, Ruby, Symbol, Value};
 
@@ -19,14 +19,15 @@ use magnus::{method, prelude::*, Error, ExceptionClass, RClass, RModule, RString
 pub struct RbDelivery {
     tag: u64,
     message: Message,
-    /// The body as it arrived, checked to be JSON by core and built into
-    /// Ruby objects only when read (`json::body_to_ruby`).
-    body: Vec<u8>,
+    /// The body as it arrived (shared with the delivery core settles, not
+    /// copied), checked to be JSON by core and built into Ruby objects only
+    /// when read (`json::body_to_ruby`).
+    body: Body,
 }
 
 impl RbDelivery {
-    pub(crate) fn new(tag: u64, message: Message, body: &[u8]) -> Self {
-        RbDelivery { tag, message, body: body.to_vec() }
+    pub(crate) fn new(tag: u64, message: Message, body: Body) -> Self {
+        RbDelivery { tag, message, body }
     }
 
     pub(crate) fn tag(&self) -> u64 {
@@ -36,7 +37,7 @@ impl RbDelivery {
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
     /// object every call: Message keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
-        crate::json::body_to_ruby(ruby, &rb_self.body)
+        crate::json::body_to_ruby(ruby, rb_self.body.as_ref())
     }
 
     /// The envelope id, nil for a foreign message without one.

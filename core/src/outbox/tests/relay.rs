@@ -366,23 +366,35 @@ fn leased(conn: &crate::sql::SqliteConnection, table: &str) -> i64 {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_started_relay_claims_the_next_batch_while_the_confirms_of_a_full_one_are_in_flight() {
-    let db = TempDb::new("in-flight");
+/// A started relay over `rows` committed rows, `batch_size` a sweep, whose
+/// publisher holds every confirm until its gate opens; with the
+/// application's connection and the table, to count leases.
+fn gated_relay(
+    name: &str,
+    rows: usize,
+    batch_size: usize,
+) -> (TempDb, crate::sql::SqliteConnection, String, Arc<GatedPublisher>, Arc<OutboxRelay<crate::outbox::SqlOutboxStore<crate::sql::SqliteConnection>>>) {
+    let db = TempDb::new(name);
     let store = db.store("w1");
     let app = db.connect();
-    for n in 0..7 {
+    for n in 0..rows {
         add_committed(&store, &app, &record("ex", "rk", n));
     }
     let table = store.table().to_owned();
     let (gate, _) = tokio::sync::watch::channel(false);
     let publisher = Arc::new(GatedPublisher { inner: FakePublisher::default(), gate });
-    let relay = OutboxRelay::new(
+    let relay = Arc::new(OutboxRelay::new(
         publisher.clone(),
         store,
-        RelayOptions { batch_size: 3, interval: Duration::from_secs(3600), ..RelayOptions::default() },
-    );
+        RelayOptions { batch_size, interval: Duration::from_secs(3600), ..RelayOptions::default() },
+    ));
     relay.start().unwrap();
+    (db, app, table, publisher, relay)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_started_relay_claims_the_next_batch_while_the_confirms_of_a_full_one_are_in_flight() {
+    let (_db, app, table, publisher, relay) = gated_relay("in-flight", 7, 3);
     // The first batch is sent and unconfirmed; the second is claimed while
     // those confirms are still out, and the relay goes no further: it
     // settles the first before it sends the second or claims a third.
@@ -401,21 +413,7 @@ async fn a_started_relay_claims_the_next_batch_while_the_confirms_of_a_full_one_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn closing_a_relay_with_a_batch_in_flight_settles_it_and_loses_nothing() {
-    let db = TempDb::new("close-in-flight");
-    let store = db.store("w1");
-    let app = db.connect();
-    for n in 0..6 {
-        add_committed(&store, &app, &record("ex", "rk", n));
-    }
-    let table = store.table().to_owned();
-    let (gate, _) = tokio::sync::watch::channel(false);
-    let publisher = Arc::new(GatedPublisher { inner: FakePublisher::default(), gate });
-    let relay = Arc::new(OutboxRelay::new(
-        publisher.clone(),
-        store,
-        RelayOptions { batch_size: 2, interval: Duration::from_secs(3600), ..RelayOptions::default() },
-    ));
-    relay.start().unwrap();
+    let (_db, app, table, publisher, relay) = gated_relay("close-in-flight", 6, 2);
     assert!(eventually(Duration::from_secs(5), || leased(&app, &table) == 4).await);
     // close waits for the sweep in progress, which waits for the first
     // batch's confirms, then sends the second and waits for those too.

@@ -302,6 +302,24 @@ impl Bench {
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
 
+    /// The pull consumer on this task, the loop raw lapin's side runs:
+    /// `Consumer::next`, read the payload, `Consumer::accept`.
+    async fn acemq_pull_consume(&self, q: &str, n: u64) -> Result<f64, BoxError> {
+        let t = Instant::now();
+        let consumer = self.mq.consumer(q, ConsumeOptions { prefetch: PREFETCH, ..ConsumeOptions::default() }).await?;
+        let work = async {
+            for _ in 0..n {
+                let d = consumer.next().await.ok_or("the consumer closed")?;
+                std::hint::black_box(&d.message.payload["order_id"]);
+                consumer.accept(d);
+            }
+            Ok::<(), BoxError>(())
+        };
+        tokio::time::timeout(RUN_LIMIT, work).await.map_err(|_| "acemq pull consume timed out")??;
+        consumer.close().await;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
     async fn raw_consume(&self, q: &str, n: u64) -> Result<f64, BoxError> {
         let t = Instant::now();
         let ch = self.raw.create_channel().await?;
@@ -390,50 +408,57 @@ impl Bench {
     /// One timed consume of n preloaded messages, acemq's or raw lapin's:
     /// its rate and the client's CPU per message (and, with `threads`, each
     /// thread's, printed).
-    async fn consume_once(&self, q: &str, n: u64, acemq: bool, threads: bool) -> Result<(f64, f64), BoxError> {
+    async fn consume_once(&self, q: &str, n: u64, side: &str, threads: bool) -> Result<(f64, f64), BoxError> {
         self.preload(q, n).await?;
         let cpu = cpu_seconds();
         let before = threads_cpu();
-        let rate = if acemq { self.acemq_consume(q, n).await? } else { self.raw_consume(q, n).await? };
+        let rate = match side {
+            "acemq" => self.acemq_consume(q, n).await?,
+            "pull" => self.acemq_pull_consume(q, n).await?,
+            _ => self.raw_consume(q, n).await?,
+        };
         let per = (cpu_seconds() - cpu) / n as f64 * 1e6;
         if threads {
-            println!("  {}: {}", if acemq { "acemq" } else { "lapin" }, per_thread(&before, n));
+            println!("  {side}: {}", per_thread(&before, n));
         }
         Ok((rate, per))
     }
 
+    /// Case 3 three ways, alternated run by run: acemq's push consumer
+    /// (`Connection::consume`, its handler on a task of the runtime), its
+    /// pull consumer on this task (`Consumer::next`, the same loop as raw
+    /// lapin's), and raw lapin.
     async fn consume(&mut self) -> Result<(), BoxError> {
         let q = self.queue("consume").await?;
         let n = count(10_000.0);
-        let mut ours = Vec::new();
-        let mut base = Vec::new();
-        let (mut ours_cpu, mut base_cpu) = (Vec::new(), Vec::new());
-        // BENCH_SIDE=acemq or lapin runs one side only (for a profiler).
-        let side = std::env::var("BENCH_SIDE").unwrap_or_default();
+        let sides = ["acemq", "pull", "lapin"];
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 3];
+        let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); 3];
+        // BENCH_SIDE=acemq, pull or lapin runs one side only (for a profiler).
+        let only = std::env::var("BENCH_SIDE").unwrap_or_default();
         for _ in 0..self.runs {
-            if side != "lapin" {
-                let (rate, cpu) = self.consume_once(&q, n, true, !side.is_empty()).await?;
-                ours.push(rate);
-                ours_cpu.push(cpu);
-            }
-            if side != "acemq" {
-                let (rate, cpu) = self.consume_once(&q, n, false, !side.is_empty()).await?;
-                base.push(rate);
-                base_cpu.push(cpu);
+            for (i, side) in sides.iter().enumerate() {
+                if only.is_empty() || only == *side {
+                    let (rate, cpu) = self.consume_once(&q, n, side, !only.is_empty()).await?;
+                    rates[i].push(rate);
+                    cpus[i].push(cpu);
+                }
             }
         }
-        if ours.is_empty() || base.is_empty() {
-            let (side, rates, cpu) = if ours.is_empty() { ("lapin", base, base_cpu) } else { ("acemq", ours, ours_cpu) };
-            println!("  consume, {side} alone: {:.0}/s, {:.1} us/msg client CPU", median(rates), median(cpu));
+        if !only.is_empty() {
+            let i = sides.iter().position(|s| *s == only).ok_or("BENCH_SIDE is acemq, pull or lapin")?;
+            println!("  consume, {only} alone: {:.0}/s, {:.1} us/msg client CPU", median(rates[i].clone()), median(cpus[i].clone()));
             return Ok(());
         }
         let name = format!("3 consume + parse + ack (prefetch {PREFETCH})");
-        self.row(&name, median(ours), median(base));
+        self.row(&name, median(rates[0].clone()), median(rates[2].clone()));
+        self.row("3 the same, pull: Consumer::next on this task", median(rates[1].clone()), median(rates[2].clone()));
         println!(
-            "  {:<40} acemq {:>6.1} us/msg  lapin {:>6.1} us/msg (client CPU, user + system)",
+            "  {:<40} push {:>5.1}, pull {:>5.1}, lapin {:>5.1} us/msg (client CPU, user + system)",
             "",
-            median(ours_cpu),
-            median(base_cpu)
+            median(cpus[0].clone()),
+            median(cpus[1].clone()),
+            median(cpus[2].clone())
         );
         Ok(())
     }

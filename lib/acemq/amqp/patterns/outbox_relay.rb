@@ -150,8 +150,8 @@ module AceMQ
             seen = @store.__send__(:_wake_seen) if local
             listener = drain(listener)
             again = false
+            previous, in_flight = in_flight, nil
             begin
-              previous, in_flight = in_flight, nil
               _, again, claimed, failed, ids, in_flight = sweep_once(held, hold: true, in_flight: previous)
               held = []
               woken = !ids.empty? && woken?(listener, seen)
@@ -160,6 +160,12 @@ module AceMQ
               end
             rescue StandardError => e
               report(e, nil, nil)
+              # A sweep that failed as a whole (the database) is tried again
+              # after the interval, as core's relay does, not at once: what
+              # it held and the batch still in flight go with that sweep.
+              in_flight ||= previous
+              listener = wait(listener, local ? seen : nil)
+              next
             end
             # Rows held back or in flight mean core expects the next claim at once.
             next if again || !held.empty? || in_flight

@@ -199,8 +199,9 @@ impl RbOutboxStore {
         let (mut held, prior) = match previous.and_then(RbInFlight::take) {
             Some(batch) => {
                 let settled = gvl::block_on(ruby, batch.settle())?;
-                let swept = settled.swept;
-                (Self::settled(ruby, rb_self, settled, &failures)?, swept)
+                let ids = Self::settled(ruby, rb_self, &settled, &failures)?;
+                Self::emit(ruby, rb_self, &settled);
+                (ids, settled.swept)
             }
             None => (Vec::new(), Swept::default()),
         };
@@ -222,34 +223,36 @@ impl RbOutboxStore {
             held.extend(settled.completions.iter().map(|c| c.id));
             Self::emit(ruby, rb_self, &settled);
         } else {
-            held.extend(Self::settled(ruby, rb_self, settled, &failures)?);
+            held.extend(Self::settled(ruby, rb_self, &settled, &failures)?);
             // Not held: the previous batch's rows go now too.
             on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))?;
             held.clear();
+            Self::emit(ruby, rb_self, &settled);
         }
         Ok((swept.claimed, swept.confirmed, swept.failed, swept.again(batch_size), held, failures, None))
     }
 
-    /// A settled batch: its failures added to `failures`, its event
-    /// emitted, and its confirmed ids back when nothing failed (for a later
-    /// claim or `_finish` to delete); otherwise completed now, after the
-    /// confirms, never before (the failed backed off, the confirmed deleted:
-    /// a crash in between publishes these again, where deleting first would
-    /// lose them) and no ids back.
-    fn settled(ruby: &Ruby, rb_self: &Self, settled: Settled, failures: &RArray) -> Result<Vec<i64>, Error> {
+    /// A settled batch: its failures added to `failures`, and its confirmed
+    /// ids back when nothing failed (for a later claim or `_finish` to
+    /// delete); otherwise completed now, after the confirms, never before
+    /// (the failed backed off, the confirmed deleted: a crash in between
+    /// publishes these again, where deleting first would lose them) and no
+    /// ids back. The caller emits its event once what it deletes is gone.
+    fn settled(ruby: &Ruby, rb_self: &Self, settled: &Settled, failures: &RArray) -> Result<Vec<i64>, Error> {
         let ids = if settled.swept.failed == 0 {
             settled.completions.iter().map(|c| c.id).collect()
         } else {
             on_store!(ruby, rb_self, |s| s.complete(&settled.completions))?;
             Vec::new()
         };
-        Self::emit(ruby, rb_self, &settled);
-        for (e, exchange, routing_key) in settled.failures {
-            failures.push((exception(ruby, e), exchange, routing_key))?;
+        for (e, exchange, routing_key) in &settled.failures {
+            failures.push((exception(ruby, e.clone()), exchange.as_str(), routing_key.as_str()))?;
         }
         Ok(ids)
     }
 
+    /// The `outbox.acemq` event of a settled batch, with the backlog as it
+    /// is now.
     fn emit(ruby: &Ruby, rb_self: &Self, settled: &Settled) {
         if acemq::events::enabled() {
             let backlog = on_store!(ruby, rb_self, |s| s.backlog()).ok().map(|b| (b.count, b.oldest_age));
@@ -265,11 +268,17 @@ impl RbOutboxStore {
     fn settle_in_flight(ruby: &Ruby, rb_self: &Self, batch: &RbInFlight, held: Vec<i64>) -> Result<RArray, Error> {
         let failures = ruby.ary_new();
         let mut held = held;
-        if let Some(batch) = batch.take() {
-            let settled = gvl::block_on(ruby, batch.settle())?;
+        let settled = match batch.take() {
+            Some(batch) => Some(gvl::block_on(ruby, batch.settle())?),
+            None => None,
+        };
+        if let Some(settled) = &settled {
             held.extend(Self::settled(ruby, rb_self, settled, &failures)?);
         }
         on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))?;
+        if let Some(settled) = &settled {
+            Self::emit(ruby, rb_self, settled);
+        }
         Ok(failures)
     }
 

@@ -102,27 +102,27 @@ RSpec.describe "TLS (amqps://) on private RabbitMQ nodes" do
   end
 
   # The broker refuses a client certificate after the TLS 1.3 handshake has
-  # finished on the client's side: it sends its alert and closes, and now and
-  # then the close's reset reaches the client before the alert is read (the
-  # kernel drops unread data on a reset), which can only be reported as a
-  # reset. It happened once in five CI runs here; a second try reads the alert.
-  def refusal(url, tls)
-    error = nil
-    3.times do
-      error = open_error(url, tls)
-      break unless error.is_a?(AceMQ::AMQP::ConnectionFailed) && error.message.include?("reset by peer")
-    end
-    error
+  # finished on the client's side: it sends its alert and closes, and the
+  # close's reset often reaches the client before the alert is read (the
+  # kernel drops unread data on a reset; three times in a row in one CI run
+  # here). The engine notes that the broker asked for a certificate, so a
+  # reset before any AMQP byte is explained as the refusal it is: each of
+  # these is asked five times, and every answer must be the TLSError.
+  def refusals(url, tls)
+    Array.new(5) { open_error(url, tls) }
   end
 
   it "says a broker requires a client certificate, and refuses one signed by another CA" do
-    error = refusal(url, tls.except(:cert_file, :key_file))
-    expect(error).to be_a(AceMQ::AMQP::TLSError)
-    expect(error.message).to include("requires a client certificate", "tls: { cert_file:, key_file: }")
+    refusals(url, tls.except(:cert_file, :key_file)).each do |error|
+      expect(error).to be_a(AceMQ::AMQP::TLSError)
+      expect(error.message).to include("requires a client certificate", "tls: { cert_file:, key_file: }")
+    end
 
-    error = refusal(url, tls.merge(cert_file: @certs.path("stranger.pem"), key_file: @certs.path("stranger.key")))
-    expect(error).to be_a(AceMQ::AMQP::TLSError)
-    expect(error.message).to include("refused the client certificate", "ssl_options.cacertfile")
+    refusals(url, tls.merge(cert_file: @certs.path("stranger.pem"), key_file: @certs.path("stranger.key"))).each do |error|
+      expect(error).to be_a(AceMQ::AMQP::TLSError)
+      expect(error.message).to match(/refused (the client certificate|it)/)
+      expect(error.message).to include("ssl_options.cacertfile")
+    end
     round_trip(url, tls)
   end
 

@@ -27,6 +27,7 @@ use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStor
 use std::io::{self, IoSlice};
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -40,6 +41,32 @@ pub(crate) struct Tls {
     /// What the trust came from, for messages.
     trust: Trust,
     client_cert: bool,
+    /// Whether the broker asked for a client certificate in the last
+    /// handshake (set by `Asked`, cleared at every dial).
+    asked: Arc<AtomicBool>,
+}
+
+/// The client's certificate, if any, handed to rustls when the broker asks
+/// for one, and the asking noted. Under TLS 1.3 a broker that refuses the
+/// certificate (or its absence) says so in an alert after the client's side
+/// of the handshake is done, then closes; when the close's reset reaches the
+/// client before the alert is read, the kernel drops the alert and all the
+/// client sees is a reset. That the broker asked is what explains it.
+#[derive(Debug)]
+struct Asked {
+    key: Option<Arc<rustls::sign::CertifiedKey>>,
+    asked: Arc<AtomicBool>,
+}
+
+impl rustls::client::ResolvesClientCert for Asked {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.asked.store(true, Ordering::Release);
+        self.key.clone()
+    }
+
+    fn has_certs(&self) -> bool {
+        self.key.is_some()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +135,7 @@ impl Tls {
             };
             (builder.with_root_certificates(roots), trust)
         };
+        let asked = Arc::new(AtomicBool::new(false));
         let config = match (&options.cert_file, &options.key_file) {
             (Some(cert), Some(key)) => {
                 let chain = pem_certs("client certificate", "cert_file", cert)?;
@@ -118,15 +146,16 @@ impl Tls {
                         key.display()
                     ))
                 })?;
-                builder.with_client_auth_cert(chain, key_der).map_err(|e| {
+                let certified = rustls::sign::CertifiedKey::from_der(chain, key_der, &provider()).map_err(|e| {
                     Error::invalid(format!(
                         "the client key {} does not fit the certificate {} ({e}): check tls: {{ cert_file:, key_file: }}",
                         key.display(),
                         cert.display()
                     ))
-                })?
+                })?;
+                builder.with_client_cert_resolver(Arc::new(Asked { key: Some(Arc::new(certified)), asked: asked.clone() }))
             }
-            (None, None) => builder.with_no_client_auth(),
+            (None, None) => builder.with_client_cert_resolver(Arc::new(Asked { key: None, asked: asked.clone() })),
             (Some(_), None) | (None, Some(_)) => {
                 return Err(Error::invalid("tls: needs cert_file: and key_file: together (a client certificate and its key)"))
             }
@@ -139,18 +168,39 @@ impl Tls {
             server_name: options.server_name.clone(),
             trust,
             client_cert: options.cert_file.is_some(),
+            asked,
         })
     }
 
     /// The dialler for one address: `host` as it is in the URL, unless
     /// `server_name` overrides what the certificate must name.
     pub(crate) fn dial(&self, host: &str) -> Result<TlsDial> {
+        self.asked.store(false, Ordering::Release);
         let name = self.server_name.as_deref().unwrap_or(host);
         Ok(TlsDial {
             connector: TlsConnector::from(self.config.clone()),
             server_name: server_name(name)?,
             failure: Default::default(),
+            received: Default::default(),
         })
+    }
+
+    /// A dial that failed without a TLS error: when the broker asked for a
+    /// client certificate and then ended the connection before sending a
+    /// byte of AMQP, it refused the certificate (or its absence), whose
+    /// alert the reset overtook (see `Asked`). None otherwise.
+    pub(crate) fn refused_client_certificate(&self, dial: &TlsDial, endpoint: &str) -> Option<Error> {
+        if !self.asked.load(Ordering::Acquire) || dial.received.load(Ordering::Acquire) {
+            return None;
+        }
+        let what = if self.client_cert {
+            "the broker asked for a client certificate and closed the connection once it had this one: it refused it; \
+             it must be signed by a CA in the broker's ssl_options.cacertfile"
+        } else {
+            "the broker asked for a client certificate and closed the connection without one: it requires a client \
+             certificate: pass tls: { cert_file:, key_file: }"
+        };
+        Some(Error::new(ErrorKind::Tls, format!("could not connect to {endpoint} over TLS: {what}")))
     }
 
     /// What a TLS failure means and what to do about it: the error a dial
@@ -274,6 +324,8 @@ pub(crate) struct TlsDial {
     connector: TlsConnector,
     server_name: ServerName<'static>,
     failure: Arc<Mutex<Option<rustls::Error>>>,
+    /// Whether any application data arrived over this dial's streams.
+    received: Arc<AtomicBool>,
 }
 
 impl TlsDial {
@@ -293,9 +345,10 @@ impl TlsDial {
     {
         let connect = self.connector.connect(self.server_name.clone(), tcp);
         let failure = self.failure.clone();
+        let received = self.received.clone();
         async move {
             match connect.await {
-                Ok(tls) => Ok(Socket::Tls(Box::new(tls), failure)),
+                Ok(tls) => Ok(Socket::Tls(Box::new(tls), Arc::new(Seen { failure, received }))),
                 Err(e) => {
                     record(&failure, &e);
                     Err(e)
@@ -307,7 +360,12 @@ impl TlsDial {
 
 impl Clone for TlsDial {
     fn clone(&self) -> Self {
-        TlsDial { connector: self.connector.clone(), server_name: self.server_name.clone(), failure: self.failure.clone() }
+        TlsDial {
+            connector: self.connector.clone(),
+            server_name: self.server_name.clone(),
+            failure: self.failure.clone(),
+            received: self.received.clone(),
+        }
     }
 }
 
@@ -321,7 +379,14 @@ fn record(failure: &Mutex<Option<rustls::Error>>, e: &io::Error) {
 /// for `amqps://`.
 pub(crate) enum Socket<S> {
     Plain(S),
-    Tls(Box<TlsStream<S>>, Arc<Mutex<Option<rustls::Error>>>),
+    Tls(Box<TlsStream<S>>, Arc<Seen>),
+}
+
+/// What a dial's TLS stream reports back to it: its last TLS error, and
+/// whether any application data came through.
+pub(crate) struct Seen {
+    failure: Arc<Mutex<Option<rustls::Error>>>,
+    received: Arc<AtomicBool>,
 }
 
 fn noted<T>(failure: &Mutex<Option<rustls::Error>>, r: Poll<io::Result<T>>) -> Poll<io::Result<T>> {
@@ -335,7 +400,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Socket<S> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut [u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Socket::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Socket::Tls(s, failure) => noted(failure, Pin::new(s.as_mut()).poll_read(cx, buf)),
+            Socket::Tls(s, seen) => {
+                let r = noted(&seen.failure, Pin::new(s.as_mut()).poll_read(cx, buf));
+                if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+                    seen.received.store(true, Ordering::Release);
+                }
+                r
+            }
         }
     }
 }
@@ -344,28 +415,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Socket<S> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Socket::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Socket::Tls(s, failure) => noted(failure, Pin::new(s.as_mut()).poll_write(cx, buf)),
+            Socket::Tls(s, seen) => noted(&seen.failure, Pin::new(s.as_mut()).poll_write(cx, buf)),
         }
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Socket::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Socket::Tls(s, failure) => noted(failure, Pin::new(s.as_mut()).poll_write_vectored(cx, bufs)),
+            Socket::Tls(s, seen) => noted(&seen.failure, Pin::new(s.as_mut()).poll_write_vectored(cx, bufs)),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Socket::Plain(s) => Pin::new(s).poll_flush(cx),
-            Socket::Tls(s, failure) => noted(failure, Pin::new(s.as_mut()).poll_flush(cx)),
+            Socket::Tls(s, seen) => noted(&seen.failure, Pin::new(s.as_mut()).poll_flush(cx)),
         }
     }
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Socket::Plain(s) => Pin::new(s).poll_close(cx),
-            Socket::Tls(s, failure) => noted(failure, Pin::new(s.as_mut()).poll_close(cx)),
+            Socket::Tls(s, seen) => noted(&seen.failure, Pin::new(s.as_mut()).poll_close(cx)),
         }
     }
 }

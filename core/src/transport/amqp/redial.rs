@@ -140,6 +140,12 @@ pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeou
             if let Some(failure) = d.failure() {
                 return Err(tls.explain(&failure, endpoint, &d.name()));
             }
+            // Ended by the broker, not by our timeout.
+            if matches!(outcome, Ok(Err(_))) {
+                if let Some(refused) = tls.refused_client_certificate(d, endpoint) {
+                    return Err(refused);
+                }
+            }
         }
     }
     match outcome {

@@ -57,4 +57,39 @@ module OutboxRelayFailureSpec
       expect(setup.backlog[:count]).to eq(0)
     end
   end
+
+  # The store's own reads from another thread while its relay sweeps, on a
+  # PG::Connection: ruby-pg waits on the server without the GVL, and two
+  # threads inside libpq on one connection crashed the process (seen while
+  # writing the outbox specs). The adapter takes one statement at a time.
+  RSpec.describe "a started outbox relay's store read from another thread on PostgreSQL" do
+    let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL) }
+    let(:db) { outbox_pg }
+    let(:table) { outbox_table("shared") }
+    before { pg_tables_to_drop << table }
+    after do
+      mq.close
+      db.close
+    end
+
+    it "answers backlog while the relay drains, and loses nothing" do
+      exchange, queue = destination(mq)
+      store = Patterns::SQLOutboxStore.new(connection: db, table: table)
+      store.create_schema
+      db.transaction do
+        600.times { |n| store.add(Patterns.record(mq, { "n" => n }, to: "order.placed", exchange: exchange), connection: db) }
+      end
+      relay = Patterns::OutboxRelay.new(mq, store, batch_size: 50, interval: 60, listen: false)
+      counts = []
+      begin
+        relay.start
+        eventually(timeout: 20, interval: 0) { (counts << store.backlog[:count]).last.zero? }
+      ensure
+        relay.close
+      end
+      expect(counts.size).to be > 1
+      expect(counts).to eq(counts.sort.reverse)
+      expect(drain(queue, expect: 600).size).to eq(600)
+    end
+  end
 end

@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "monitor"
 require "acemq/amqp/sql/source"
 
 module AceMQ
@@ -118,41 +119,50 @@ module AceMQ
 
         def initialize(conn)
           @conn = conn
+          # One statement at a time through this adapter. ruby-pg releases
+          # the GVL while it waits on the server, so a second thread using
+          # the same store (its backlog read while its relay sweeps) would
+          # otherwise enter libpq on the same connection at once, which
+          # crashes the process (seen in SSL_write); with this it waits.
+          @lock = Monitor.new
         end
 
         def dialect = "postgres"
 
         def execute(sql, params)
-          result = @conn.exec_params(sql, SQL.text(params))
-          n = result.cmd_tuples
-          result.clear
-          n.to_i
+          @lock.synchronize do
+            result = @conn.exec_params(sql, SQL.text(params))
+            n = result.cmd_tuples
+            result.clear
+            n.to_i
+          end
         end
 
         def query(sql, params)
-          result = @conn.exec_params(sql, SQL.text(params))
-          begin
-            types = Array.new(result.nfields) { |i| result.ftype(i) }
-            # Integers and floats are decoded by the driver, in C, as it
-            # reads each row; a relay's claim of 1000 rows spent 3 ms in a
-            # Ruby cast of every value. Only numeric and boolean columns,
-            # which no store query returns, are still cast in Ruby.
-            result.type_map = PG::TypeMapByColumn.new(types.map { |t| DECODERS[t] })
-            rows = result.values
-            types.each_with_index do |type, i|
-              next unless type == NUMERIC || type == BOOLEAN
-
-              rows.each { |row| row[i] = cast(row[i], type) }
-            end
-            rows
-          ensure
-            result.clear
-          end
+          @lock.synchronize { rows(@conn.exec_params(sql, SQL.text(params))) }
         end
 
         def inspect = "#<AceMQ::AMQP::SQL::Postgres #{@conn.class}>"
 
         private
+
+        def rows(result)
+          types = Array.new(result.nfields) { |i| result.ftype(i) }
+          # Integers and floats are decoded by the driver, in C, as it reads
+          # each row; a relay's claim of 1000 rows spent 3 ms in a Ruby cast
+          # of every value. Only numeric and boolean columns, which no store
+          # query returns, are still cast in Ruby.
+          result.type_map = PG::TypeMapByColumn.new(types.map { |t| DECODERS[t] })
+          rows = result.values
+          types.each_with_index do |type, i|
+            next unless type == NUMERIC || type == BOOLEAN
+
+            rows.each { |row| row[i] = cast(row[i], type) }
+          end
+          rows
+        ensure
+          result.clear
+        end
 
         def cast(value, type)
           return value unless value.is_a?(String)

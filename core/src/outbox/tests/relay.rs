@@ -345,6 +345,7 @@ impl crate::outbox::OutboxPublisher for GatedPublisher {
         Box::pin(async move { self.send_batch(records).await.await })
     }
 
+    #[allow(clippy::async_yields_async)]
     fn send_batch<'a>(&'a self, records: &'a [crate::outbox::OutboxRecord]) -> crate::outbox::SendFuture<'a> {
         Box::pin(async move {
             self.inner.batches.fetch_add(1, Ordering::SeqCst);

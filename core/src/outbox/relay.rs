@@ -419,20 +419,15 @@ impl<T: RelayStore> Inner<T> {
             return Ok(Step { again: true, held, in_flight: Some(batch) });
         }
         let settled = batch.settle().await;
-        for (e, exchange, routing_key) in &settled.failures {
-            self.report(e, exchange, routing_key);
-        }
         let swept = settled.swept;
-        let failures = crate::events::outbox_failures(&settled.completions);
-        if swept.defer_delete(batch_size, wake.seen() != seen) {
-            crate::events::outbox_swept(swept.claimed, swept.confirmed, failures, None);
-            held.extend(settled.completions.iter().map(|c| c.id));
-            return Ok(Step { again: true, held, in_flight: None });
-        }
         // Completing after the confirms, never before: a crash in between
         // publishes these again, where deleting first would lose them.
-        self.store.clone().complete_for_relay(settled.completions).await.map_err(|e| (e, held.clone()))?;
-        crate::events::outbox_swept(swept.claimed, swept.confirmed, failures, None);
+        let (ids, completed) = self.settled(settled).await;
+        completed.map_err(|e| (e, held.clone()))?;
+        held.extend(ids);
+        if swept.defer_delete(batch_size, wake.seen() != seen) {
+            return Ok(Step { again: true, held, in_flight: None });
+        }
         if !held.is_empty() {
             self.store.clone().delete_for_relay(held.clone()).await.map_err(|e| (e, held))?;
         }

@@ -219,16 +219,13 @@ impl RbOutboxStore {
         }
         let settled = gvl::block_on(ruby, batch.settle())?;
         let swept = settled.swept;
-        if hold && swept.failed == 0 {
-            held.extend(settled.completions.iter().map(|c| c.id));
-            Self::emit(ruby, rb_self, &settled);
-        } else {
-            held.extend(Self::settled(ruby, rb_self, &settled, &failures)?);
+        held.extend(Self::settled(ruby, rb_self, &settled, &failures)?);
+        if !(hold && swept.failed == 0) {
             // Not held: the previous batch's rows go now too.
             on_store!(ruby, rb_self, |s| s.delete_confirmed(&held))?;
             held.clear();
-            Self::emit(ruby, rb_self, &settled);
         }
+        Self::emit(ruby, rb_self, &settled);
         Ok((swept.claimed, swept.confirmed, swept.failed, swept.again(batch_size), held, failures, None))
     }
 

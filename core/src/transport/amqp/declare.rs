@@ -25,36 +25,14 @@ impl AmqpBackend {
     }
 }
 
-/// Run `futures` concurrently (polled together, so each sends its frame at
-/// once) and return the first error in their order, or `Ok` when all
-/// succeeded.
+/// Run `futures` together (sent at once, answered in order, see
+/// [`in_order`](super::in_order::in_order)) and return the first error in
+/// their order, or `Ok` when all succeeded.
 pub(crate) async fn all<F>(futures: impl IntoIterator<Item = F>) -> Result<()>
 where
     F: std::future::Future<Output = Result<()>>,
 {
-    let mut pending: Vec<Option<std::pin::Pin<Box<F>>>> = futures.into_iter().map(|f| Some(Box::pin(f))).collect();
-    let mut results: Vec<Option<Result<()>>> = pending.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut done = true;
-        for (slot, result) in pending.iter_mut().zip(results.iter_mut()) {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(r) => {
-                        *result = Some(r);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => done = false,
-                }
-            }
-        }
-        if done {
-            std::task::Poll::Ready(())
-        } else {
-            std::task::Poll::Pending
-        }
-    })
-    .await;
-    results.into_iter().flatten().collect::<Result<Vec<()>>>().map(|_| ())
+    super::in_order::in_order(futures).await.into_iter().collect()
 }
 
 pub(crate) async fn declare_exchange(ch: &Channel, spec: &ExchangeSpec) -> Result<()> {

@@ -6,7 +6,7 @@
 //! again when the connection is lost), `exchanges` (the cache of exchanges
 //! known to exist), `publish` (sending one or a batch, and their confirms),
 //! `supervisor` (a subscription that subscribes again when its channel is
-//! lost), `feed` (its deliveries, read by the handlers themselves), `declare` (topology declarations), `acks` (coalescing
+//! lost), `feed` (its deliveries, read by the handlers themselves), `declare` (topology declarations), `in_order` (futures run together, in order), `acks` (coalescing
 //! acknowledgements into `multiple` acks) and `fields` (AMQP properties and
 //! field tables to and from the engine's).
 
@@ -15,6 +15,7 @@ mod declare;
 mod exchanges;
 mod feed;
 mod fields;
+mod in_order;
 mod publish;
 mod redial;
 mod supervisor;

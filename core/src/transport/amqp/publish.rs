@@ -8,9 +8,7 @@ use crate::wire::Props;
 use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
 use lapin::{Channel, Confirmation, PublisherConfirm};
-use std::future::Future;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 /// The outcome of a publish that has been sent and not yet confirmed.
@@ -169,47 +167,27 @@ impl AmqpBackend {
         };
         let mut out = Vec::with_capacity(items.len());
         for window in items.chunks(WINDOW) {
-            let mut sends: Vec<_> = window
-                .iter()
-                .map(|(exchange, routing_key, body, props)| {
-                    let ch = &ch;
-                    Box::pin(async move {
-                        ch.basic_publish(
-                            ShortString::from(*exchange),
-                            ShortString::from(*routing_key),
-                            BasicPublishOptions { mandatory: true, immediate: false },
-                            body,
-                            to_basic_properties(props),
-                        )
-                        .await
-                        .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")))
-                    })
-                })
-                .collect();
-            let mut done: Vec<Option<Result<PublisherConfirm>>> = (0..sends.len()).map(|_| None).collect();
             // The first pass polls every send once, in order: that is when
             // each takes its delivery tag and queues its frames, so the
             // broker sees them in the order given.
-            std::future::poll_fn(|cx| {
-                let mut all = true;
-                for (send, slot) in sends.iter_mut().zip(done.iter_mut()) {
-                    if slot.is_none() {
-                        match send.as_mut().poll(cx) {
-                            Poll::Ready(r) => *slot = Some(r),
-                            Poll::Pending => all = false,
-                        }
-                    }
+            let done = super::in_order::in_order(window.iter().map(|(exchange, routing_key, body, props)| {
+                let ch = &ch;
+                async move {
+                    ch.basic_publish(
+                        ShortString::from(*exchange),
+                        ShortString::from(*routing_key),
+                        BasicPublishOptions { mandatory: true, immediate: false },
+                        body,
+                        to_basic_properties(props),
+                    )
+                    .await
+                    .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")))
                 }
-                if all {
-                    Poll::Ready(())
-                } else {
-                    Poll::Pending
-                }
-            })
+            }))
             .await;
             let conn = self.current();
             let retire = Retire { publish: self.publish.clone(), channel: ch.clone() };
-            out.extend(done.into_iter().flatten().map(|r| {
+            out.extend(done.into_iter().map(|r| {
                 r.map(|confirm| AmqpConfirm { confirm, timeout: self.confirm_timeout, conn: conn.clone(), retire: retire.clone() })
             }));
         }

@@ -97,7 +97,7 @@ pub fn parse(ruby: &Ruby, text: &str, what: &str) -> Result<Json, Error> {
 /// a body whose numbers a float cannot hold exactly goes to `JSON.parse`
 /// itself, as `payload_to_ruby` does.
 pub fn body_to_ruby(ruby: &Ruby, body: &[u8]) -> Result<Value, Error> {
-    let mut state = Build { ruby, saw_float: false, error: None };
+    let mut state = Build { ruby, saw_float: false };
     let mut de = serde_json::Deserializer::from_slice(body);
     let built = serde::de::DeserializeSeed::deserialize(RubySeed(&mut state), &mut de).and_then(|v| de.end().map(|()| v));
     match built {
@@ -106,17 +106,16 @@ pub fn body_to_ruby(ruby: &Ruby, body: &[u8]) -> Result<Value, Error> {
             let json: magnus::RModule = ruby.class_object().const_get("JSON")?;
             json.funcall("parse", (ruby.str_from_slice(body),))
         }
-        Err(e) => Err(state.error.take().unwrap_or_else(|| {
-            crate::errors::to_ruby(ruby, acemq::Error::new(acemq::ErrorKind::Encoding, format!("payload is not valid JSON: {e}")))
-        })),
+        Err(e) => Err(crate::errors::to_ruby(
+            ruby,
+            acemq::Error::new(acemq::ErrorKind::Encoding, format!("payload is not valid JSON: {e}")),
+        )),
     }
 }
 
 struct Build<'r> {
     ruby: &'r Ruby,
     saw_float: bool,
-    /// A Ruby exception met while building (kept: serde's error is text).
-    error: Option<Error>,
 }
 
 struct RubySeed<'a, 'r>(&'a mut Build<'r>);
@@ -128,10 +127,59 @@ impl<'de> serde::de::DeserializeSeed<'de> for RubySeed<'_, '_> {
     }
 }
 
-impl Build<'_> {
-    fn fail<E: serde::de::Error>(&mut self, e: Error) -> E {
-        self.error = Some(e);
-        E::custom("a Ruby error while building the payload")
+// The payload is built with Ruby's C API directly rather than through
+// magnus's checked wrappers: every object here is one this function just
+// made (a fresh Hash or Array, a String), so the only exception any of these
+// calls can raise is NoMemoryError, which magnus's own allocators let through
+// as well; magnus's `aset`/`push` wrap each call in rb_protect for the
+// general case (a frozen receiver, a key whose #hash raises), and on a 1 KiB
+// payload of some 40 objects that wrapping was a tenth of the build.
+// Values live on this thread's stack or inside the object being built until
+// they are returned, where Ruby's GC sees them.
+
+/// A String of `s`, UTF-8 (serde_json has checked it is).
+fn rstring(s: &str) -> rb_sys::VALUE {
+    // SAFETY: called with the GVL held (a handler's thread, reading its payload).
+    unsafe { rb_sys::rb_utf8_str_new(s.as_ptr().cast(), s.len() as _) }
+}
+
+/// A Hash key: the frozen, deduplicated String Ruby keeps for that text
+/// (what `Hash#[]=` would make of a String key anyway, here without
+/// allocating one first when the same key was seen before).
+fn rkey(s: &str) -> rb_sys::VALUE {
+    // SAFETY: as rstring; rb_enc_interned_str copies the bytes.
+    unsafe { rb_sys::rb_enc_interned_str(s.as_ptr().cast(), s.len() as _, rb_sys::rb_utf8_encoding()) }
+}
+
+fn value(raw: rb_sys::VALUE) -> Value {
+    use magnus::rb_sys::FromRawValue;
+    // SAFETY: `raw` is an object just built by the C API on this thread.
+    unsafe { Value::from_raw(raw) }
+}
+
+fn raw(v: Value) -> rb_sys::VALUE {
+    use magnus::rb_sys::AsRawValue;
+    v.as_raw()
+}
+
+/// A map key, straight from the bytes (a `Cow<str>` key would be an owned
+/// String each time: serde's `Cow` never borrows).
+struct KeySeed;
+
+impl<'de> serde::de::DeserializeSeed<'de> for KeySeed {
+    type Value = rb_sys::VALUE;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<rb_sys::VALUE, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for KeySeed {
+    type Value = rb_sys::VALUE;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<rb_sys::VALUE, E> {
+        Ok(rkey(s))
     }
 }
 
@@ -158,33 +206,23 @@ impl<'de> serde::de::Visitor<'de> for RubySeed<'_, '_> {
         Ok(f.into_value_with(self.0.ruby))
     }
     fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Value, E> {
-        Ok(self.0.ruby.str_new(s).into_value_with(self.0.ruby))
-    }
-    fn visit_borrowed_str<E: serde::de::Error>(self, s: &'de str) -> Result<Value, E> {
-        self.visit_str(s)
-    }
-    fn visit_string<E: serde::de::Error>(self, s: String) -> Result<Value, E> {
-        self.visit_str(&s)
+        Ok(value(rstring(s)))
     }
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let arr: RArray = self.0.ruby.ary_new_capa(seq.size_hint().unwrap_or(0));
+        let arr = raw(self.0.ruby.ary_new_capa(seq.size_hint().unwrap_or(0)).as_value());
         while let Some(item) = seq.next_element_seed(RubySeed(self.0))? {
-            if let Err(e) = arr.push(item) {
-                return Err(self.0.fail(e));
-            }
+            // SAFETY: a fresh, unfrozen Array; the GVL is held.
+            unsafe { rb_sys::rb_ary_push(arr, raw(item)) };
         }
-        Ok(arr.into_value_with(self.0.ruby))
+        Ok(value(arr))
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let h: RHash = self.0.ruby.hash_new();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            let key = self.0.ruby.str_new(&key);
-            key.freeze();
+        let h = raw(self.0.ruby.hash_new().as_value());
+        while let Some(key) = map.next_key_seed(KeySeed)? {
             let item = map.next_value_seed(RubySeed(self.0))?;
-            if let Err(e) = h.aset(key, item) {
-                return Err(self.0.fail(e));
-            }
+            // SAFETY: a fresh, unfrozen Hash and a frozen String key; the GVL is held.
+            unsafe { rb_sys::rb_hash_aset(h, key, raw(item)) };
         }
-        Ok(h.into_value_with(self.0.ruby))
+        Ok(value(h))
     }
 }

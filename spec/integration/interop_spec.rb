@@ -33,6 +33,27 @@ RSpec.describe "interop with Bunny" do
     ch.close
   end
 
+  it "builds a payload from a foreign body as JSON.parse does: escapes, unicode, nesting, repeated keys" do
+    bodies = ['{"a\"b":"c\nd","\u00e9t\u00e9":"\ud83d\ude00","raw":"été漢字","tab\t":"\/"}',
+              '{"empty":{},"list":[],"deep":[[[{"x":[-0,1e2,-3.5e-3,18446744073709551615]}]]],"dup":1,"dup":2}',
+              '[1,"two",null,false,{"k":"v"}]', '"just a string"', "0", "null"]
+    ch = @bunny.create_channel
+    bodies.each { |b| ch.default_exchange.publish(b, routing_key: queue, content_type: "application/json") }
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m.payload; AceMQ::AMQP::Ack.accept }
+    eventually { got.size == bodies.size }
+    sub.cancel
+    built = Array.new(bodies.size) { got.pop }
+    ch.close
+    expect(built).to eq(bodies.map { |b| JSON.parse(b) })
+    expect(built.first.keys).to eq(["a\"b", "été", "raw", "tab\t"])
+    expect(built.first.keys).to all(be_frozen)
+    expect(built.first["été"]).to eq("\u{1F600}")
+    expect(built.first.values.map(&:encoding)).to all(eq(Encoding::UTF_8))
+    # Values are the handler's to change, as JSON.parse's are.
+    expect(built.first.values.none?(&:frozen?)).to be(true)
+  end
+
   it "gives a foreign message without a message id a nil id, and consumes it" do
     ch = @bunny.create_channel
     ch.default_exchange.publish(JSON.generate("n" => 1), routing_key: queue)

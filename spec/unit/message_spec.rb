@@ -41,6 +41,18 @@ RSpec.describe AceMQ::AMQP::Message do
     expect(m.payload).to eq(JSON.parse(text))
   end
 
+  it "shares one frozen String for a key across messages, as Hash#[]= would" do
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    2.times { |i| mq.publish({ "order_id" => "A-#{i}" }, to: queue) }
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m.payload; AceMQ::AMQP::Ack.accept }
+    first = got.pop
+    second = got.pop
+    sub.cancel
+    expect(first.keys.first).to equal(second.keys.first)
+    expect(first["order_id"]).not_to equal(second["order_id"])
+  end
+
   it "is a NativeDelivery only the engine makes" do
     expect { AceMQ::AMQP::NativeDelivery.new }.to raise_error(TypeError, /allocator undefined/)
   end

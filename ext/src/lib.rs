@@ -15,10 +15,16 @@ mod outgoing;
 mod runner;
 mod sql;
 
-use magnus::{function, prelude::*, Error, RModule, Ruby};
+use magnus::{function, prelude::*, Error, RModule, RString, Ruby, Value};
 
 fn new_id() -> String {
     acemq::new_id()
+}
+
+/// A payload's JSON text as `JSON.generate` writes it, or nil when it holds
+/// what only `JSON.generate` writes (`json::generate`).
+fn generate(ruby: &Ruby, payload: Value) -> Option<RString> {
+    json::generate(ruby, payload)
 }
 
 #[magnus::init(name = "acemq")]
@@ -27,6 +33,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let acemq: RModule = ruby.define_module("AceMQ")?;
     let amqp: RModule = acemq.define_module("AMQP")?;
     amqp.define_module_function("_new_id", function!(new_id, 0))?;
+    amqp.define_module_function("_generate", function!(generate, 1))?;
     connection::init(ruby, amqp)?;
     outgoing::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;

@@ -226,6 +226,14 @@ module AceMQ
       end
 
       def encode(payload)
+        # The engine writes JSON.generate's bytes itself for Hashes, Arrays,
+        # Strings, numbers, true, false and nil, and leaves anything else
+        # (a Time, a subclass, a Symbol value: whatever has a to_json of its
+        # own, and whatever JSON.generate refuses) to JSON.generate below.
+        AMQP._generate(payload) || generate(payload)
+      end
+
+      def generate(payload)
         json = JSON.generate(payload)
         # An object with no JSON form of its own is generated as its to_s,
         # "#<Object:0x...>": a message nobody can use. Cheap to rule out

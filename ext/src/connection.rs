@@ -93,22 +93,12 @@ impl RbConnection {
             .iter()
             .map(|o| JsonMessage { body: &o.inner.body, exchange: &o.inner.exchange, routing_key: &o.inner.routing_key, envelope: &o.inner.envelope })
             .collect();
-        let results = gvl::block_on(ruby, async {
-            let confirms = conn.send_json_batch(&messages).await;
-            let mut results = Vec::with_capacity(confirms.len());
-            for c in confirms {
-                results.push(match c {
-                    Ok(c) => c.wait().await,
-                    Err(e) => Err(e),
-                });
-            }
-            results
-        })?;
-        let n = results.len();
-        for r in results {
-            r.rb(ruby)?;
-        }
-        Ok(n)
+        gvl::block_on(ruby, async { acemq::Confirm::wait_all(conn.send_json_batch(&messages).await).await })?.rb(ruby)
+    }
+
+    /// A publish stream on this connection (`Batch` with `stream: true`).
+    fn stream(&self) -> crate::stream::RbStream {
+        crate::stream::RbStream::new(self.inner.stream())
     }
 
     fn apply(
@@ -296,6 +286,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_singleton_method("_open", function!(RbConnection::open, 2))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 1))?;
     class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
+    class.define_private_method("_stream", method!(RbConnection::stream, 0))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
     class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;

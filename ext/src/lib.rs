@@ -14,6 +14,7 @@ mod outbox;
 mod outgoing;
 mod runner;
 mod sql;
+mod stream;
 
 use magnus::{function, prelude::*, Error, RModule, RString, Ruby, Value};
 
@@ -36,6 +37,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     amqp.define_module_function("_generate", function!(generate, 1))?;
     connection::init(ruby, amqp)?;
     outgoing::init(ruby, amqp)?;
+    stream::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;
     delivery::init(ruby, amqp)?;
     sql::init(ruby, amqp)?;

@@ -91,6 +91,44 @@ RSpec.shared_examples "a transport" do
     expect(Array.new(50) { take }.sort).to eq((0...50).to_a)
   end
 
+  it "streams a batch: sent in order while the block builds, confirms awaited together" do
+    consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
+    n = AceMQ::AMQP::Batch::CHUNK * 3 + 7 # several chunks and a tail
+    count = @mq.batch(stream: true) { |b| n.times { |i| b.publish({ "n" => i }, to: queue) } }
+    expect(count).to eq(n)
+    # One consumer thread on one queue: the order they were published in.
+    expect(Array.new(n) { take }).to eq((0...n).to_a)
+  end
+
+  it "streams a batch whose block raises: what it published went out, and its exception is raised" do
+    consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
+    n = AceMQ::AMQP::Batch::CHUNK + 5 # one chunk handed over, the tail not yet
+    expect do
+      @mq.batch(stream: true) do |b|
+        n.times { |i| b.publish({ "n" => i }, to: queue) }
+        raise ArgumentError, "the block's own failure"
+      end
+    end.to raise_error(ArgumentError, "the block's own failure")
+    expect(Array.new(n) { take }).to eq((0...n).to_a)
+    # A held batch whose block raises sends nothing.
+    expect { @mq.batch { |b| b.publish({ "n" => -1 }, to: queue); raise "no" } }.to raise_error(RuntimeError, "no")
+    @mq.publish({ "n" => n }, to: queue)
+    expect(take).to eq(n)
+  end
+
+  it "streams a batch with one unroutable message among good ones: the rest go, the failure is raised after" do
+    consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
+    nowhere = unique("noqueue")
+    expect do
+      @mq.batch(stream: true) do |b|
+        b.publish({ "n" => 0 }, to: queue)
+        b.publish({ "n" => "lost" }, to: nowhere)
+        b.publish({ "n" => 1 }, to: queue)
+      end
+    end.to raise_error(AceMQ::AMQP::Unroutable)
+    expect([take, take]).to eq([0, 1])
+  end
+
   it "runs handlers on several threads with concurrency:" do
     threads = Queue.new
     consume(concurrency: 4) do |m|

@@ -41,6 +41,30 @@ enum ConfirmInner {
 }
 
 impl Confirm {
+    /// Wait for every one of `confirms` (each a publish sent, or the reason
+    /// it was not), in order. Returns how many there were, or the first
+    /// failure once every confirm has been waited for, so that what did go
+    /// out is known to have gone out: the rule for a batch and a stream.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Confirm::wait`]: a dropped future loses only answers.
+    pub async fn wait_all(confirms: impl IntoIterator<Item = Result<Confirm>>) -> Result<usize> {
+        let mut n = 0;
+        let mut first_error = None;
+        for c in confirms {
+            n += 1;
+            let r = match c {
+                Ok(c) => c.wait().await,
+                Err(e) => Err(e),
+            };
+            if let (Err(e), None) = (r, &first_error) {
+                first_error = Some(e);
+            }
+        }
+        first_error.map_or(Ok(n), Err)
+    }
+
     /// Wait for the broker's verdict.
     ///
     /// # Cancel safety

@@ -95,10 +95,19 @@ module AceMQ
       #
       #   mq.batch { |b| orders.each { |o| b.publish(o, to: "orders") } }
       #
-      # Returns how many were published.
-      def batch
-        batch = Batch.new(self)
-        yield batch
+      # Returns how many were published. Nothing is sent until the block
+      # returns, so a block that raises publishes nothing. stream: true sends
+      # each message while the block builds the next (Batch): faster, and a
+      # long batch is not held in memory, but a block that raises has sent
+      # what it published before the raise.
+      def batch(stream: false)
+        batch = Batch.new(self, stream: stream)
+        begin
+          yield batch
+        rescue StandardError
+          batch.abandon
+          raise
+        end
         batch.flush
       end
 

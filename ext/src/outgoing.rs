@@ -4,9 +4,10 @@
 //! `_publish_batch` or an outbox record. What crosses from Ruby is read by
 //! name, here and nowhere else.
 
-use crate::connection::{opt, RbConnection};
+use crate::connection::RbConnection;
 use acemq::Headers;
 use acemq::{Envelope, OutgoingMessage, PublishOptions};
+use magnus::value::LazyId;
 use magnus::{method, prelude::*, Error, RHash, RModule, RString, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Outgoing", free_immediately, size)]
@@ -39,6 +40,20 @@ fn envelope_of(ruby: &Ruby, env: Value) -> Result<Envelope, Error> {
     Ok(e)
 }
 
+/// The option names `Connection#outgoing` passes, interned once: looked up
+/// by name on every publish, and a String to a Symbol each time was a sixth
+/// of building one.
+static EXCHANGE: LazyId = LazyId::new("exchange");
+static TO: LazyId = LazyId::new("to");
+static ENVELOPE: LazyId = LazyId::new("envelope");
+static TYPE: LazyId = LazyId::new("type");
+static HEADERS: LazyId = LazyId::new("headers");
+static TRACE: LazyId = LazyId::new("trace");
+
+fn opt<T: magnus::TryConvert>(options: &RHash, key: &LazyId) -> Result<Option<T>, Error> {
+    options.lookup::<_, Option<T>>(**key)
+}
+
 impl RbOutgoing {
     /// `body` is the payload as JSON (Connection#encode checked it);
     /// `options` holds exchange:, to:, and what the caller gave or left nil:
@@ -48,19 +63,19 @@ impl RbOutgoing {
     /// over it, the trace context unless one is there, the connection's
     /// origin, attempt 1) is core's `envelope_for`.
     fn build(ruby: &Ruby, mq: &RbConnection, body: RString, options: RHash) -> Result<Self, Error> {
-        let envelope = match opt::<Value>(&options, "envelope")? {
+        let envelope = match opt::<Value>(&options, &ENVELOPE)? {
             Some(env) => Some(envelope_of(ruby, env)?),
             None => None,
         };
         let publish = PublishOptions {
-            exchange: opt(&options, "exchange")?.unwrap_or_default(),
+            exchange: opt(&options, &EXCHANGE)?.unwrap_or_default(),
             envelope,
-            kind: opt(&options, "type")?,
-            headers: headers_of(ruby, opt(&options, "headers")?, "headers")?,
-            trace_context: headers_of(ruby, opt(&options, "trace")?, "trace context")?,
+            kind: opt(&options, &TYPE)?,
+            headers: headers_of(ruby, opt(&options, &HEADERS)?, "headers")?,
+            trace_context: headers_of(ruby, opt(&options, &TRACE)?, "trace context")?,
         };
         let envelope = mq.inner.envelope_for(&publish);
-        let routing_key: String = opt(&options, "to")?.unwrap_or_default();
+        let routing_key: String = opt(&options, &TO)?.unwrap_or_default();
         // Copied while the GVL is held: the Ruby string may move once it is released.
         let body = unsafe { body.as_slice() }.to_vec();
         Ok(RbOutgoing { inner: OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope } })

@@ -126,11 +126,18 @@ module AceMQ
 
       private
 
+      # What the deadline watch reads of a handler thread: since when its
+      # handler has been running (nil between deliveries), and whether the
+      # watch has replaced it. A Struct the thread holds, not thread-locals:
+      # it is written twice per delivery.
+      Worker = Struct.new(:since, :overdue)
+      private_constant :Worker
+
       def start_worker
         n = (@started += 1)
         Thread.new do
           Thread.current.name = "acemq #{@queue} #{n}"
-          work
+          work(Thread.current[:acemq_worker] = Worker.new)
         end
       end
 
@@ -147,14 +154,15 @@ module AceMQ
           sleep tick
           now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           @threads.dup.each do |t|
-            since = t[:acemq_since]
+            worker = t[:acemq_worker]
+            since = worker&.since
             next unless since && now - since > @timeout + tick && t.alive?
             if @overdue.count(&:alive?) >= @threads.size
               warn_capacity
               next
             end
 
-            t[:acemq_overdue] = true
+            worker.overdue = true
             @overdue << t
             @threads[@threads.index(t)] = start_worker unless @stopped || @cancelled
           end
@@ -172,7 +180,7 @@ module AceMQ
                                          "of #{@timeout}s; no more threads are started for it until they return"))
       end
 
-      def work
+      def work(me)
         loop do
           deliveries = @batch > 1 ? @native._next_many(@batch, POLL) : @native._next(POLL)
           break if deliveries == false
@@ -182,10 +190,10 @@ module AceMQ
             next
           end
 
-          Thread.current[:acemq_since] = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          me.since = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           @batch > 1 ? handle_many(deliveries) : handle(deliveries)
-          Thread.current[:acemq_since] = nil
-          break if @close_after_handler || Thread.current[:acemq_overdue]
+          me.since = nil
+          break if @close_after_handler || me.overdue
         end
         finish if @close_after_handler
       end
@@ -212,17 +220,21 @@ module AceMQ
       def handle(delivery)
         message = Message.from_native(delivery)
         # Inside the message's trace context when OpenTelemetry is loaded.
-        result = Tracing.process(message, @queue) do |span|
-          begin
-            @handler.call(message)
-          rescue StandardError => e
-            # Only a StandardError is a handler failure. Anything else (Interrupt,
-            # SystemExit, a Thread#kill) passes through untouched; the delivery
-            # stays unsettled and goes back to the queue when the consumer closes.
-            e
-          end.tap { |r| Tracing.outcome(span, r) }
-        end
+        result = if Tracing.enabled?
+                   Tracing.process(message, @queue) { |span| run(message).tap { |r| Tracing.outcome(span, r) } }
+                 else
+                   run(message)
+                 end
         settle(delivery, result)
+      end
+
+      def run(message)
+        @handler.call(message)
+      rescue StandardError => e
+        # Only a StandardError is a handler failure. Anything else (Interrupt,
+        # SystemExit, a Thread#kill) passes through untouched; the delivery
+        # stays unsettled and goes back to the queue when the consumer closes.
+        e
       end
 
       # call_many returns one result per message: an Ack, or the

@@ -234,23 +234,21 @@ impl Bench {
         Ok(())
     }
 
-    /// A publish stream: each message handed over as it is built, in chunks
-    /// of 128, sent while the next is built; every confirm awaited at the end.
+    /// A publish stream: each message pushed as it is built, sent (in the
+    /// stream's chunks) while the next is built; every confirm awaited at
+    /// the end.
     async fn acemq_stream(&self, q: &str, n: u64) -> Result<(), BoxError> {
         let mut stream = self.mq.stream();
-        let mut chunk = Vec::with_capacity(128);
         for i in 0..n as usize {
-            chunk.push(acemq::OutgoingMessage {
-                body: serde_json::to_vec(&self.payloads[i % 64])?,
-                exchange: String::new(),
-                routing_key: q.to_owned(),
-                envelope: self.mq.envelope_for(&PublishOptions::default()),
-            });
-            if chunk.len() == 128 {
-                stream.send(std::mem::replace(&mut chunk, Vec::with_capacity(128))).await?;
-            }
+            stream
+                .push(acemq::OutgoingMessage {
+                    body: serde_json::to_vec(&self.payloads[i % 64])?,
+                    exchange: String::new(),
+                    routing_key: q.to_owned(),
+                    envelope: self.mq.envelope_for(&PublishOptions::default()),
+                })
+                .await?;
         }
-        stream.send(chunk).await?;
         stream.finish().await?;
         Ok(())
     }

@@ -978,6 +978,14 @@ impl ConsumerHandle {
                             d.span.clone(),
                         ))
                         .catch_unwind());
+                        // A handler that is done at its first poll (it
+                        // awaited nothing that was not ready) settles
+                        // without a deadline timer registered and cancelled
+                        // for it.
+                        if let Some(done) = futures_lite::future::poll_once(&mut running).await {
+                            c.settle_later(d, unwound(done));
+                            continue;
+                        }
                         let deadline = tokio::time::Instant::from_std(d.watch.deadline);
                         tokio::select! {
                             biased;

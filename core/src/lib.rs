@@ -73,7 +73,7 @@ pub use headers::Headers;
 pub use message::{DeliveryInfo, Message};
 pub use replay::{DeadLetter, ReplayOptions, ReplayReport};
 pub use retry::{dlq_name, rung_name, RetryPolicy};
-pub use stream::{OutgoingMessage, PublishStream, STREAM_WINDOW};
+pub use stream::{OutgoingMessage, PublishStream, STREAM_CHUNK, STREAM_WINDOW};
 pub use topology::{BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology};
 pub use trace::TraceContext;
 pub use wire::Payload;

@@ -11,7 +11,9 @@
 //! first failure. What was handed to a stream before its caller failed has
 //! been sent. At most [`STREAM_WINDOW`] messages wait to be sent at a time;
 //! a caller that builds faster than the broker takes them waits in
-//! [`PublishStream::send`], so memory stays bounded however long it runs.
+//! [`PublishStream::push`], so memory stays bounded however long it runs.
+//! How a stream is cut into chunks ([`STREAM_CHUNK`]) is the stream's rule,
+//! not its callers'.
 
 use crate::connection::{Connection, JsonMessage};
 use crate::envelope::Envelope;
@@ -25,6 +27,12 @@ use tokio::sync::{mpsc, Semaphore, TryAcquireError};
 /// the next chunk (at 15-30k/s here, 4096 messages are 130-270 ms of work);
 /// small enough that a stream of a million 1 KiB messages holds a few MiB.
 pub const STREAM_WINDOW: usize = 4096;
+
+/// Messages handed to the engine's task at a time: enough that a handover
+/// (a channel send, a wake-up of the task) is a small share of building
+/// them, few enough that the broker has the first ones while the caller
+/// builds the rest.
+pub const STREAM_CHUNK: usize = 128;
 
 /// One message for a stream: owned, since it is sent after the call that
 /// handed it over has returned.
@@ -45,6 +53,9 @@ pub struct OutgoingMessage {
 pub struct PublishStream {
     /// Chunks to send, each with the room it took (given back once sent).
     chunks: Option<mpsc::UnboundedSender<(u32, Vec<OutgoingMessage>)>>,
+    /// Pushed, not yet handed over: fewer than [`STREAM_CHUNK`], or a full
+    /// chunk waiting for room.
+    chunk: Vec<OutgoingMessage>,
     /// Room for messages handed over and not yet sent: [`STREAM_WINDOW`]
     /// permits, one a message, so the channel's bound is in messages.
     room: Arc<Semaphore>,
@@ -86,59 +97,86 @@ impl Connection {
                 (None, Ok(n)) => Ok(waited + n),
             }
         });
-        PublishStream { chunks: Some(tx), room, task }
+        PublishStream { chunks: Some(tx), chunk: Vec::with_capacity(STREAM_CHUNK), room, task }
     }
 }
 
 impl PublishStream {
-    /// Hand `messages` over to be sent, in order after everything handed
-    /// over before. Returns at once while the stream has room for them
-    /// (fewer than [`STREAM_WINDOW`] unsent); otherwise waits until enough
-    /// are sent. A chunk larger than the window waits for the whole window.
+    /// Hand `message` over to be sent, in order after everything handed
+    /// over before. Messages go to the engine's task [`STREAM_CHUNK`] at a
+    /// time; this returns at once while the stream has room for a chunk
+    /// (fewer than [`STREAM_WINDOW`] unsent), and otherwise waits until
+    /// enough are sent.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: `message` is the stream's once this is first polled (it
+    /// is sent at the next push, flush or finish); a future dropped while
+    /// waiting for room has handed nothing more over.
+    pub async fn push(&mut self, message: OutgoingMessage) -> Result<()> {
+        if self.try_push(message)? {
+            Ok(())
+        } else {
+            self.flush().await
+        }
+    }
+
+    /// [`PublishStream::push`] without waiting. `Ok(true)`: taken, and
+    /// nothing is waiting for room. `Ok(false)`: taken, and the chunk it
+    /// completed waits for room; call [`PublishStream::flush`] (which waits)
+    /// before the next push.
+    pub fn try_push(&mut self, message: OutgoingMessage) -> Result<bool> {
+        if self.chunks.is_none() {
+            return Err(gone());
+        }
+        self.chunk.push(message);
+        if self.chunk.len() < STREAM_CHUNK {
+            return Ok(true);
+        }
+        let want = Self::room_for(self.chunk.len());
+        match self.room.try_acquire_many(want) {
+            Ok(permit) => permit.forget(),
+            Err(TryAcquireError::NoPermits) => return Ok(false),
+            Err(TryAcquireError::Closed) => return Err(gone()),
+        }
+        self.hand_over(want).map(|()| true)
+    }
+
+    /// Hand over what has been pushed and not yet handed over, waiting for
+    /// room. [`PublishStream::finish`] does this first; call it to have a
+    /// partial chunk sent now.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: a future dropped while waiting for room has handed over
-    /// nothing.
-    pub async fn send(&mut self, messages: Vec<OutgoingMessage>) -> Result<()> {
-        if messages.is_empty() {
+    /// nothing, and the messages stay the stream's.
+    pub async fn flush(&mut self) -> Result<()> {
+        if self.chunk.is_empty() {
             return Ok(());
         }
-        let want = Self::room_for(&messages);
+        let want = Self::room_for(self.chunk.len());
         let permit = self.room.acquire_many(want).await.map_err(|_| gone())?;
         permit.forget();
-        self.hand_over(want, messages)
+        self.hand_over(want)
     }
 
-    /// [`PublishStream::send`] without waiting: when the stream has no room
-    /// for `messages` now, nothing is handed over and they come back
-    /// (`Ok(Some(messages))`), for a [`PublishStream::send`] that waits.
-    pub fn try_send(&mut self, messages: Vec<OutgoingMessage>) -> Result<Option<Vec<OutgoingMessage>>> {
-        if messages.is_empty() {
-            return Ok(None);
-        }
-        let want = Self::room_for(&messages);
-        match self.room.try_acquire_many(want) {
-            Ok(permit) => permit.forget(),
-            Err(TryAcquireError::NoPermits) => return Ok(Some(messages)),
-            Err(TryAcquireError::Closed) => return Err(gone()),
-        }
-        self.hand_over(want, messages).map(|()| None)
+    /// Room a chunk of `len` takes. A chunk larger than the window (only
+    /// [`STREAM_CHUNK`] > [`STREAM_WINDOW`] could make one) waits for the
+    /// whole window.
+    fn room_for(len: usize) -> u32 {
+        len.min(STREAM_WINDOW) as u32
     }
 
-    fn room_for(messages: &[OutgoingMessage]) -> u32 {
-        messages.len().min(STREAM_WINDOW) as u32
-    }
-
-    fn hand_over(&mut self, took: u32, messages: Vec<OutgoingMessage>) -> Result<()> {
+    fn hand_over(&mut self, took: u32) -> Result<()> {
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(STREAM_CHUNK));
         let chunks = self.chunks.as_ref().ok_or_else(gone)?;
-        chunks.send((took, messages)).map_err(|_| gone())
+        chunks.send((took, chunk)).map_err(|_| gone())
     }
 
-    /// Wait until everything handed over has been sent and confirmed.
-    /// Returns how many were handed over, or the first failure among them
-    /// once every confirm has been waited for (so what did go out is known
-    /// to have gone out).
+    /// Hand over what is left, then wait until everything has been sent and
+    /// confirmed. Returns how many were pushed, or the first failure among
+    /// them once every confirm has been waited for (so what did go out is
+    /// known to have gone out).
     ///
     /// # Cancel safety
     ///
@@ -146,6 +184,7 @@ impl PublishStream {
     /// only the answers; what was handed over is sent, and stored or not,
     /// whether anyone waits.
     pub async fn finish(mut self) -> Result<usize> {
+        self.flush().await?;
         self.chunks = None;
         (&mut self.task)
             .await

@@ -621,7 +621,7 @@ async fn envelope_for_adds_a_trace_context_only_where_there_is_none() {
 }
 
 /// A publish stream sends in order across many chunks, more than its window
-/// holds (so `send` waits for room), and `finish` reports the first failure
+/// holds (so a push waits for room), and `finish` reports the first failure
 /// after every confirm, with the messages around it delivered.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_publish_stream_sends_in_order_past_its_window_and_reports_the_first_failure() {
@@ -637,14 +637,10 @@ async fn a_publish_stream_sends_in_order_past_its_window_and_reports_the_first_f
         let total = acemq::STREAM_WINDOW * 2 + 10;
         let mut stream = mq.stream();
         let mut waited = false;
-        for chunk in (0..total).collect::<Vec<_>>().chunks(500) {
-            let messages: Vec<_> = chunk.iter().map(|&n| message(n, &q)).collect();
-            match stream.try_send(messages).unwrap() {
-                None => {}
-                Some(back) => {
-                    waited = true;
-                    stream.send(back).await.unwrap();
-                }
+        for n in 0..total {
+            if !stream.try_push(message(n, &q)).unwrap() {
+                waited = true;
+                stream.flush().await.unwrap();
             }
         }
         assert_eq!(stream.finish().await.unwrap(), total);
@@ -663,7 +659,9 @@ async fn a_publish_stream_sends_in_order_past_its_window_and_reports_the_first_f
 
         let nowhere = unique("nowhere");
         let mut stream = mq.stream();
-        stream.send(vec![message(0, &q), message(1, &nowhere), message(2, &q)]).await.unwrap();
+        for m in [message(0, &q), message(1, &nowhere), message(2, &q)] {
+            stream.push(m).await.unwrap();
+        }
         let err = stream.finish().await.unwrap_err();
         assert_eq!(err.kind(), &ErrorKind::Unroutable, "{err}");
         let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();

@@ -98,7 +98,7 @@ impl RbConnection {
 
     /// A publish stream on this connection (`Batch` with `stream: true`).
     fn stream(&self) -> crate::stream::RbStream {
-        crate::stream::RbStream::new(self.inner.stream())
+        crate::stream::RbStream::new(&self.inner)
     }
 
     fn apply(

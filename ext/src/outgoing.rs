@@ -1,8 +1,9 @@
 //! AceMQ::AMQP::Outgoing: one message ready to publish (its JSON body, where
 //! it goes, and the envelope core's `envelope_for` made for it), built once
 //! by `Connection#outgoing` and handed whole to `_publish`, a batch's
-//! `_publish_batch` or an outbox record. What crosses from Ruby is read by
-//! name, here and nowhere else.
+//! `_publish_batch` or an outbox record; a streamed batch's `_push` builds
+//! the same message with `message` and hands it straight to its stream.
+//! What crosses from Ruby is read by name, here and nowhere else.
 
 use crate::connection::RbConnection;
 use acemq::Headers;
@@ -54,41 +55,51 @@ fn opt<T: magnus::TryConvert>(options: &RHash, key: &LazyId) -> Result<Option<T>
     options.lookup::<_, Option<T>>(**key)
 }
 
+/// The message `body` (the payload as JSON, which Connection#encode
+/// checked) and `options` describe: exchange:, to:, and what the caller gave
+/// or left nil: envelope: (an Envelope), type:, headers: (a Hash over the
+/// envelope's) and trace: (the current trace context, a Hash, nil without
+/// OpenTelemetry). Every rule (a fresh envelope, the type and headers over
+/// it, the trace context unless one is there, the connection's origin,
+/// attempt 1) is core's `envelope_for`. What a publish, a batch, a stream and
+/// an outbox record send, made here and nowhere else.
+pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: RString, options: RHash) -> Result<OutgoingMessage, Error> {
+    let envelope = match opt::<Value>(&options, &ENVELOPE)? {
+        Some(env) => Some(envelope_of(ruby, env)?),
+        None => None,
+    };
+    let publish = PublishOptions {
+        exchange: opt(&options, &EXCHANGE)?.unwrap_or_default(),
+        envelope,
+        kind: opt(&options, &TYPE)?,
+        headers: headers_of(ruby, opt(&options, &HEADERS)?, "headers")?,
+        trace_context: headers_of(ruby, opt(&options, &TRACE)?, "trace context")?,
+    };
+    let envelope = conn.envelope_for(&publish);
+    let routing_key: String = opt(&options, &TO)?.unwrap_or_default();
+    // Copied while the GVL is held: the Ruby string may move once it is released.
+    let body = unsafe { body.as_slice() }.to_vec();
+    Ok(OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope })
+}
+
+/// id, type, origin, timestamp, attempt and headers (a Hash) of `e`, for
+/// the Ruby Envelope (`Envelope.made`).
+#[allow(clippy::type_complexity)]
+pub(crate) fn envelope_parts(ruby: &Ruby, e: &Envelope) -> Result<(Option<String>, Option<String>, Option<String>, u64, u32, Value), Error> {
+    let headers = crate::json::to_ruby(ruby, &serde_json::Value::Object(e.headers.clone()))?;
+    let id = (!e.id.is_empty()).then(|| e.id.clone());
+    Ok((id, e.kind.clone(), e.origin.clone(), e.timestamp, e.attempt, headers))
+}
+
 impl RbOutgoing {
-    /// `body` is the payload as JSON (Connection#encode checked it);
-    /// `options` holds exchange:, to:, and what the caller gave or left nil:
-    /// envelope: (an Envelope), type:, headers: (a Hash over the envelope's)
-    /// and trace: (the current trace context, a Hash, nil without
-    /// OpenTelemetry). Every rule (a fresh envelope, the type and headers
-    /// over it, the trace context unless one is there, the connection's
-    /// origin, attempt 1) is core's `envelope_for`.
     fn build(ruby: &Ruby, mq: &RbConnection, body: RString, options: RHash) -> Result<Self, Error> {
-        let envelope = match opt::<Value>(&options, &ENVELOPE)? {
-            Some(env) => Some(envelope_of(ruby, env)?),
-            None => None,
-        };
-        let publish = PublishOptions {
-            exchange: opt(&options, &EXCHANGE)?.unwrap_or_default(),
-            envelope,
-            kind: opt(&options, &TYPE)?,
-            headers: headers_of(ruby, opt(&options, &HEADERS)?, "headers")?,
-            trace_context: headers_of(ruby, opt(&options, &TRACE)?, "trace context")?,
-        };
-        let envelope = mq.inner.envelope_for(&publish);
-        let routing_key: String = opt(&options, &TO)?.unwrap_or_default();
-        // Copied while the GVL is held: the Ruby string may move once it is released.
-        let body = unsafe { body.as_slice() }.to_vec();
-        Ok(RbOutgoing { inner: OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope } })
+        Ok(RbOutgoing { inner: message(ruby, &mq.inner, body, options)? })
     }
 
-    /// id, type, origin, timestamp, attempt and headers (a Hash) of the
-    /// envelope it goes out with, for the Ruby Envelope.
+    /// The envelope it goes out with, for the Ruby Envelope.
     #[allow(clippy::type_complexity)]
     fn envelope_parts(ruby: &Ruby, rb_self: &Self) -> Result<(Option<String>, Option<String>, Option<String>, u64, u32, Value), Error> {
-        let e = &rb_self.inner.envelope;
-        let headers = crate::json::to_ruby(ruby, &serde_json::Value::Object(e.headers.clone()))?;
-        let id = (!e.id.is_empty()).then(|| e.id.clone());
-        Ok((id, e.kind.clone(), e.origin.clone(), e.timestamp, e.attempt, headers))
+        envelope_parts(ruby, &rb_self.inner.envelope)
     }
 }
 

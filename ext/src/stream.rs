@@ -1,56 +1,64 @@
 //! AceMQ::AMQP::NativeStream: core's `PublishStream` for a Ruby batch made
-//! with `stream: true` (lib/acemq/amqp/batch.rb). Chunks of Outgoing
-//! messages are handed over while the block goes on building; the engine
-//! sends them in order on a task of its own and `_finish` waits for every
-//! confirm.
+//! with `stream: true` (lib/acemq/amqp/batch.rb). Each publish is built here
+//! and pushed while the block goes on building; the stream sends them in
+//! order on the engine's task, in its own chunks, and `_finish` waits for
+//! every confirm.
 
 use crate::errors::IntoRuby;
 use crate::gvl;
-use crate::outgoing::RbOutgoing;
-use acemq::{OutgoingMessage, PublishStream};
-use magnus::{method, prelude::*, Error, RArray, RModule, Ruby};
+use acemq::PublishStream;
+use magnus::{method, prelude::*, Error, RHash, RModule, RString, Ruby, Value};
 use std::sync::Mutex;
 
 #[magnus::wrap(class = "AceMQ::AMQP::NativeStream", free_immediately, size)]
 pub struct RbStream {
     /// None once finished.
     inner: Mutex<Option<PublishStream>>,
+    /// Whose `envelope_for` makes each message's envelope.
+    conn: acemq::Connection,
 }
 
 impl RbStream {
-    pub(crate) fn new(stream: PublishStream) -> Self {
-        RbStream { inner: Mutex::new(Some(stream)) }
+    pub(crate) fn new(conn: &acemq::Connection) -> Self {
+        RbStream { inner: Mutex::new(Some(conn.stream())), conn: conn.clone() }
     }
 
     fn finished(ruby: &Ruby) -> Error {
         Error::new(ruby.exception_runtime_error(), "this batch has been sent: publish in a new one")
     }
 
-    /// Hand `items` (Outgoing messages, in order) over to be sent. Returns
-    /// at once while the stream has room; waits without the GVL otherwise.
-    fn send(ruby: &Ruby, rb_self: &Self, items: RArray) -> Result<(), Error> {
-        let mut messages = Vec::with_capacity(items.len());
-        for item in items.into_iter() {
-            let out: &RbOutgoing = magnus::TryConvert::try_convert(item)?;
-            // Copied: the task sends it after this call has returned.
-            messages.push(OutgoingMessage::clone(&out.inner));
-        }
+    /// Build the message `body` and `options` describe (as `Outgoing._build`
+    /// does) and push it. Returns at once while the stream has room; waits
+    /// without the GVL otherwise. Returns the envelope's parts, for the Ruby
+    /// Envelope the publish returns.
+    #[allow(clippy::type_complexity)]
+    fn push(
+        ruby: &Ruby,
+        rb_self: &Self,
+        body: RString,
+        options: RHash,
+    ) -> Result<(Option<String>, Option<String>, Option<String>, u64, u32, Value), Error> {
+        let message = crate::outgoing::message(ruby, &rb_self.conn, body, options)?;
+        let parts = crate::outgoing::envelope_parts(ruby, &message.envelope)?;
         let mut guard = rb_self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let stream = guard.as_mut().ok_or_else(|| Self::finished(ruby))?;
-        // The room is checked, and the chunk handed over, in one call: no
-        // thread switch while the stream keeps up.
-        let Some(messages) = stream.try_send(messages).rb(ruby)? else { return Ok(()) };
+        // Taken, and its chunk handed over if it completed one, in one call:
+        // no thread switch while the stream keeps up.
+        if stream.try_push(message).rb(ruby)? {
+            return Ok(parts);
+        }
         // Full: wait for room without the GVL, the stream taken out while
         // it waits and put back however the wait ends (an interrupt drops
         // the future, and the batch with it: nothing more is handed over).
         let mut stream = guard.take().expect("checked above");
         drop(guard);
         let (sent, stream) = gvl::block_on(ruby, async {
-            let r = stream.send(messages).await;
+            let r = stream.flush().await;
             (r, stream)
         })?;
         *rb_self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
-        sent.rb(ruby)
+        sent.rb(ruby)?;
+        Ok(parts)
     }
 
     /// Wait for every confirm; the number handed over, or the first failure.
@@ -63,7 +71,9 @@ impl RbStream {
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeStream", ruby.class_object())?;
     class.undef_default_alloc_func();
-    class.define_method("_send", method!(RbStream::send, 1))?;
+    // The stream's chunk, core's rule: for specs that cross a chunk's edge.
+    class.const_set("CHUNK", acemq::STREAM_CHUNK)?;
+    class.define_method("_push", method!(RbStream::push, 2))?;
     class.define_method("_finish", method!(RbStream::finish, 0))?;
     Ok(())
 }

@@ -8,17 +8,12 @@ module AceMQ
     #
     # Held (the default): nothing is sent until the block returns, and a
     # block that raises sends nothing. Streamed (stream: true): each publish
-    # goes out while the block builds the next (in chunks of CHUNK, on the
-    # engine's own task, at most a few thousand unsent at a time), so the
+    # goes out while the block builds the next (in the engine's chunks, on
+    # its own task, at most a few thousand unsent at a time), so the
     # broker is not idle while the block runs and a long batch is not held in
     # memory; a block that raises has sent what it published before the
     # raise, and its exception is raised once their confirms are in.
     class Batch
-      # Messages handed to the engine at a time by a streamed batch: enough
-      # that a handover is a small share of building them, few enough that
-      # the broker has the first ones while the block builds the rest.
-      CHUNK = 128
-
       def initialize(connection, stream: false)
         @connection = connection
         @items = []
@@ -27,19 +22,20 @@ module AceMQ
       end
 
       def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil)
+        return push(payload, to, exchange, envelope, type, headers) if @stream
+
         item, env = @connection.__send__(:outgoing, payload, to, exchange, envelope, type, headers)
         @items << item
-        hand_over if @stream && @items.size >= CHUNK
         env
       end
 
-      def size = @count + @items.size
+      def size = @stream ? @count : @items.size
 
       def streamed? = !@stream.nil?
 
       # Send what is left and wait; returns how many were published.
       def flush
-        return finish_stream if @stream
+        return @stream._finish if @stream
         return 0 if @items.empty?
 
         items = @items
@@ -54,7 +50,7 @@ module AceMQ
         return @items.clear unless @stream
 
         begin
-          finish_stream
+          @stream._finish
         rescue StandardError
           nil
         end
@@ -62,16 +58,13 @@ module AceMQ
 
       private
 
-      def hand_over
-        items = @items
-        @items = []
-        @count += items.size
-        @stream._send(items)
-      end
-
-      def finish_stream
-        hand_over unless @items.empty?
-        @stream._finish
+      # Built and handed to the engine's stream at once: it sends in chunks
+      # of its own (core's STREAM_CHUNK) and waits here only when a few
+      # thousand are unsent.
+      def push(payload, to, exchange, envelope, type, headers)
+        parts = @stream._push(*@connection.__send__(:prepare, payload, to, exchange, envelope, type, headers))
+        @count += 1
+        Envelope.__send__(:made, *parts)
       end
     end
   end

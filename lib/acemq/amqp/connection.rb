@@ -224,14 +224,20 @@ module AceMQ
       # What was left out goes as nil. publish, a batch and Patterns.record
       # (an outbox row) all come through here, so they carry the same.
       def outgoing(payload, to, exchange, envelope, type, headers)
+        out = Outgoing._build(self, *prepare(payload, to, exchange, envelope, type, headers))
+        [out, Envelope.__send__(:made, *out.__send__(:_envelope))]
+      end
+
+      # What the engine builds a message from: the payload as JSON, and the
+      # options by name (Outgoing._build and a stream's _push read them).
+      def prepare(payload, to, exchange, envelope, type, headers)
         raise ConfigurationError, "envelope: must be an AceMQ::AMQP::Envelope" if envelope && !envelope.is_a?(Envelope)
         unless headers.nil? || headers.is_a?(Hash)
           raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
         end
 
-        out = Outgoing._build(self, encode(payload), { exchange: exchange.to_s, to: to.to_s, envelope: envelope,
-                                                         type: type&.to_s, headers: headers, trace: Tracing.context })
-        [out, Envelope.__send__(:made, *out.__send__(:_envelope))]
+        [encode(payload), { exchange: exchange.to_s, to: to.to_s, envelope: envelope, type: type&.to_s,
+                            headers: headers, trace: Tracing.context }]
       end
 
       def encode(payload)

@@ -238,4 +238,4 @@ module OutboxBench
   end
 end
 
-OutboxBench::Runner.new.run
+OutboxBench::Runner.new.run if $PROGRAM_NAME == __FILE__

@@ -1,0 +1,109 @@
+# frozen_string_literal: true
+
+# What bounds the outbox's batch-1000 row on PostgreSQL (bench/outbox.rb):
+# where each row's CPU goes, by process, beside the broker alone doing the
+# same publishes. The relay runs through relay.start as in the row; 10,000
+# rows a run, the two sides alternated, medians. For each side: wall time a
+# row, and CPU a row of this Ruby process, the broker (every beam.smp), and
+# PostgreSQL (every postgres process: the relay's backend, the poll's, the
+# WAL writer), with the machine's idle share over the run. Not part of
+# `rake bench`: it explains a row of it.
+#
+#   ruby bench/outbox_cpu.rb    # the extension must be built (rake compile)
+#
+# AMQP_URL, BENCH_PG_URL, BENCH_RUNS (default 3), BENCH_SCALE (default 1).
+
+require_relative "outbox"
+
+module OutboxCPU
+  C = BenchCommon
+  TICK = 1e6 / 100 # microseconds a clock tick (CLK_TCK is 100 on Linux)
+
+  # CPU microseconds so far by group, and the machine's idle and total ticks.
+  def self.sample
+    cpu = Hash.new(0.0)
+    Dir.glob("/proc/[0-9]*/stat").each do |f|
+      stat = File.read(f)
+      comm = stat[/\((.*)\)/, 1]
+      fields = stat[(stat.rindex(")") + 2)..].split
+      ticks = fields[11].to_i + fields[12].to_i
+      group = if f == "/proc/#{Process.pid}/stat" then :ruby
+              elsif comm == "beam.smp" then :broker
+              elsif comm == "postgres" then :postgres
+              end
+      cpu[group] += ticks * TICK if group
+    rescue Errno::ENOENT, Errno::ESRCH
+      nil # a process that ended while being read
+    end
+    all = File.read("/proc/stat")[/^cpu\s+(.*)$/, 1].split.map(&:to_i)
+    [cpu, all[3] + all[4], all.sum]
+  end
+
+  class Runner < OutboxBench::Runner
+    # The block's wall time and CPU, a row.
+    def measure(n)
+      before, idle0, total0 = OutboxCPU.sample
+      t = C.now
+      yield
+      secs = C.now - t
+      after, idle1, total1 = OutboxCPU.sample
+      per = %i[ruby broker postgres].to_h { |g| [g, (after[g] - before[g]) / n] }
+      per.merge(wall: secs * 1e6 / n, idle: (idle1 - idle0).fdiv(total1 - total0))
+    end
+
+    # bench/outbox.rb's acemq_started, with only the drain measured (the
+    # rows are added before, untimed, as there).
+    def relay_run(store, raw, adding, poll, q, n, t)
+      preload(store, raw, adding, q, n)
+      relay = C::Patterns::OutboxRelay.new(@mq, store, batch_size: 1000, listen: false,
+                                                       on_error: ->(e, **where) { warn "relay failed: #{e} #{where}" })
+      GC.start
+      m = measure(n) do
+        relay.start
+        sleep 0.005 until poll.query("SELECT id FROM #{t} ORDER BY id LIMIT 1").empty?
+      end
+      relay.close
+      check(store, q, n, "acemq relay.start")
+      m
+    end
+
+    def broker_run(q, n)
+      @admin.queue_purge(q)
+      GC.start
+      measure(n) { (0...n).each_slice(1000) { |s| @mq.batch { |b| s.each { |i| b.publish(C::PAYLOADS[i % 64], to: q) } } } }
+    end
+
+    def run
+      C.banner("Outbox batch 1000 on PostgreSQL, CPU a row by process")
+      n = C.count(10_000)
+      t = "#{@table_prefix}_cpu"
+      @pg_tables << t
+      relay_conn = pg
+      store = C::Patterns::SQLOutboxStore.new(connection: relay_conn, table: t)
+      store.create_schema
+      raw = C::Raw.for(relay_conn)
+      poll = C::Raw.for(pg)
+      q = queue("cpu")
+      runs = Hash.new { |h, k| h[k] = [] }
+      C::RUNS.times do
+        runs[:relay] << relay_run(store, raw, relay_conn, poll, q, n, t)
+        runs[:broker] << broker_run(q, n)
+      end
+      med = runs.transform_values { |rs| rs.first.keys.to_h { |k| [k, C.median(rs.map { |r| r[k] })] } }
+      %i[broker relay].each do |side|
+        m = med[side]
+        puts format("  %-26s %6.1f us/row wall (%6.0f rows/s); CPU a row: ruby %5.1f, broker %5.1f, postgres %5.1f us; " \
+                    "machine idle %4.1f%%", side == :relay ? "relay.start, batch 1000" : "broker alone, batch 1000",
+                    m[:wall], 1e6 / m[:wall], m[:ruby], m[:broker], m[:postgres], 100 * m[:idle])
+      end
+      r, b = med[:relay], med[:broker]
+      puts format("  ratio %.2fx; the relay's extra a row: %.1f us wall; CPU: postgres %+.1f, ruby %+.1f, broker %+.1f us",
+                  b[:wall] / r[:wall], r[:wall] - b[:wall], r[:postgres] - b[:postgres], r[:ruby] - b[:ruby],
+                  r[:broker] - b[:broker])
+    ensure
+      cleanup
+    end
+  end
+end
+
+OutboxCPU::Runner.new.run

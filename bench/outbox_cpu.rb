@@ -5,8 +5,9 @@
 # same publishes. The relay runs through relay.start as in the row; 10,000
 # rows a run, the two sides alternated, medians. For each side: wall time a
 # row, and CPU a row of this Ruby process, the broker (every beam.smp), and
-# PostgreSQL (every postgres process: the relay's backend, the poll's, the
-# WAL writer), with the machine's idle share over the run. Not part of
+# PostgreSQL (every postgres process: the relay's backend, also shown alone,
+# the bench's poll for an empty table, also alone, the WAL writer), with the
+# machine's idle share over the run. Not part of
 # `rake bench`: it explains a row of it.
 #
 #   ruby bench/outbox_cpu.rb    # the extension must be built (rake compile)
@@ -20,7 +21,9 @@ module OutboxCPU
   TICK = 1e6 / 100 # microseconds a clock tick (CLK_TCK is 100 on Linux)
 
   # CPU microseconds so far by group, and the machine's idle and total ticks.
-  def self.sample
+  # `backend` is the relay connection's PostgreSQL backend, also counted
+  # alone.
+  def self.sample(backend, poller)
     cpu = Hash.new(0.0)
     Dir.glob("/proc/[0-9]*/stat").each do |f|
       stat = File.read(f)
@@ -32,6 +35,8 @@ module OutboxCPU
               elsif comm == "postgres" then :postgres
               end
       cpu[group] += ticks * TICK if group
+      cpu[:backend] += ticks * TICK if f == "/proc/#{backend}/stat"
+      cpu[:poller] += ticks * TICK if f == "/proc/#{poller}/stat"
     rescue Errno::ENOENT, Errno::ESRCH
       nil # a process that ended while being read
     end
@@ -40,37 +45,23 @@ module OutboxCPU
   end
 
   class Runner < OutboxBench::Runner
-    # The block's wall time and CPU, a row.
-    def measure(n)
-      before, idle0, total0 = OutboxCPU.sample
+    # The timed part of bench/outbox.rb's relay.start and broker-alone runs,
+    # with the CPU each group spent in it, a row, kept for #run.
+    def timed(n)
+      GC.start
+      before, idle0, total0 = OutboxCPU.sample(@backend, @poller)
       t = C.now
       yield
       secs = C.now - t
-      after, idle1, total1 = OutboxCPU.sample
-      per = %i[ruby broker postgres].to_h { |g| [g, (after[g] - before[g]) / n] }
-      per.merge(wall: secs * 1e6 / n, idle: (idle1 - idle0).fdiv(total1 - total0))
+      after, idle1, total1 = OutboxCPU.sample(@backend, @poller)
+      @last = %i[ruby broker postgres backend poller].to_h { |g| [g, (after[g] - before[g]) / n] }
+                                      .merge(wall: secs * 1e6 / n, idle: (idle1 - idle0).fdiv(total1 - total0))
+      secs
     end
 
-    # bench/outbox.rb's acemq_started, with only the drain measured (the
-    # rows are added before, untimed, as there).
-    def relay_run(store, raw, adding, poll, q, n, t)
-      preload(store, raw, adding, q, n)
-      relay = C::Patterns::OutboxRelay.new(@mq, store, batch_size: 1000, listen: false,
-                                                       on_error: ->(e, **where) { warn "relay failed: #{e} #{where}" })
-      GC.start
-      m = measure(n) do
-        relay.start
-        sleep 0.005 until poll.query("SELECT id FROM #{t} ORDER BY id LIMIT 1").empty?
-      end
-      relay.close
-      check(store, q, n, "acemq relay.start")
-      m
-    end
-
-    def broker_run(q, n)
-      @admin.queue_purge(q)
-      GC.start
-      measure(n) { (0...n).each_slice(1000) { |s| @mq.batch { |b| s.each { |i| b.publish(C::PAYLOADS[i % 64], to: q) } } } }
+    def measured
+      yield
+      @last
     end
 
     def run
@@ -79,15 +70,18 @@ module OutboxCPU
       t = "#{@table_prefix}_cpu"
       @pg_tables << t
       relay_conn = pg
+      @backend = relay_conn.backend_pid
       store = C::Patterns::SQLOutboxStore.new(connection: relay_conn, table: t)
       store.create_schema
       raw = C::Raw.for(relay_conn)
-      poll = C::Raw.for(pg)
+      poll_conn = pg
+      @poller = poll_conn.backend_pid
+      poll = C::Raw.for(poll_conn)
       q = queue("cpu")
       runs = Hash.new { |h, k| h[k] = [] }
       C::RUNS.times do
-        runs[:relay] << relay_run(store, raw, relay_conn, poll, q, n, t)
-        runs[:broker] << broker_run(q, n)
+        runs[:relay] << measured { acemq_started(store, raw, relay_conn, poll, q, n, 1000, t) }
+        runs[:broker] << measured { broker_alone(q, n, 1000) }
       end
       med = runs.transform_values { |rs| rs.first.keys.to_h { |k| [k, C.median(rs.map { |r| r[k] })] } }
       %i[broker relay].each do |side|
@@ -97,9 +91,10 @@ module OutboxCPU
                     m[:wall], 1e6 / m[:wall], m[:ruby], m[:broker], m[:postgres], 100 * m[:idle])
       end
       r, b = med[:relay], med[:broker]
-      puts format("  ratio %.2fx; the relay's extra a row: %.1f us wall; CPU: postgres %+.1f, ruby %+.1f, broker %+.1f us",
-                  b[:wall] / r[:wall], r[:wall] - b[:wall], r[:postgres] - b[:postgres], r[:ruby] - b[:ruby],
-                  r[:broker] - b[:broker])
+      puts format("  ratio %.2fx; the relay's extra a row: %.1f us wall; CPU: postgres %+.1f (the relay's own backend " \
+                  "%+.1f, the bench's poll for an empty table %+.1f), ruby %+.1f, broker %+.1f us", b[:wall] / r[:wall],
+                  r[:wall] - b[:wall], r[:postgres] - b[:postgres], r[:backend] - b[:backend], r[:poller] - b[:poller],
+                  r[:ruby] - b[:ruby], r[:broker] - b[:broker])
     ensure
       cleanup
     end

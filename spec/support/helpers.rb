@@ -74,6 +74,24 @@ module AceMQSpecHelpers
     0
   end
 
+  # Delete these exchanges on the shared broker (missing ones are skipped).
+  def self.delete_exchanges(names)
+    require "bunny"
+    require "logger"
+    bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil))
+    bunny.start
+    names.each do |x|
+      ch = bunny.create_channel
+      ch.exchange_delete(x)
+      ch.close
+    rescue Bunny::Exception
+      nil
+    end
+    bunny.close
+  rescue SystemCallError, Bunny::Exception
+    nil
+  end
+
   def memory_url
     "memory://#{unique('broker')}"
   end

@@ -221,8 +221,10 @@ module AceMQ
       # engine (Outgoing), whose envelope_for holds every rule (a fresh
       # envelope unless one is given, type and headers over it, the trace
       # context unless one is there, this connection's origin, attempt 1).
-      # What was left out goes as nil. publish, a batch and Patterns.record
-      # (an outbox row) all come through here, so they carry the same.
+      # What was left out goes as nil. publish, a held batch and
+      # Patterns.record (an outbox row) come through here, and a streamed
+      # batch through #prepare, which the engine reads the same way, so they
+      # all carry the same.
       def outgoing(payload, to, exchange, envelope, type, headers)
         out = Outgoing._build(self, *prepare(payload, to, exchange, envelope, type, headers))
         [out, Envelope.__send__(:made, *out.__send__(:_envelope))]

@@ -110,9 +110,10 @@ impl PublishStream {
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: `message` is the stream's once this is first polled (it
-    /// is sent at the next push, flush or finish); a future dropped while
-    /// waiting for room has handed nothing more over.
+    /// Cancel safe once polled: from its first poll `message` is the
+    /// stream's (sent at the next push, flush or finish), and a future
+    /// dropped while waiting for room has handed nothing more over. A future
+    /// dropped before it was ever polled drops `message` unsent.
     pub async fn push(&mut self, message: OutgoingMessage) -> Result<()> {
         if self.try_push(message)? {
             Ok(())

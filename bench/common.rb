@@ -83,6 +83,16 @@ module BenchCommon
     db
   end
 
+  # The command name and CPU so far (user + system, microseconds) in a
+  # /proc stat file (a process's or a thread's); nil once it has ended.
+  def self.proc_cpu(stat_path)
+    stat = File.read(stat_path)
+    fields = stat[(stat.rindex(")") + 2)..].split
+    [stat[/\((.*)\)/, 1], (fields[11].to_i + fields[12].to_i) * 1e6 / 100] # CLK_TCK is 100 on Linux
+  rescue Errno::ENOENT, Errno::ESRCH
+    nil
+  end
+
   def self.banner(title)
     puts "#{title}: #{URL.sub(%r{//[^@]*@}, '//')}, #{PG_URL.sub(%r{//[^@]*@}, '//')}, median of #{RUNS} runs, " \
          "Ruby #{RUBY_VERSION}, Bunny #{Bunny::VERSION}, sqlite3 gem #{SQLite3::VERSION} " \

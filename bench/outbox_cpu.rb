@@ -18,27 +18,20 @@ require_relative "outbox"
 
 module OutboxCPU
   C = BenchCommon
-  TICK = 1e6 / 100 # microseconds a clock tick (CLK_TCK is 100 on Linux)
-
-  # CPU microseconds so far by group, and the machine's idle and total ticks.
-  # `backend` is the relay connection's PostgreSQL backend, also counted
-  # alone.
+  # CPU microseconds so far by group, and the machine's idle and total
+  # ticks. `backend` is the relay connection's PostgreSQL backend and
+  # `poller` the bench's poll's, each also counted alone.
   def self.sample(backend, poller)
     cpu = Hash.new(0.0)
     Dir.glob("/proc/[0-9]*/stat").each do |f|
-      stat = File.read(f)
-      comm = stat[/\((.*)\)/, 1]
-      fields = stat[(stat.rindex(")") + 2)..].split
-      ticks = fields[11].to_i + fields[12].to_i
+      comm, us = C.proc_cpu(f) || next
       group = if f == "/proc/#{Process.pid}/stat" then :ruby
               elsif comm == "beam.smp" then :broker
               elsif comm == "postgres" then :postgres
               end
-      cpu[group] += ticks * TICK if group
-      cpu[:backend] += ticks * TICK if f == "/proc/#{backend}/stat"
-      cpu[:poller] += ticks * TICK if f == "/proc/#{poller}/stat"
-    rescue Errno::ENOENT, Errno::ESRCH
-      nil # a process that ended while being read
+      cpu[group] += us if group
+      cpu[:backend] += us if f == "/proc/#{backend}/stat"
+      cpu[:poller] += us if f == "/proc/#{poller}/stat"
     end
     all = File.read("/proc/stat")[/^cpu\s+(.*)$/, 1].split.map(&:to_i)
     [cpu, all[3] + all[4], all.sum]

@@ -22,10 +22,9 @@ module ThreadsBench
   # CPU milliseconds and voluntary switches so far, by thread id and name.
   def self.threads
     Dir["/proc/self/task/*"].filter_map do |task|
-      stat = File.read("#{task}/stat")
+      name, cpu = C.proc_cpu("#{task}/stat") || next
       switches = File.read("#{task}/status")[/^voluntary_ctxt_switches:\s+(\d+)/, 1].to_i
-      fields = stat.split(") ").last.split
-      [File.basename(task), stat[/\((.*)\)/, 1], (fields[11].to_i + fields[12].to_i) * 10.0, switches]
+      [File.basename(task), name, cpu / 1000, switches]
     rescue Errno::ENOENT, Errno::ESRCH
       nil # a thread that ended while being read
     end

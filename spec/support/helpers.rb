@@ -52,23 +52,13 @@ module AceMQSpecHelpers
   # Delete the queues with no consumer that the block picks; how many.
   # Nothing (0) where rabbitmqctl cannot list them.
   def self.delete_idle_queues
-    require "bunny"
-    require "logger"
     listing = IO.popen(%w[rabbitmqctl list_queues -q --no-table-headers name consumers], err: File::NULL, &:read)
     return 0 unless $?.success?
 
     ours = listing.lines.map { |l| l.chomp.split("\t") }.select { |q, consumers| consumers.to_i.zero? && yield(q) }.map(&:first)
     return 0 if ours.empty?
 
-    bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil))
-    bunny.start
-    ch = bunny.create_channel
-    ours.each do |q|
-      ch.queue_delete(q)
-    rescue Bunny::Exception
-      ch = bunny.create_channel
-    end
-    bunny.close
+    on_broker { |bunny| delete_on(bunny, queues: ours) }
     ours.size
   rescue SystemCallError, Bunny::Exception
     0
@@ -76,20 +66,32 @@ module AceMQSpecHelpers
 
   # Delete these exchanges on the shared broker (missing ones are skipped).
   def self.delete_exchanges(names)
+    on_broker { |bunny| delete_on(bunny, exchanges: names) }
+  rescue SystemCallError, Bunny::Exception
+    nil
+  end
+
+  # A Bunny connection to the shared broker for the block, closed after.
+  def self.on_broker
     require "bunny"
     require "logger"
     bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil))
     bunny.start
-    names.each do |x|
-      ch = bunny.create_channel
-      ch.exchange_delete(x)
-      ch.close
-    rescue Bunny::Exception
+    yield bunny
+  ensure
+    bunny&.close
+  end
+
+  # Delete queues and exchanges through `bunny`, skipping what is already
+  # gone (a 404 closes the channel; the next name gets a new one).
+  def self.delete_on(bunny, queues: [], exchanges: [])
+    ch = bunny.create_channel
+    (queues.map { |q| [:queue_delete, q] } + exchanges.map { |x| [:exchange_delete, x] }).each do |op, name|
+      ch = bunny.create_channel unless ch.open?
+      ch.public_send(op, name)
+    rescue StandardError
       nil
     end
-    bunny.close
-  rescue SystemCallError, Bunny::Exception
-    nil
   end
 
   def memory_url

@@ -95,14 +95,7 @@ module OutboxSpecHelpers
   def cleanup_broker
     return unless @outbox_bunny
 
-    ch = outbox_bunny.create_channel
-    names = broker_names[:queues].map { |q| [:queue_delete, q] } + broker_names[:exchanges].map { |x| [:exchange_delete, x] }
-    names.each do |op, name|
-      ch = outbox_bunny.create_channel unless ch.open?
-      ch.public_send(op, name)
-    rescue StandardError
-      nil # already gone (a 404 closes the channel; the next name gets a new one)
-    end
+    AceMQSpecHelpers.delete_on(outbox_bunny, queues: broker_names[:queues], exchanges: broker_names[:exchanges])
   ensure
     @outbox_bunny&.close
     @outbox_bunny = nil

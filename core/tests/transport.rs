@@ -674,3 +674,65 @@ async fn a_publish_stream_sends_in_order_past_its_window_and_reports_the_first_f
         mq.close().await;
     }
 }
+
+/// Acceptances go on the wire from whichever thread settles the delivery
+/// that fills a batch (half the prefetch), the rest within a short delay.
+/// Settled out of order from several threads at once, no ack may reach the
+/// broker behind a `multiple` one that covered it (RabbitMQ closes the
+/// channel over the unknown tag, and the consumer subscribes again), and
+/// every one is acknowledged: nothing comes back to a second consumer.
+#[tokio::test(flavor = "multi_thread")]
+async fn acceptances_from_several_threads_out_of_order_all_reach_the_broker() {
+    for mq in transports().await {
+        let q = unique("acks");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let n = 1200;
+        let env = mq.envelope_for(&PublishOptions::default());
+        let messages: Vec<acemq::JsonMessage<'_>> =
+            (0..n).map(|_| acemq::JsonMessage { body: br#"{"n":1}"#, exchange: "", routing_key: &q, envelope: &env }).collect();
+        for sent in mq.send_json_batch(&messages).await {
+            sent.unwrap().wait().await.unwrap();
+        }
+        let c = std::sync::Arc::new(mq.consumer(&q, ConsumeOptions { prefetch: 20, ..Default::default() }).await.unwrap());
+        let (tx, rx) = std::sync::mpsc::channel::<acemq::Delivery>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        // Four threads settle what they are handed, each holding a few back
+        // and settling them in reverse, so tags arrive far out of order.
+        let settlers: Vec<_> = (0..4)
+            .map(|_| {
+                let (c, rx) = (c.clone(), rx.clone());
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    loop {
+                        let next = rx.lock().unwrap().recv();
+                        let Ok(d) = next else { break };
+                        held.push(d);
+                        if held.len() == 3 {
+                            while let Some(d) = held.pop() {
+                                c.accept(d);
+                            }
+                        }
+                    }
+                    while let Some(d) = held.pop() {
+                        c.accept(d);
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..n {
+            tx.send(next(&c).await).unwrap();
+        }
+        drop(tx);
+        for t in settlers {
+            t.join().unwrap();
+        }
+        assert_eq!(c.stats().accepted, n as u64);
+        assert_eq!(c.resubscriptions(), 0, "the channel was closed under the consumer");
+        c.close().await;
+        let again = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let back = tokio::time::timeout(Duration::from_millis(500), again.next()).await;
+        assert!(back.is_err(), "a message came back: an acceptance never reached the broker");
+        again.close().await;
+        mq.close().await;
+    }
+}

@@ -2,19 +2,18 @@
 //! backing off, when the channel is lost. Its deliveries are read by the
 //! handlers themselves (feed.rs).
 
-use super::acks::{spawn_flusher, AckInner, AckState};
+use super::acks::{spawn_flusher, AckState};
 use super::fields::from_basic_properties;
 use super::{map_error, AmqpBackend};
 use crate::error::{Error, ErrorKind, Result};
 use super::feed::Feed;
 use crate::transport::queue::Pop;
 use crate::wire::RawDelivery;
-use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
 use lapin::Channel;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
 
 impl AmqpBackend {
     /// Subscribe to `queue`. The subscription outlives its channel and its
@@ -75,12 +74,8 @@ pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16,
         .basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())
         .await
         .map_err(|e| map_error(&e, &format!("consuming from queue '{queue}'")))?;
-    let acks = Arc::new(AckState {
-        inner: Mutex::new(AckInner::default()),
-        notify: Notify::new(),
-        batch: (usize::from(prefetch.max(1)) / 2).max(1),
-    });
-    let flusher = spawn_flusher(ch.clone(), acks.clone());
+    let acks = Arc::new(AckState::new(ch.clone(), prefetch));
+    let flusher = spawn_flusher(acks.clone());
     let generation =
         Arc::new(Generation { id, tag: stream.tag(), channel: ch, acks, flusher: Mutex::new(Some(flusher)) });
     Ok((generation, stream))
@@ -233,9 +228,7 @@ impl Generation {
     /// The channel is gone: stop its flusher (nothing it holds can be
     /// acknowledged any more).
     pub(super) fn retire(&self) {
-        self.acks.lock().closing = true;
-        self.acks.lock().pending.clear();
-        self.acks.notify.notify_one();
+        self.acks.retire();
     }
 }
 
@@ -263,10 +256,9 @@ impl AmqpConsumer {
 
     /// Put the delivery back on the queue (nothing was copied anywhere).
     pub(crate) async fn requeue(&self, tag: u64) {
-        let Some((g, tag)) = self.live(tag) else { return };
-        g.acks.lock().settled.insert(tag);
-        let _ = g.channel.basic_nack(tag, BasicNackOptions { multiple: false, requeue: true }).await;
-        g.acks.notify.notify_one();
+        if let Some((g, tag)) = self.live(tag) {
+            g.acks.requeue(tag);
+        }
     }
 
     /// Stop new deliveries. What is buffered and not yet handed out goes back
@@ -286,8 +278,7 @@ impl AmqpConsumer {
         self.stopped.store(true, std::sync::atomic::Ordering::Release);
         self.feed.close();
         let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        g.acks.lock().closing = true;
-        g.acks.notify.notify_one();
+        g.acks.finish();
         let flusher = g.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(f) = flusher {
             let _ = tokio::time::timeout(Duration::from_secs(5), f).await;

@@ -170,6 +170,15 @@ impl AsRef<[u8]> for Body {
     }
 }
 
+impl Body {
+    /// The body as text. A delivery is handed out only once its body has
+    /// been checked to be JSON, and so UTF-8: this is that text, without
+    /// the check repeated byte by byte when it is ASCII.
+    pub fn text(&self) -> Option<&str> {
+        crate::wire::utf8(&self.0.body).ok()
+    }
+}
+
 impl std::fmt::Debug for Body {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Body({} bytes)", self.0.body.len())

@@ -37,7 +37,14 @@ impl RbDelivery {
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
     /// object every call: Message keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
-        crate::json::body_to_ruby(ruby, rb_self.body.as_ref())
+        let Some(text) = rb_self.body.text() else {
+            // Never: core hands a delivery out only once its body is JSON.
+            return Err(crate::errors::to_ruby(
+                ruby,
+                acemq::Error::new(acemq::ErrorKind::Encoding, "payload is not valid JSON: invalid UTF-8"),
+            ));
+        };
+        crate::json::body_to_ruby(ruby, text)
     }
 
     /// The envelope id, nil for a foreign message without one.

@@ -96,15 +96,19 @@ pub fn parse(ruby: &Ruby, text: &str, what: &str) -> Result<Json, Error> {
 /// see core's `wire::Payload::Checked`). Built as `JSON.parse` builds them;
 /// a body whose numbers a float cannot hold exactly goes to `JSON.parse`
 /// itself, as `payload_to_ruby` does.
-pub fn body_to_ruby(ruby: &Ruby, body: &[u8]) -> Result<Value, Error> {
+///
+/// Text, not bytes: the parser then takes its strings as they are, where
+/// from bytes it checks each one is UTF-8 again (the note of the benchmark's
+/// 1 KiB order alone cost 4,000 instructions).
+pub fn body_to_ruby(ruby: &Ruby, body: &str) -> Result<Value, Error> {
     let mut state = Build { ruby, saw_float: false };
-    let mut de = serde_json::Deserializer::from_slice(body);
+    let mut de = serde_json::Deserializer::from_str(body);
     let built = serde::de::DeserializeSeed::deserialize(RubySeed(&mut state), &mut de).and_then(|v| de.end().map(|()| v));
     match built {
-        Ok(v) if !state.saw_float || !long_number(body) => Ok(v),
+        Ok(v) if !state.saw_float || !long_number(body.as_bytes()) => Ok(v),
         Ok(_) => {
             let json: magnus::RModule = ruby.class_object().const_get("JSON")?;
-            json.funcall("parse", (ruby.str_from_slice(body),))
+            json.funcall("parse", (ruby.str_new(body),))
         }
         Err(e) => Err(crate::errors::to_ruby(
             ruby,
@@ -147,9 +151,65 @@ fn rstring(s: &str) -> rb_sys::VALUE {
 /// (what `Hash#[]=` would make of a String key anyway, here without
 /// allocating one first when the same key was seen before).
 fn rkey(s: &str) -> rb_sys::VALUE {
-    // SAFETY: as rstring; rb_enc_interned_str copies the bytes.
-    unsafe { rb_sys::rb_enc_interned_str(s.as_ptr().cast(), s.len() as _, rb_sys::rb_utf8_encoding()) }
+    KEYS.lock().unwrap_or_else(|p| p.into_inner()).get(s)
 }
+
+/// The keys interned so far, by their text. A payload's keys are the same
+/// from one message to the next, and Ruby's interning looks each one up in
+/// its table of frozen strings, hashing the text every time: for the 14
+/// keys of the benchmark's 1 KiB order that was 9,000 instructions a
+/// message, against a few hundred here.
+///
+/// Bounded: keys up to [`KEY_TEXT`] bytes, [`KEY_SLOTS`] of them, kept for
+/// the life of the process (pinned: a GC compaction must not move a String
+/// whose address this table holds); past that, keys are interned as
+/// before (a peer that sends thousands of distinct keys fills the table
+/// with its own and leaves the rest at that speed, no slower). A few
+/// hundred KiB at most, whatever the payloads.
+struct Keys {
+    /// The Strings, each slot's address registered with the GC once filled.
+    /// Never grown past its first capacity, so the addresses stay put.
+    slots: Vec<rb_sys::VALUE>,
+    /// std's hasher, keyed per process: keys come from the network, and a
+    /// peer must not be able to pick texts that all land in one bucket.
+    index: Option<std::collections::HashMap<Box<str>, usize>>,
+}
+
+const KEY_SLOTS: usize = 4096;
+const KEY_TEXT: usize = 64;
+
+static KEYS: std::sync::Mutex<Keys> = std::sync::Mutex::new(Keys { slots: Vec::new(), index: None });
+
+impl Keys {
+    fn get(&mut self, s: &str) -> rb_sys::VALUE {
+        let index = self.index.get_or_insert_with(std::collections::HashMap::new);
+        if let Some(&i) = index.get(s) {
+            return self.slots[i];
+        }
+        // SAFETY: as rstring; rb_enc_interned_str copies the bytes.
+        let key = unsafe { rb_sys::rb_enc_interned_str(s.as_ptr().cast(), s.len() as _, rb_sys::rb_utf8_encoding()) };
+        if s.len() > KEY_TEXT || index.len() >= KEY_SLOTS {
+            return key;
+        }
+        if self.slots.capacity() == 0 {
+            self.slots.reserve_exact(KEY_SLOTS);
+        }
+        let i = self.slots.len();
+        self.slots.push(key);
+        // SAFETY: the GVL is held (a payload is being built); the slot's
+        // address is stable (the Vec never grows past KEY_SLOTS) and lives
+        // as long as the process, as the registration does.
+        unsafe { rb_sys::rb_gc_register_address(self.slots.as_mut_ptr().add(i)) };
+        index.insert(s.into(), i);
+        key
+    }
+}
+
+// SAFETY: the VALUEs are only read or written with the GVL held (while a
+// payload is built), which the Mutex around them does not replace but makes
+// the table shareable as a static.
+unsafe impl Send for Keys {}
+
 
 fn value(raw: rb_sys::VALUE) -> Value {
     use magnus::rb_sys::FromRawValue;

@@ -53,6 +53,53 @@ RSpec.describe AceMQ::AMQP::Message do
     expect(first["order_id"]).not_to equal(second["order_id"])
   end
 
+  # The engine keeps the keys it has interned (a bounded table, pinned for
+  # the GC): a compaction must not move them from under it, and keys past
+  # the table's bounds are interned as before.
+  it "builds keys it keeps across a GC compaction, and keys past its table too" do
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    long = "k" * 100
+    many = Array.new(5000) { |i| "key-#{i}" }
+    mq.publish({ "order_id" => "A-0", long => 1 }, to: queue)
+    mq.publish(many.to_h { |k| [k, k] }, to: queue)
+    mq.publish({ "order_id" => "A-2", long => 3, "key-4999" => 4 }, to: queue)
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m.payload; AceMQ::AMQP::Ack.accept }
+    first = got.pop
+    GC.start
+    GC.compact if GC.respond_to?(:compact)
+    flood = got.pop
+    last = got.pop
+    sub.cancel
+    expect(first).to eq("order_id" => "A-0", long => 1)
+    expect(flood).to eq(many.to_h { |k| [k, k] })
+    expect(last).to eq("order_id" => "A-2", long => 3, "key-4999" => 4)
+    expect(last.keys.first).to equal(first.keys.first)
+    expect(last.keys).to all(be_frozen)
+    expect(last.keys.map(&:encoding)).to all(eq(Encoding::UTF_8))
+  end
+
+  it "keeps a key alive that nothing else refers to any more" do
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    key = -> { "only-here-#{queue}" } # a new String each call, never a literal Ruby interned
+    read = lambda do |n|
+      mq.publish({ key.call => n }, to: queue)
+      got = Queue.new
+      sub = mq.consume(queue) { |m| got << m.payload.keys.first.dup; AceMQ::AMQP::Ack.accept }
+      text = got.pop
+      sub.cancel
+      text
+    end
+    expect(read.call(1)).to eq(key.call)
+    # Nothing holds the first message's key now but the engine's table.
+    3.times do
+      GC.start(full_mark: true, immediate_sweep: true)
+      Array.new(50_000) { |i| "filler #{i}" }
+    end
+    GC.compact if GC.respond_to?(:compact)
+    expect(read.call(2)).to eq(key.call)
+  end
+
   it "is a NativeDelivery only the engine makes" do
     expect { AceMQ::AMQP::NativeDelivery.new }.to raise_error(TypeError, /allocator undefined/)
   end

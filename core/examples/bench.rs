@@ -7,9 +7,11 @@
 //! AMQP_URL overrides the broker (default amqp://guest:guest@127.0.0.1:5672);
 //! BENCH_RUNS (default 5) runs per side and case, the median reported;
 //! BENCH_SCALE (default 1.0) multiplies every message count; BENCH_CASES
-//! (default all) names the cases to run, comma-separated; BENCH_SIDE=acemq
-//! or lapin runs only that side of the consume case (for a profiler), with
-//! each run's client CPU per thread; BENCH_PHASES=1 prints how long acemq's
+//! (default all) names the cases to run, comma-separated; BENCH_SIDE=acemq,
+//! pull or lapin runs only that side of the consume case (for a profiler), with
+//! each run's client CPU per thread; BENCH_SIDES=blocking,lapin alternates
+//! the sides named instead (`blocking`: the engine path the Ruby consumer
+//! takes, from a plain thread, without Ruby); BENCH_PHASES=1 prints how long acemq's
 //! consume took to open, to handle every message and to cancel. Every case sends
 //! the same 1 KiB JSON object, persistent; queues are named per run, purged
 //! before every timed run and deleted at the end.
@@ -23,7 +25,7 @@
 //! bench/*.rb alternate it with the Ruby side, so the Ruby figures have the
 //! broker's limit for any client beside them, measured in the same run.
 
-use acemq::{Ack, ConsumeOptions, Connection, JsonMessage, Outcome, PublishOptions, Topology};
+use acemq::{Ack, ConsumeOptions, Connection, JsonMessage, Next, Outcome, Payload, PublishOptions, Topology};
 use futures_lite::StreamExt;
 use lapin::options::{
     BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
@@ -345,6 +347,41 @@ impl Bench {
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
 
+    /// What the Ruby consumer does, without Ruby: a thread outside the
+    /// runtime takes each delivery as the extension does (buffered first,
+    /// then waiting with `next_blocking_as`), the body checked but not
+    /// built, then parses the body itself and accepts. The engine's share of
+    /// the Ruby row: the rest of that row's gap is Ruby's.
+    async fn acemq_blocking_consume(&self, q: &str, n: u64) -> Result<f64, BoxError> {
+        let t = Instant::now();
+        let consumer = Arc::new(self.mq.consumer(q, ConsumeOptions { prefetch: PREFETCH, ..ConsumeOptions::default() }).await?);
+        let c = consumer.clone();
+        let reader = std::thread::spawn(move || -> Result<(), String> {
+            let mut seen = 0;
+            while seen < n {
+                let next = match c.try_next_as(Payload::Checked) {
+                    Next::Empty => c.next_blocking_as(Duration::from_millis(250), Payload::Checked),
+                    ready => ready,
+                };
+                match next {
+                    Next::Delivery(d) => {
+                        let v: Value = serde_json::from_slice(d.shared_body().as_ref()).map_err(|e| e.to_string())?;
+                        std::hint::black_box(&v["order_id"]);
+                        c.accept(*d);
+                        seen += 1;
+                    }
+                    Next::Empty => {}
+                    Next::Closed => return Err("the consumer closed".into()),
+                }
+            }
+            Ok(())
+        });
+        let joined = tokio::task::spawn_blocking(move || reader.join().map_err(|_| "the reader panicked".to_string()));
+        tokio::time::timeout(RUN_LIMIT, joined).await.map_err(|_| "acemq blocking consume timed out")????;
+        consumer.close().await;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
     async fn raw_consume(&self, q: &str, n: u64) -> Result<f64, BoxError> {
         let t = Instant::now();
         let ch = self.raw.create_channel().await?;
@@ -440,6 +477,7 @@ impl Bench {
         let rate = match side {
             "acemq" => self.acemq_consume(q, n).await?,
             "pull" => self.acemq_pull_consume(q, n).await?,
+            "blocking" => self.acemq_blocking_consume(q, n).await?,
             _ => self.raw_consume(q, n).await?,
         };
         let per = (cpu_seconds() - cpu) / n as f64 * 1e6;
@@ -456,10 +494,28 @@ impl Bench {
     async fn consume(&mut self) -> Result<(), BoxError> {
         let q = self.queue("consume").await?;
         let n = count(10_000.0);
+        // BENCH_SIDES=blocking,lapin alternates the Ruby consumer's engine
+        // path with raw lapin instead (not part of the table).
+        if let Ok(sides) = std::env::var("BENCH_SIDES") {
+            let sides: Vec<&str> = sides.split(',').map(str::trim).collect();
+            let mut rates: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+            let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); sides.len()];
+            for _ in 0..self.runs {
+                for (i, side) in sides.iter().enumerate() {
+                    let (rate, cpu) = self.consume_once(&q, n, side, false).await?;
+                    rates[i].push(rate);
+                    cpus[i].push(cpu);
+                }
+            }
+            for (i, side) in sides.iter().enumerate() {
+                println!("  consume, {side}: {:.0}/s, {:.1} us/msg client CPU (medians)", median(rates[i].clone()), median(cpus[i].clone()));
+            }
+            return Ok(());
+        }
         let sides = ["acemq", "pull", "lapin"];
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 3];
         let mut cpus: Vec<Vec<f64>> = vec![Vec::new(); 3];
-        // BENCH_SIDE=acemq, pull or lapin runs one side only (for a profiler).
+        // BENCH_SIDE=acemq, pull, blocking or lapin runs one side only (for a profiler).
         let only = std::env::var("BENCH_SIDE").unwrap_or_default();
         for _ in 0..self.runs {
             for (i, side) in sides.iter().enumerate() {
@@ -471,7 +527,7 @@ impl Bench {
             }
         }
         if !only.is_empty() {
-            let i = sides.iter().position(|s| *s == only).ok_or("BENCH_SIDE is acemq, pull or lapin")?;
+            let i = sides.iter().position(|s| *s == only).ok_or("BENCH_SIDE is acemq, pull, blocking or lapin")?;
             println!("  consume, {only} alone: {:.0}/s, {:.1} us/msg client CPU", median(rates[i].clone()), median(cpus[i].clone()));
             return Ok(());
         }

@@ -169,8 +169,11 @@ impl AckState {
 
 /// The clock for a batch that does not fill: started by the first pending
 /// acceptance, it sends whatever is pending when [`MAX_ACK_DELAY`] is up.
+/// Closing stops it at once, clock running or not: the subscription's close
+/// waits for it.
 pub(super) fn spawn_flusher(acks: Arc<AckState>) -> tokio::task::JoinHandle<()> {
     crate::runtime::handle().spawn(async move {
+        let mut due: Option<tokio::time::Instant> = None;
         loop {
             let notified = acks.notify.notified();
             let (armed, closing) = {
@@ -184,7 +187,13 @@ pub(super) fn spawn_flusher(acks: Arc<AckState>) -> tokio::task::JoinHandle<()> 
                 notified.await;
                 continue;
             }
-            tokio::time::sleep(MAX_ACK_DELAY).await;
+            let until = *due.get_or_insert_with(|| tokio::time::Instant::now() + MAX_ACK_DELAY);
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                // Closing, or the wake-up that started the clock: look again.
+                () = notified => continue,
+            }
+            due = None;
             let mut g = acks.lock();
             if g.closing {
                 return;

@@ -41,13 +41,19 @@ pub(super) struct AckInner {
 }
 
 impl AckInner {
-    /// `tag` is settled (accepted, or put back on the queue). In order, the
-    /// common case, it only moves the floor.
+    /// `tag` is settled (accepted, or put back on the queue): the floor
+    /// moves past it and past whatever it was holding back. In order, the
+    /// common case, that is the floor alone; a tag beyond a gap waits in
+    /// `settled` until the gap is settled.
     fn settle(&mut self, tag: u64) {
-        if tag == self.floor + 1 && self.settled.is_empty() {
-            self.floor = tag;
-        } else {
+        if tag != self.floor + 1 {
             self.settled.insert(tag);
+            return;
+        }
+        self.floor = tag;
+        while self.settled.first() == Some(&(self.floor + 1)) {
+            self.settled.pop_first();
+            self.floor += 1;
         }
     }
 }
@@ -96,11 +102,6 @@ impl AckState {
     /// frames, since a `multiple` ack below one already sent names a tag
     /// the broker no longer knows, and it closes the channel for that.
     fn flush(&self, g: &mut AckInner) {
-        while g.settled.first() == Some(&(g.floor + 1)) {
-            let next = g.floor + 1;
-            g.settled.remove(&next);
-            g.floor = next;
-        }
         let floor = g.floor;
         let mut multiple = None;
         while let Some(&t) = g.pending.first() {
@@ -222,16 +223,15 @@ mod tests {
     use super::AckInner;
 
     #[test]
-    fn settling_in_order_only_moves_the_floor() {
+    fn the_floor_moves_past_every_tag_settled_in_order_and_waits_at_a_gap() {
         let mut g = AckInner::default();
         g.settle(1);
         g.settle(2);
         assert_eq!((g.floor, g.settled.len()), (2, 0));
         g.settle(4);
         assert_eq!((g.floor, g.settled.iter().copied().collect::<Vec<_>>()), (2, vec![4]));
-        // Behind a gap, tags wait in `settled` until the gap is settled.
+        // Settling the gap moves the floor past what it held back.
         g.settle(3);
-        assert_eq!(g.floor, 2);
-        assert_eq!(g.settled.iter().copied().collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!((g.floor, g.settled.len()), (4, 0));
     }
 }

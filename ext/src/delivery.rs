@@ -37,13 +37,8 @@ impl RbDelivery {
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
     /// object every call: Message keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
-        let Some(text) = rb_self.body.text() else {
-            // Never: core hands a delivery out only once its body is JSON.
-            return Err(crate::errors::to_ruby(
-                ruby,
-                acemq::Error::new(acemq::ErrorKind::Encoding, "payload is not valid JSON: invalid UTF-8"),
-            ));
-        };
+        // Never None: core hands a delivery out only once its body is JSON.
+        let Some(text) = rb_self.body.text() else { return Err(crate::json::not_json(ruby, "invalid UTF-8")) };
         crate::json::body_to_ruby(ruby, text)
     }
 

@@ -110,11 +110,13 @@ pub fn body_to_ruby(ruby: &Ruby, body: &str) -> Result<Value, Error> {
             let json: magnus::RModule = ruby.class_object().const_get("JSON")?;
             json.funcall("parse", (ruby.str_new(body),))
         }
-        Err(e) => Err(crate::errors::to_ruby(
-            ruby,
-            acemq::Error::new(acemq::ErrorKind::Encoding, format!("payload is not valid JSON: {e}")),
-        )),
+        Err(e) => Err(not_json(ruby, e)),
     }
+}
+
+/// A payload that cannot be read as JSON, as the Ruby error it raises.
+pub fn not_json(ruby: &Ruby, why: impl std::fmt::Display) -> Error {
+    crate::errors::to_ruby(ruby, acemq::Error::new(acemq::ErrorKind::Encoding, format!("payload is not valid JSON: {why}")))
 }
 
 struct Build<'r> {

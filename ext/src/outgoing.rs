@@ -8,8 +8,8 @@
 use crate::connection::RbConnection;
 use acemq::Headers;
 use acemq::{Envelope, OutgoingMessage, PublishOptions};
-use magnus::value::LazyId;
-use magnus::{method, prelude::*, Error, RHash, RModule, RString, Ruby, Value};
+use magnus::value::{Lazy, LazyId};
+use magnus::{method, prelude::*, Error, RClass, RHash, RModule, RString, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Outgoing", free_immediately, size)]
 pub struct RbOutgoing {
@@ -82,13 +82,76 @@ pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: RString, opti
     Ok(OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope })
 }
 
-/// id, type, origin, timestamp, attempt and headers (a Hash) of `e`, for
-/// the Ruby Envelope (`Envelope.made`).
-#[allow(clippy::type_complexity)]
-pub(crate) fn envelope_parts(ruby: &Ruby, e: &Envelope) -> Result<(Option<String>, Option<String>, Option<String>, u64, u32, Value), Error> {
-    let headers = crate::json::to_ruby(ruby, &serde_json::Value::Object(e.headers.clone()))?;
-    let id = (!e.id.is_empty()).then(|| e.id.clone());
-    Ok((id, e.kind.clone(), e.origin.clone(), e.timestamp, e.attempt, headers))
+static ENVELOPE_CLASS: Lazy<RClass> = Lazy::new(|ruby| {
+    ruby.class_object()
+        .const_get::<_, RModule>("AceMQ")
+        .and_then(|m| m.const_get::<_, RModule>("AMQP"))
+        .and_then(|m| m.const_get("Envelope"))
+        .expect("AceMQ::AMQP::Envelope is defined before a message is built")
+});
+/// The headers of an envelope that has none: one frozen Hash for all of them.
+static NO_HEADERS: Lazy<RHash> = Lazy::new(|ruby| {
+    let h = ruby.hash_new();
+    h.freeze();
+    h
+});
+static AT_ID: LazyId = LazyId::new("@id");
+static AT_TYPE: LazyId = LazyId::new("@type");
+static AT_ORIGIN: LazyId = LazyId::new("@origin");
+static AT_TIMESTAMP: LazyId = LazyId::new("@timestamp");
+static AT_ATTEMPT: LazyId = LazyId::new("@attempt");
+static AT_HEADERS: LazyId = LazyId::new("@headers");
+
+/// A frozen String of `s`, the one Ruby keeps for that text: an origin or a
+/// type is the same on message after message.
+fn interned(s: &str) -> Value {
+    use magnus::rb_sys::FromRawValue;
+    // SAFETY: the GVL is held (a message is being built); the bytes are
+    // copied; the result is a live, frozen String.
+    unsafe { Value::from_raw(rb_sys::rb_enc_interned_str(s.as_ptr().cast(), s.len() as _, rb_sys::rb_utf8_encoding())) }
+}
+
+/// `e` as the Ruby `AceMQ::AMQP::Envelope` a publish returns: frozen, its
+/// fields set as they are (core made and checked them), without
+/// `Envelope#initialize`'s conversions, which a batch would otherwise pay
+/// per message. Every Envelope the engine makes is made here: for a publish,
+/// a batch, a stream and an outbox record.
+pub(crate) fn envelope_to_ruby(ruby: &Ruby, e: &Envelope) -> Result<Value, Error> {
+    use magnus::rb_sys::{AsRawId, AsRawValue, FromRawValue};
+    use magnus::value::IntoId;
+    use magnus::IntoValue;
+    let class = ruby.get_inner(&ENVELOPE_CLASS).as_raw();
+    let headers = if e.headers.is_empty() {
+        ruby.get_inner(&NO_HEADERS).as_value()
+    } else {
+        let h = crate::json::map_to_ruby(ruby, &e.headers)?;
+        h.freeze();
+        h
+    };
+    let nil = ruby.qnil().as_raw();
+    // Straight through Ruby's C API, as json.rs builds a payload: the object
+    // is one just allocated, of a class with Ruby's own allocator, unfrozen
+    // until the end, so only NoMemoryError can raise, which magnus's own
+    // allocators let through too; magnus's `ivar_set` wraps each call in
+    // rb_protect, a third of this function's time.
+    // SAFETY: the GVL is held (a message is being built); every VALUE here
+    // is live (on this stack or reachable from `env`) until it is returned.
+    unsafe {
+        let env = rb_sys::rb_obj_alloc(class);
+        let id = if e.id.is_empty() {
+            nil
+        } else {
+            rb_sys::rb_obj_freeze(rb_sys::rb_utf8_str_new(e.id.as_ptr().cast(), e.id.len() as _))
+        };
+        let text = |t: &Option<String>| t.as_deref().map_or(nil, |t| interned(t).as_raw());
+        rb_sys::rb_ivar_set(env, (*AT_ID).into_id_with(ruby).as_raw(), id);
+        rb_sys::rb_ivar_set(env, (*AT_TYPE).into_id_with(ruby).as_raw(), text(&e.kind));
+        rb_sys::rb_ivar_set(env, (*AT_ORIGIN).into_id_with(ruby).as_raw(), text(&e.origin));
+        rb_sys::rb_ivar_set(env, (*AT_TIMESTAMP).into_id_with(ruby).as_raw(), e.timestamp.into_value_with(ruby).as_raw());
+        rb_sys::rb_ivar_set(env, (*AT_ATTEMPT).into_id_with(ruby).as_raw(), e.attempt.into_value_with(ruby).as_raw());
+        rb_sys::rb_ivar_set(env, (*AT_HEADERS).into_id_with(ruby).as_raw(), headers.as_raw());
+        Ok(Value::from_raw(rb_sys::rb_obj_freeze(env)))
+    }
 }
 
 impl RbOutgoing {
@@ -96,10 +159,9 @@ impl RbOutgoing {
         Ok(RbOutgoing { inner: message(ruby, &mq.inner, body, options)? })
     }
 
-    /// The envelope it goes out with, for the Ruby Envelope.
-    #[allow(clippy::type_complexity)]
-    fn envelope_parts(ruby: &Ruby, rb_self: &Self) -> Result<(Option<String>, Option<String>, Option<String>, u64, u32, Value), Error> {
-        envelope_parts(ruby, &rb_self.inner.envelope)
+    /// The envelope it goes out with, as a Ruby Envelope.
+    fn envelope(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
+        envelope_to_ruby(ruby, &rb_self.inner.envelope)
     }
 }
 
@@ -107,6 +169,6 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("Outgoing", ruby.class_object())?;
     class.undef_default_alloc_func();
     class.define_singleton_method("_build", magnus::function!(RbOutgoing::build, 3))?;
-    class.define_private_method("_envelope", method!(RbOutgoing::envelope_parts, 0))?;
+    class.define_private_method("_envelope", method!(RbOutgoing::envelope, 0))?;
     Ok(())
 }

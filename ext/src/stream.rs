@@ -29,23 +29,17 @@ impl RbStream {
 
     /// Build the message `body` and `options` describe (as `Outgoing._build`
     /// does) and push it. Returns at once while the stream has room; waits
-    /// without the GVL otherwise. Returns the envelope's parts, for the Ruby
-    /// Envelope the publish returns.
-    #[allow(clippy::type_complexity)]
-    fn push(
-        ruby: &Ruby,
-        rb_self: &Self,
-        body: RString,
-        options: RHash,
-    ) -> Result<(Option<String>, Option<String>, Option<String>, u64, u32, Value), Error> {
+    /// without the GVL otherwise. Returns the Ruby Envelope the publish
+    /// returns.
+    fn push(ruby: &Ruby, rb_self: &Self, body: RString, options: RHash) -> Result<Value, Error> {
         let message = crate::outgoing::message(ruby, &rb_self.conn, body, options)?;
-        let parts = crate::outgoing::envelope_parts(ruby, &message.envelope)?;
+        let envelope = crate::outgoing::envelope_to_ruby(ruby, &message.envelope)?;
         let mut guard = rb_self.inner.lock().unwrap_or_else(|p| p.into_inner());
         let stream = guard.as_mut().ok_or_else(|| Self::finished(ruby))?;
         // Taken, and its chunk handed over if it completed one, in one call:
         // no thread switch while the stream keeps up.
         if stream.try_push(message).rb(ruby)? {
-            return Ok(parts);
+            return Ok(envelope);
         }
         // Full: wait for room without the GVL, the stream taken out while
         // it waits and put back however the wait ends (an interrupt drops
@@ -58,7 +52,7 @@ impl RbStream {
         })?;
         *rb_self.inner.lock().unwrap_or_else(|p| p.into_inner()) = Some(stream);
         sent.rb(ruby)?;
-        Ok(parts)
+        Ok(envelope)
     }
 
     /// Wait for every confirm; the number handed over, or the first failure.

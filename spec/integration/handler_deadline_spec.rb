@@ -104,6 +104,8 @@ RSpec.describe "handler deadlines and claim waits, on RabbitMQ" do
       attempt = eventually(timeout: 10) { ran.pop(true) rescue nil }
       expect(attempt).to eq(1) # order-1, run once the claim expired, on its first attempt
       expect(sub.stats[:waited]).to be >= 2
+      # The handler reports before it returns: its accept is counted just after.
+      eventually(timeout: 5) { sub.stats[:accepted] == 2 }
       expect(sub.stats).to include(accepted: 2, dead_lettered: 0)
       expect(store.confirmed?("order-1")).to be(true)
       sub.cancel

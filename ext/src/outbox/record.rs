@@ -7,7 +7,7 @@ use crate::outgoing::RbOutgoing;
 use crate::errors::IntoRuby;
 use acemq::outbox::OutboxRecord;
 use acemq::{Error as CoreError, ErrorKind};
-use magnus::{function, method, prelude::*, Error, RModule, Ruby};
+use magnus::{function, method, prelude::*, Error, RModule, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::OutboxRecord", free_immediately, size)]
 pub struct RbOutboxRecord {
@@ -44,12 +44,9 @@ impl RbOutboxRecord {
         self.inner.body.clone()
     }
 
-    /// id, type, origin, timestamp, attempt and the headers as JSON, for
-    /// the Ruby Envelope.
-    fn envelope_parts(&self) -> (String, Option<String>, Option<String>, u64, u32, String) {
-        let e = &self.inner.envelope;
-        let headers = serde_json::to_string(&e.headers).unwrap_or_else(|_| "{}".into());
-        (e.id.clone(), e.kind.clone(), e.origin.clone(), e.timestamp, e.attempt, headers)
+    /// The envelope it will travel with, as a Ruby Envelope.
+    fn envelope(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
+        crate::outgoing::envelope_to_ruby(ruby, &rb_self.inner.envelope)
     }
 }
 
@@ -59,6 +56,6 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_method("exchange", method!(RbOutboxRecord::exchange, 0))?;
     class.define_method("routing_key", method!(RbOutboxRecord::routing_key, 0))?;
     class.define_method("body", method!(RbOutboxRecord::body, 0))?;
-    class.define_private_method("_envelope", method!(RbOutboxRecord::envelope_parts, 0))?;
+    class.define_method("envelope", method!(RbOutboxRecord::envelope, 0))?;
     Ok(())
 }

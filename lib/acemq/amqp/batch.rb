@@ -62,9 +62,9 @@ module AceMQ
       # of its own (core's STREAM_CHUNK) and waits here only when a few
       # thousand are unsent.
       def push(payload, to, exchange, envelope, type, headers)
-        parts = @stream._push(*@connection.__send__(:prepare, payload, to, exchange, envelope, type, headers))
+        env = @stream._push(*@connection.__send__(:prepare, payload, to, exchange, envelope, type, headers))
         @count += 1
-        Envelope.__send__(:made, *parts)
+        env
       end
     end
   end

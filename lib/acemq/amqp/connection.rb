@@ -227,7 +227,7 @@ module AceMQ
       # all carry the same.
       def outgoing(payload, to, exchange, envelope, type, headers)
         out = Outgoing._build(self, *prepare(payload, to, exchange, envelope, type, headers))
-        [out, Envelope.__send__(:made, *out.__send__(:_envelope))]
+        [out, out.__send__(:_envelope)]
       end
 
       # What the engine builds a message from: the payload as JSON, and the

@@ -34,14 +34,6 @@ module AceMQ
         freeze
       end
 
-      # The envelope the engine made for a publish (Outgoing), whose fields
-      # it has already checked: set as they are, without initialize's
-      # conversions, which a batch would otherwise pay once per message.
-      def self.made(id, type, origin, timestamp, attempt, headers)
-        allocate.tap { |e| e.__send__(:set, id, type, origin, timestamp, attempt, headers) }
-      end
-      private_class_method :made
-
       # timestamp: as whole seconds since the epoch: a Time, an Integer, or
       # nil for now.
       def self.seconds(value)
@@ -85,18 +77,6 @@ module AceMQ
 
       def inspect
         "#<AceMQ::AMQP::Envelope id=#{id.inspect} type=#{type.inspect} attempt=#{attempt}>"
-      end
-
-      private
-
-      def set(id, type, origin, timestamp, attempt, headers)
-        @id = id&.freeze
-        @type = type&.freeze
-        @origin = origin&.freeze
-        @timestamp = timestamp
-        @attempt = attempt
-        @headers = headers.freeze
-        freeze
       end
     end
   end

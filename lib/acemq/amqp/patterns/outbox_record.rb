@@ -34,12 +34,6 @@ module AceMQ
           raise NoMethodError, "build an OutboxRecord with Patterns.record(mq, payload, to:, exchange:, type:, headers:)"
         end
 
-        def envelope
-          id, type, origin, timestamp, attempt, headers = _envelope
-          Envelope.new(id: id, type: type, origin: origin, timestamp: timestamp, attempt: attempt,
-                       headers: JSON.parse(headers))
-        end
-
         def payload = JSON.parse(body)
         def id = envelope.id
 

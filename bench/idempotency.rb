@@ -205,27 +205,27 @@ module IdempotencyBench
     end
 
     # The store's two batch statements, built as the engine builds them,
-    # straight through ruby-pg: what PostgreSQL itself costs for a batch.
-    def raw_batches(conn, t, n)
-      clear(C::Raw.for(conn), t)
+    # straight through the database's own Ruby driver (ruby-pg, or the
+    # sqlite3 gem on a WAL file with synchronous=NORMAL, as the `path:` store
+    # opens it): what the database itself costs for a batch.
+    def raw_batches(raw, t, n)
+      clear(raw, t)
       claim = ->(k) do
-        i = 0
-        values = Array.new(k) { "($#{i += 1}, 'CLAIMED', $#{i += 1}, $#{i += 1}, $#{i += 1})" }.join(", ")
+        values = Array.new(k) { "(?, 'CLAIMED', ?, ?, ?)" }.join(", ")
         "INSERT INTO #{t} (message_id, state, claimed_by, recorded_at, expires_at) VALUES #{values} " \
           "ON CONFLICT (message_id) DO UPDATE SET claimed_by = excluded.claimed_by, recorded_at = excluded.recorded_at, " \
-          "expires_at = excluded.expires_at WHERE #{t}.state = 'CLAIMED' AND #{t}.recorded_at < $#{i + 1} RETURNING message_id"
+          "expires_at = excluded.expires_at WHERE #{t}.state = 'CLAIMED' AND #{t}.recorded_at < ? RETURNING message_id"
       end
-      confirm = ->(k) { "UPDATE #{t} SET state = 'CONFIRMED' WHERE message_id IN (#{(1..k).map { |i| "$#{i}" }.join(', ')})" }
+      confirm = ->(k) { "UPDATE #{t} SET state = 'CONFIRMED' WHERE message_id IN (#{Array.new(k, '?').join(', ')})" }
       batches = Array.new(n) { SecureRandom.uuid }.each_slice(BATCH).to_a
       C.time do
         batches.each do |keys|
           ms = (Time.now.to_f * 1000).to_i
           params = keys.flat_map { |k| [k, @worker, ms, ms + DAY_MS] } << ms - 300_000
-          r = conn.exec_params(claim.(keys.size), params)
-          raise "claimed #{r.ntuples} of #{keys.size}" unless r.ntuples == keys.size
+          claimed = raw.query(claim.(keys.size), params).size
+          raise "claimed #{claimed} of #{keys.size}" unless claimed == keys.size
 
-          r.clear
-          conn.exec_params(confirm.(keys.size), keys).clear
+          raw.execute(confirm.(keys.size), keys)
         end
       end
     end
@@ -358,7 +358,8 @@ module IdempotencyBench
                         pg2: -> { acemq_run(pq, pg_store, pg_raw, t, N_TARGETS, prefetch: 2 * C::PREFETCH, batch: C::PREFETCH) },
                         pg_store: -> { store_batches(pg_store, pg_raw, t, N_TARGETS) },
                         path_store: -> { store_batches(path_store, path_raw, t, N_TARGETS) },
-                        pg_raw: -> { raw_batches(pg_conn, t, N_TARGETS) },
+                        pg_raw: -> { raw_batches(pg_raw, t, N_TARGETS) },
+                        path_raw: -> { raw_batches(path_raw, t, N_TARGETS) },
                         # n / 10 commits, scaled so its "rate" is commits per second.
                         pg_commit: -> { commits(pg_conn, t, N / 10) * 10 }
                       })
@@ -369,6 +370,8 @@ module IdempotencyBench
                   r[:batched], r[:batched] / r[:alone])
       puts format("  %-58s %7.0f/s  (%6.1f us/msg): the same two statements a batch, bare ruby-pg, no acemq",
                   "PostgreSQL, claim + confirm of 100 through ruby-pg alone", r[:pg_raw], us(r[:pg_raw]))
+      puts format("  %-58s %7.0f/s  (%6.1f us/msg): the same two statements a batch, bare sqlite3 gem, no acemq",
+                  "SQLite, claim + confirm of 100 through the sqlite3 gem alone", r[:path_raw], us(r[:path_raw]))
       puts format("  %-58s %7.2f ms: one autocommitted one-row INSERT here (its WAL flush); two a batch = %5.1f us/msg",
                   "PostgreSQL commit", us(r[:pg_commit]) / 1000, 2 * us(r[:pg_commit]) / BATCH)
       %i[pg path].each do |side|

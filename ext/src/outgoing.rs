@@ -9,7 +9,7 @@ use crate::connection::RbConnection;
 use acemq::Headers;
 use acemq::{Envelope, OutgoingMessage, PublishOptions};
 use magnus::value::{Lazy, LazyId};
-use magnus::{method, prelude::*, Error, RClass, RHash, RModule, RString, Ruby, Value};
+use magnus::{method, prelude::*, Error, RClass, RHash, RModule, RObject, RString, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Outgoing", free_immediately, size)]
 pub struct RbOutgoing {
@@ -117,10 +117,12 @@ fn interned(s: &str) -> Value {
 /// per message. Every Envelope the engine makes is made here: for a publish,
 /// a batch, a stream and an outbox record.
 pub(crate) fn envelope_to_ruby(ruby: &Ruby, e: &Envelope) -> Result<Value, Error> {
-    use magnus::rb_sys::{AsRawId, AsRawValue, FromRawValue};
-    use magnus::value::IntoId;
-    use magnus::IntoValue;
-    let class = ruby.get_inner(&ENVELOPE_CLASS).as_raw();
+    let env = RObject::from_value(ruby.get_inner(&ENVELOPE_CLASS).obj_alloc()?).expect("an Envelope is a plain object");
+    let id = (!e.id.is_empty()).then(|| {
+        let id = ruby.str_new(&e.id);
+        id.freeze();
+        id
+    });
     let headers = if e.headers.is_empty() {
         ruby.get_inner(&NO_HEADERS).as_value()
     } else {
@@ -128,30 +130,14 @@ pub(crate) fn envelope_to_ruby(ruby: &Ruby, e: &Envelope) -> Result<Value, Error
         h.freeze();
         h
     };
-    let nil = ruby.qnil().as_raw();
-    // Straight through Ruby's C API, as json.rs builds a payload: the object
-    // is one just allocated, of a class with Ruby's own allocator, unfrozen
-    // until the end, so only NoMemoryError can raise, which magnus's own
-    // allocators let through too; magnus's `ivar_set` wraps each call in
-    // rb_protect, a third of this function's time.
-    // SAFETY: the GVL is held (a message is being built); every VALUE here
-    // is live (on this stack or reachable from `env`) until it is returned.
-    unsafe {
-        let env = rb_sys::rb_obj_alloc(class);
-        let id = if e.id.is_empty() {
-            nil
-        } else {
-            rb_sys::rb_obj_freeze(rb_sys::rb_utf8_str_new(e.id.as_ptr().cast(), e.id.len() as _))
-        };
-        let text = |t: &Option<String>| t.as_deref().map_or(nil, |t| interned(t).as_raw());
-        rb_sys::rb_ivar_set(env, (*AT_ID).into_id_with(ruby).as_raw(), id);
-        rb_sys::rb_ivar_set(env, (*AT_TYPE).into_id_with(ruby).as_raw(), text(&e.kind));
-        rb_sys::rb_ivar_set(env, (*AT_ORIGIN).into_id_with(ruby).as_raw(), text(&e.origin));
-        rb_sys::rb_ivar_set(env, (*AT_TIMESTAMP).into_id_with(ruby).as_raw(), e.timestamp.into_value_with(ruby).as_raw());
-        rb_sys::rb_ivar_set(env, (*AT_ATTEMPT).into_id_with(ruby).as_raw(), e.attempt.into_value_with(ruby).as_raw());
-        rb_sys::rb_ivar_set(env, (*AT_HEADERS).into_id_with(ruby).as_raw(), headers.as_raw());
-        Ok(Value::from_raw(rb_sys::rb_obj_freeze(env)))
-    }
+    env.ivar_set(*AT_ID, id)?;
+    env.ivar_set(*AT_TYPE, e.kind.as_deref().map(interned))?;
+    env.ivar_set(*AT_ORIGIN, e.origin.as_deref().map(interned))?;
+    env.ivar_set(*AT_TIMESTAMP, e.timestamp)?;
+    env.ivar_set(*AT_ATTEMPT, e.attempt)?;
+    env.ivar_set(*AT_HEADERS, headers)?;
+    env.freeze();
+    Ok(env.as_value())
 }
 
 impl RbOutgoing {

@@ -141,7 +141,7 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// `x-acemq-*` headers), built by hand: the baseline does the same work on
 /// the broker, so the ratio measures the client. The baseline's publishes
 /// are `mandatory`, as acemq's are, for the same reason: the broker routes a
-/// mandatory publish at a measured 3-7% more cost (`raw_batch_as`).
+/// mandatory publish at a measured 2-8% more cost (`raw_batch_as`).
 fn lapin_props() -> BasicProperties {
     let id = acemq::new_id();
     let mut headers = lapin::types::FieldTable::default();

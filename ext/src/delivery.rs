@@ -86,12 +86,14 @@ impl RbDelivery {
     }
 }
 
-fn amqp_const<T: magnus::TryConvert>(ruby: &Ruby, name: &str) -> T {
+/// `AceMQ::AMQP::{name}`, for a `Lazy` of the extension's: lib/acemq
+/// defines it before anything reaches the engine.
+pub(crate) fn amqp_const<T: magnus::TryConvert>(ruby: &Ruby, name: &str) -> T {
     ruby.class_object()
         .const_get::<_, RModule>("AceMQ")
         .and_then(|m| m.const_get::<_, RModule>("AMQP"))
         .and_then(|m| m.const_get(name))
-        .unwrap_or_else(|_| panic!("AceMQ::AMQP::{name} is defined before a delivery is settled"))
+        .unwrap_or_else(|_| panic!("AceMQ::AMQP::{name} is defined before the engine uses it"))
 }
 
 static ACK: Lazy<RClass> = Lazy::new(|ruby| amqp_const(ruby, "Ack"));

@@ -82,13 +82,7 @@ pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: RString, opti
     Ok(OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope })
 }
 
-static ENVELOPE_CLASS: Lazy<RClass> = Lazy::new(|ruby| {
-    ruby.class_object()
-        .const_get::<_, RModule>("AceMQ")
-        .and_then(|m| m.const_get::<_, RModule>("AMQP"))
-        .and_then(|m| m.const_get("Envelope"))
-        .expect("AceMQ::AMQP::Envelope is defined before a message is built")
-});
+static ENVELOPE_CLASS: Lazy<RClass> = Lazy::new(|ruby| crate::delivery::amqp_const(ruby, "Envelope"));
 /// The headers of an envelope that has none: one frozen Hash for all of them.
 static NO_HEADERS: Lazy<RHash> = Lazy::new(|ruby| {
     let h = ruby.hash_new();

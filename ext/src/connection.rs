@@ -7,9 +7,9 @@ use crate::outgoing::RbOutgoing;
 use crate::gvl;
 use acemq::{BindingSpec, ExchangeSpec, QueueSpec};
 use acemq::{
-    ConnectionOptions, ConsumeOptions, ExchangeKind, JsonMessage, RetryPolicy, TlsOptions, Topology,
+    ConnectionOptions, ConsumeOptions, ExchangeKind, RetryPolicy, TlsOptions, Topology,
 };
-use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, Ruby};
+use magnus::{function, method, prelude::*, Error, RHash, RModule, Ruby};
 use std::time::Duration;
 
 #[magnus::wrap(class = "AceMQ::AMQP::Connection", free_immediately, size)]
@@ -77,28 +77,9 @@ impl RbConnection {
         .rb(ruby)
     }
 
-    /// Send every message (each an `Outgoing`), then wait for all the
-    /// confirms together. Raises the first failure after every confirm has
-    /// been waited for; returns the number published.
-    fn publish_batch(ruby: &Ruby, rb_self: &Self, items: RArray) -> Result<usize, Error> {
-        let mut batch: Vec<&RbOutgoing> = Vec::with_capacity(items.len());
-        for item in items.into_iter() {
-            batch.push(magnus::TryConvert::try_convert(item)?);
-        }
-        let conn = &rb_self.inner;
-        // Borrowed, not copied: `items` (on this stack, so marked by the GC)
-        // keeps every Outgoing alive while the GVL is released, and nothing
-        // changes one once it is built.
-        let messages: Vec<JsonMessage<'_>> = batch
-            .iter()
-            .map(|o| JsonMessage { body: &o.inner.body, exchange: &o.inner.exchange, routing_key: &o.inner.routing_key, envelope: &o.inner.envelope })
-            .collect();
-        gvl::block_on(ruby, async { acemq::Confirm::wait_all(conn.send_json_batch(&messages).await).await })?.rb(ruby)
-    }
-
-    /// A publish stream on this connection (`Batch` with `stream: true`).
-    fn stream(&self) -> crate::stream::RbStream {
-        crate::stream::RbStream::new(&self.inner)
+    /// The engine's side of a `Connection#batch`, held or streamed.
+    fn batch(&self, stream: bool) -> crate::stream::RbBatch {
+        crate::stream::RbBatch::new(&self.inner, stream)
     }
 
     fn apply(
@@ -285,8 +266,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("Connection", ruby.class_object())?;
     class.define_singleton_method("_open", function!(RbConnection::open, 2))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 1))?;
-    class.define_private_method("_publish_batch", method!(RbConnection::publish_batch, 1))?;
-    class.define_private_method("_stream", method!(RbConnection::stream, 0))?;
+    class.define_private_method("_batch", method!(RbConnection::batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
     class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;

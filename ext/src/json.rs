@@ -305,13 +305,41 @@ const MAX_NESTING: usize = 100;
 /// a third of what publishing spends in Ruby; this walk writes the same bytes
 /// without a Ruby String per value.
 pub fn generate(ruby: &Ruby, payload: Value) -> Option<RString> {
-    let mut out = Vec::with_capacity(256);
-    if !write_value(ruby, &mut out, raw(payload), 0) {
-        return None;
-    }
+    let out = generate_bytes(ruby, payload)?;
     // SAFETY: the GVL is held; the text is UTF-8 (only UTF-8 and ASCII were written).
     let text = unsafe { rb_sys::rb_utf8_str_new(out.as_ptr().cast(), out.len() as _) };
     RString::from_value(value(text))
+}
+
+/// [`generate`]'s bytes, without the Ruby String: what a batch's message
+/// keeps as its body.
+fn generate_bytes(ruby: &Ruby, payload: Value) -> Option<Vec<u8>> {
+    // Sized from the last payload written: a batch sends payloads of much
+    // the same size, and growing from a guess copied each one three times.
+    let mut out = Vec::with_capacity(LAST_SIZE.get().clamp(64, 64 * 1024) + 64);
+    if !write_value(ruby, &mut out, raw(payload), 0) {
+        return None;
+    }
+    LAST_SIZE.set(out.len());
+    Some(out)
+}
+
+thread_local! {
+    static LAST_SIZE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A payload's JSON as a publish sends it: [`generate`]'s walk, or, for what
+/// only `JSON.generate` writes, Ruby's `Connection.generate` (which raises
+/// EncodingError for what JSON cannot carry). The one place that decides a
+/// payload's bytes, for `Connection#encode` and a batch's `_push` alike.
+pub fn encode(ruby: &Ruby, payload: Value) -> Result<Vec<u8>, Error> {
+    if let Some(bytes) = generate_bytes(ruby, payload) {
+        return Ok(bytes);
+    }
+    let connection: magnus::RClass = crate::delivery::amqp_const(ruby, "Connection");
+    let text: RString = connection.funcall("generate", (payload,))?;
+    // SAFETY: the GVL is held; the bytes are copied before Ruby runs again.
+    Ok(unsafe { text.as_slice() }.to_vec())
 }
 
 /// The class an object has, singleton included (what the generator compares).

@@ -28,6 +28,13 @@ fn generate(ruby: &Ruby, payload: Value) -> Option<RString> {
     json::generate(ruby, payload)
 }
 
+/// A payload's JSON as a publish sends it (`json::encode`): the native walk,
+/// or `Connection.generate` for what only `JSON.generate` writes.
+fn encode(ruby: &Ruby, payload: Value) -> Result<RString, Error> {
+    let bytes = json::encode(ruby, payload)?;
+    Ok(ruby.enc_str_new(&bytes, ruby.utf8_encoding()))
+}
+
 #[magnus::init(name = "acemq")]
 fn init(ruby: &Ruby) -> Result<(), Error> {
     errors::init(ruby)?;
@@ -35,6 +42,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     let amqp: RModule = acemq.define_module("AMQP")?;
     amqp.define_module_function("_new_id", function!(new_id, 0))?;
     amqp.define_module_function("_generate", function!(generate, 1))?;
+    amqp.define_module_function("_encode", function!(encode, 1))?;
     connection::init(ruby, amqp)?;
     outgoing::init(ruby, amqp)?;
     stream::init(ruby, amqp)?;

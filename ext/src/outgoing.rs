@@ -1,8 +1,8 @@
 //! AceMQ::AMQP::Outgoing: one message ready to publish (its JSON body, where
 //! it goes, and the envelope core's `envelope_for` made for it), built once
-//! by `Connection#outgoing` and handed whole to `_publish`, a batch's
-//! `_publish_batch` or an outbox record; a streamed batch's `_push` builds
-//! the same message with `message` and hands it straight to its stream.
+//! by `Connection#outgoing` and handed whole to `_publish` or an outbox
+//! record; a batch's `_push` builds the same message with `message` and keeps
+//! it (held) or hands it straight to its stream, with no Ruby object between.
 //! What crosses from Ruby is read by name, here and nowhere else.
 
 use crate::connection::RbConnection;
@@ -55,15 +55,15 @@ fn opt<T: magnus::TryConvert>(options: &RHash, key: &LazyId) -> Result<Option<T>
     options.lookup::<_, Option<T>>(**key)
 }
 
-/// The message `body` (the payload as JSON, which Connection#encode
-/// checked) and `options` describe: exchange:, to:, and what the caller gave
+/// The message `body` (the payload as JSON: `json::encode`'s bytes) and
+/// `options` describe: exchange:, to:, and what the caller gave
 /// or left nil: envelope: (an Envelope), type:, headers: (a Hash over the
 /// envelope's) and trace: (the current trace context, a Hash, nil without
 /// OpenTelemetry). Every rule (a fresh envelope, the type and headers over
 /// it, the trace context unless one is there, the connection's origin,
 /// attempt 1) is core's `envelope_for`. What a publish, a batch, a stream and
 /// an outbox record send, made here and nowhere else.
-pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: RString, options: RHash) -> Result<OutgoingMessage, Error> {
+pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: Vec<u8>, options: RHash) -> Result<OutgoingMessage, Error> {
     let envelope = match opt::<Value>(&options, &ENVELOPE)? {
         Some(env) => Some(envelope_of(ruby, env)?),
         None => None,
@@ -77,8 +77,6 @@ pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: RString, opti
     };
     let envelope = conn.envelope_for(&publish);
     let routing_key: String = opt(&options, &TO)?.unwrap_or_default();
-    // Copied while the GVL is held: the Ruby string may move once it is released.
-    let body = unsafe { body.as_slice() }.to_vec();
     Ok(OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope })
 }
 
@@ -136,6 +134,8 @@ pub(crate) fn envelope_to_ruby(ruby: &Ruby, e: &Envelope) -> Result<Value, Error
 
 impl RbOutgoing {
     fn build(ruby: &Ruby, mq: &RbConnection, body: RString, options: RHash) -> Result<Self, Error> {
+        // Copied while the GVL is held: the Ruby string may move once it is released.
+        let body = unsafe { body.as_slice() }.to_vec();
         Ok(RbOutgoing { inner: message(ruby, &mq.inner, body, options)? })
     }
 

@@ -93,7 +93,7 @@ RSpec.shared_examples "a transport" do
 
   it "streams a batch: sent in order while the block builds, confirms awaited together" do
     consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
-    n = AceMQ::AMQP::NativeStream::CHUNK * 3 + 7 # several chunks and a tail
+    n = AceMQ::AMQP::NativeBatch::CHUNK * 3 + 7 # several chunks and a tail
     count = @mq.batch(stream: true) { |b| n.times { |i| b.publish({ "n" => i }, to: queue) } }
     expect(count).to eq(n)
     # One consumer thread on one queue: the order they were published in.
@@ -102,7 +102,7 @@ RSpec.shared_examples "a transport" do
 
   it "streams a batch whose block raises: what it published went out, and its exception is raised" do
     consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
-    n = AceMQ::AMQP::NativeStream::CHUNK + 5 # one chunk handed over, the tail not yet
+    n = AceMQ::AMQP::NativeBatch::CHUNK + 5 # one chunk handed over, the tail not yet
     expect do
       @mq.batch(stream: true) do |b|
         n.times { |i| b.publish({ "n" => i }, to: queue) }

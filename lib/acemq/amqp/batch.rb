@@ -16,55 +16,37 @@ module AceMQ
     class Batch
       def initialize(connection, stream: false)
         @connection = connection
-        @items = []
-        @stream = stream ? connection.__send__(:_stream) : nil
+        @native = connection.__send__(:_batch, stream)
+        @stream = stream
         @count = 0
       end
 
+      # The payload is encoded straight into the message the engine keeps
+      # (held) or sends (streamed); the options are read as a publish's.
       def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil)
-        return push(payload, to, exchange, envelope, type, headers) if @stream
-
-        item, env = @connection.__send__(:outgoing, payload, to, exchange, envelope, type, headers)
-        @items << item
+        env = @native._push(payload, @connection.__send__(:publish_options, to, exchange, envelope, type, headers))
+        @count += 1
         env
       end
 
-      def size = @stream ? @count : @items.size
+      def size = @count
 
-      def streamed? = !@stream.nil?
+      def streamed? = @stream
 
       # Send what is left and wait; returns how many were published.
-      def flush
-        return @stream._finish if @stream
-        return 0 if @items.empty?
-
-        items = @items
-        @items = []
-        @connection.__send__(:_publish_batch, items)
-      end
+      def flush = @native._finish
 
       # The block raised: a held batch sends nothing; a streamed one sends
       # what was published and waits for it, and the block's exception is
       # the one raised (a confirm's failure would only hide it).
       def abandon
-        return @items.clear unless @stream
+        return @native._discard unless @stream
 
         begin
-          @stream._finish
+          @native._finish
         rescue StandardError
           nil
         end
-      end
-
-      private
-
-      # Built and handed to the engine's stream at once: it sends in chunks
-      # of its own (core's STREAM_CHUNK) and waits here only when a few
-      # thousand are unsent.
-      def push(payload, to, exchange, envelope, type, headers)
-        env = @stream._push(*@connection.__send__(:prepare, payload, to, exchange, envelope, type, headers))
-        @count += 1
-        env
       end
     end
   end

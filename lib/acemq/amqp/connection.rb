@@ -221,36 +221,36 @@ module AceMQ
       # engine (Outgoing), whose envelope_for holds every rule (a fresh
       # envelope unless one is given, type and headers over it, the trace
       # context unless one is there, this connection's origin, attempt 1).
-      # What was left out goes as nil. publish, a held batch and
-      # Patterns.record (an outbox row) come through here, and a streamed
-      # batch through #prepare, which the engine reads the same way, so they
-      # all carry the same.
+      # What was left out goes as nil. publish and Patterns.record (an
+      # outbox row) come through here, and a batch through #publish_options and its
+      # engine's _push, which reads them the same way, so they all carry the
+      # same.
       def outgoing(payload, to, exchange, envelope, type, headers)
-        out = Outgoing._build(self, *prepare(payload, to, exchange, envelope, type, headers))
+        out = Outgoing._build(self, encode(payload), publish_options(to, exchange, envelope, type, headers))
         [out, out.__send__(:_envelope)]
       end
 
-      # What the engine builds a message from: the payload as JSON, and the
-      # options by name (Outgoing._build and a stream's _push read them).
-      def prepare(payload, to, exchange, envelope, type, headers)
+      # The options by name, as the engine reads them (Outgoing._build and a
+      # batch's _push).
+      def publish_options(to, exchange, envelope, type, headers)
         raise ConfigurationError, "envelope: must be an AceMQ::AMQP::Envelope" if envelope && !envelope.is_a?(Envelope)
         unless headers.nil? || headers.is_a?(Hash)
           raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
         end
 
-        [encode(payload), { exchange: exchange.to_s, to: to.to_s, envelope: envelope, type: type&.to_s,
-                            headers: headers, trace: Tracing.context }]
+        { exchange: exchange.to_s, to: to.to_s, envelope: envelope, type: type&.to_s, headers: headers,
+          trace: Tracing.context }
       end
 
-      def encode(payload)
-        # The engine writes JSON.generate's bytes itself for Hashes, Arrays,
-        # Strings, numbers, true, false and nil, and leaves anything else
-        # (a Time, a subclass, a Symbol value: whatever has a to_json of its
-        # own, and whatever JSON.generate refuses) to JSON.generate below.
-        AMQP._generate(payload) || generate(payload)
-      end
+      # The engine writes JSON.generate's bytes itself for Hashes, Arrays,
+      # Strings, numbers, true, false and nil, and leaves anything else (a
+      # Time, a subclass, a Symbol value: whatever has a to_json of its own,
+      # and whatever JSON.generate refuses) to Connection.generate below.
+      def encode(payload) = AMQP._encode(payload)
 
-      def generate(payload)
+      # The payload's JSON by JSON.generate, for what the engine does not
+      # write itself (it calls this).
+      def self.generate(payload)
         json = JSON.generate(payload)
         # An object with no JSON form of its own is generated as its to_s,
         # "#<Object:0x...>": a message nobody can use. Cheap to rule out
@@ -264,6 +264,7 @@ module AceMQ
         raise EncodingError, "the payload cannot be sent as JSON (#{e.message}): publish a Hash, Array, String, " \
                              "number, true, false or nil"
       end
+      private_class_method :generate
 
       # A count for the engine, which checks it (at least 1): nil stays nil,
       # and a negative one, which cannot cross into its unsigned field, goes

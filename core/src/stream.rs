@@ -48,6 +48,13 @@ pub struct OutgoingMessage {
     pub envelope: Envelope,
 }
 
+impl OutgoingMessage {
+    /// Borrowed as [`Connection::send_json_batch`] takes it.
+    pub fn as_json(&self) -> JsonMessage<'_> {
+        JsonMessage { body: &self.body, exchange: &self.exchange, routing_key: &self.routing_key, envelope: &self.envelope }
+    }
+}
+
 /// Publishes sent as they are handed over, confirmed together: see the
 /// module documentation. Made by [`Connection::stream`].
 pub struct PublishStream {
@@ -74,10 +81,7 @@ impl Connection {
             let mut pending: std::collections::VecDeque<Result<Confirm>> = std::collections::VecDeque::new();
             let (mut waited, mut first_error) = (0usize, None);
             while let Some((took, chunk)) = rx.recv().await {
-                let messages: Vec<JsonMessage<'_>> = chunk
-                    .iter()
-                    .map(|m| JsonMessage { body: &m.body, exchange: &m.exchange, routing_key: &m.routing_key, envelope: &m.envelope })
-                    .collect();
+                let messages: Vec<JsonMessage<'_>> = chunk.iter().map(OutgoingMessage::as_json).collect();
                 pending.extend(conn.send_json_batch(&messages).await);
                 // Sent (its frames are lapin's now): the room it took is free.
                 freed.add_permits(took as usize);
@@ -98,6 +102,24 @@ impl Connection {
             }
         });
         PublishStream { chunks: Some(tx), chunk: Vec::with_capacity(STREAM_CHUNK), room, task }
+    }
+}
+
+impl Connection {
+    /// Send every message of a held batch, in order, then wait for every
+    /// confirm: how many were published, or the first failure once every
+    /// confirm has been waited for ([`Confirm::wait_all`]), so that what did
+    /// go out is known to have gone out. A stream ([`Connection::stream`])
+    /// sends while the batch is still being built; this sends nothing before
+    /// it is called.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: as [`Connection::send_json_batch`], a dropped future
+    /// may have sent some of the messages, in order, with no answer for them.
+    pub async fn send_all(&self, messages: &[OutgoingMessage]) -> Result<usize> {
+        let borrowed: Vec<JsonMessage<'_>> = messages.iter().map(OutgoingMessage::as_json).collect();
+        Confirm::wait_all(self.send_json_batch(&borrowed).await).await
     }
 }
 

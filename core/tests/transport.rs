@@ -429,6 +429,41 @@ async fn a_batch_with_a_missing_exchange_fails_only_those_messages_and_keeps_the
     }
 }
 
+/// A held batch (`send_all`): every message sent in order, every confirm
+/// waited for, and an unroutable message in the middle reported only after
+/// the ones around it are stored.
+#[tokio::test(flavor = "multi_thread")]
+async fn send_all_stores_the_batch_and_reports_a_failure_after_every_confirm() {
+    for mq in transports().await {
+        let q = unique("sendall");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let message = |n: u32, to: &str| acemq::OutgoingMessage {
+            body: format!(r#"{{"n":{n}}}"#).into_bytes(),
+            exchange: String::new(),
+            routing_key: to.to_owned(),
+            envelope: mq.envelope_for(&PublishOptions::default()),
+        };
+        let good: Vec<_> = (0..5).map(|n| message(n, &q)).collect();
+        assert_eq!(mq.send_all(&good).await.unwrap(), 5);
+        assert_eq!(mq.send_all(&[]).await.unwrap(), 0);
+
+        let mut mixed: Vec<_> = (5..7).map(|n| message(n, &q)).collect();
+        mixed.push(message(99, &unique("noqueue")));
+        mixed.extend((7..9).map(|n| message(n, &q)));
+        let err = mq.send_all(&mixed).await.unwrap_err();
+        assert_eq!(*err.kind(), ErrorKind::Unroutable, "{err}");
+        // The good one behind the bad one was stored too, in order.
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let mut seen = Vec::new();
+        for _ in 0..9 {
+            let d = next(&c).await;
+            seen.push(d.message.payload["n"].as_u64().unwrap());
+            c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        }
+        assert_eq!(seen, vec![0, 1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+}
+
 /// Close this connection from the broker's side, as a restart or a network
 /// cut would: `rabbitmqctl close_connection` on the connection named by its
 /// origin.

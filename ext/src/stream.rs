@@ -9,7 +9,7 @@
 
 use crate::errors::IntoRuby;
 use crate::gvl;
-use acemq::{Confirm, JsonMessage, OutgoingMessage, PublishStream};
+use acemq::{OutgoingMessage, PublishStream};
 use magnus::{method, prelude::*, Error, RHash, RModule, Ruby, Value};
 use std::sync::Mutex;
 
@@ -83,14 +83,7 @@ impl RbBatch {
         let conn = &rb_self.conn;
         match pending {
             Pending::Held(held) if held.is_empty() => Ok(0),
-            Pending::Held(held) => gvl::block_on(ruby, async {
-                let messages: Vec<JsonMessage<'_>> = held
-                    .iter()
-                    .map(|m| JsonMessage { body: &m.body, exchange: &m.exchange, routing_key: &m.routing_key, envelope: &m.envelope })
-                    .collect();
-                Confirm::wait_all(conn.send_json_batch(&messages).await).await
-            })?
-            .rb(ruby),
+            Pending::Held(held) => gvl::block_on(ruby, conn.send_all(&held))?.rb(ruby),
             Pending::Streamed(stream) => gvl::block_on(ruby, stream.finish())?.rb(ruby),
         }
     }

@@ -22,17 +22,23 @@ fn new_id() -> String {
     acemq::new_id()
 }
 
-/// A payload's JSON text as `JSON.generate` writes it, or nil when it holds
-/// what only `JSON.generate` writes (`json::generate`).
+/// The native walk alone (`json::generate`): a payload's JSON text as
+/// `JSON.generate` writes it, or nil where it leaves the payload to
+/// `JSON.generate`. Only the specs call it, to hold the walk to
+/// `JSON.generate`'s bytes; a publish calls `_encode`.
 fn generate(ruby: &Ruby, payload: Value) -> Option<RString> {
-    json::generate(ruby, payload)
+    json::generate(ruby, payload).map(|bytes| utf8(ruby, &bytes))
 }
 
 /// A payload's JSON as a publish sends it (`json::encode`): the native walk,
 /// or `Connection.generate` for what only `JSON.generate` writes.
 fn encode(ruby: &Ruby, payload: Value) -> Result<RString, Error> {
-    let bytes = json::encode(ruby, payload)?;
-    Ok(ruby.enc_str_new(&bytes, ruby.utf8_encoding()))
+    Ok(utf8(ruby, &json::encode(ruby, payload)?))
+}
+
+/// JSON text (UTF-8) as a Ruby String.
+fn utf8(ruby: &Ruby, bytes: &[u8]) -> RString {
+    ruby.enc_str_new(bytes, ruby.utf8_encoding())
 }
 
 #[magnus::init(name = "acemq")]

@@ -82,7 +82,6 @@ impl RbBatch {
         let pending = rb_self.inner.lock().unwrap_or_else(|p| p.into_inner()).take().ok_or_else(|| Self::finished(ruby))?;
         let conn = &rb_self.conn;
         match pending {
-            Pending::Held(held) if held.is_empty() => Ok(0),
             Pending::Held(held) => gvl::block_on(ruby, conn.send_all(&held))?.rb(ruby),
             Pending::Streamed(stream) => gvl::block_on(ruby, stream.finish())?.rb(ruby),
         }

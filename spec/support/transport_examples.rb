@@ -91,6 +91,16 @@ RSpec.shared_examples "a transport" do
     expect(Array.new(50) { take }.sort).to eq((0...50).to_a)
   end
 
+  it "sends nothing for an empty batch, held or streamed, and says so" do
+    expect(@mq.batch { |_b| nil }).to eq(0)
+    expect(@mq.batch(stream: true) { |_b| nil }).to eq(0)
+    @mq.publish({ "n" => 1 }, to: queue)
+    consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
+    expect(take).to eq(1)
+    sleep 0.1
+    expect(received.size).to eq(0) # the one message, and nothing from the empty batches
+  end
+
   it "streams a batch: sent in order while the block builds, confirms awaited together" do
     consume { |m| received << m.payload["n"]; AceMQ::AMQP::Ack.accept }
     n = AceMQ::AMQP::NativeBatch::CHUNK * 3 + 7 # several chunks and a tail

@@ -636,7 +636,7 @@ impl Consumer {
     async fn wait(&self, mut raw: RawDelivery, attempt: u32, reason: &str, up_to: Duration) -> Result<ProcessOutcome> {
         let max = self.options.retry.max_attempts;
         let now = now_secs();
-        let h = &raw.props.headers;
+        let h = raw.props.headers();
         let since = h.get(WAITING_SINCE_HEADER).and_then(Value::as_u64).unwrap_or(now);
         let waits = h.get(WAITS_HEADER).and_then(Value::as_u64).unwrap_or(0);
         let waited = Duration::from_secs(now.saturating_sub(since));
@@ -647,7 +647,7 @@ impl Consumer {
         let step = u32::try_from(u64::from(attempt).saturating_add(waits)).unwrap_or(u32::MAX).clamp(1, max - 1);
         let rung = rung_name(&self.queue, self.options.retry.delay_after(step));
         self.failure_headers(&mut raw, reason, None);
-        let h = &mut raw.props.headers;
+        let h = raw.props.headers_mut();
         h.insert(WAITING_SINCE_HEADER.into(), Value::from(since));
         h.insert(WAITS_HEADER.into(), Value::from(waits + 1));
         h.insert(ATTEMPT_HEADER.into(), Value::from(attempt));
@@ -809,7 +809,7 @@ impl Consumer {
     }
 
     fn failure_headers(&self, raw: &mut RawDelivery, reason: &str, error_class: Option<&str>) {
-        let h = &mut raw.props.headers;
+        let h = raw.props.headers_mut();
         h.insert(REASON_HEADER.into(), Value::from(crate::limits::bounded(reason, crate::limits::MAX_REASON)));
         match error_class {
             Some(c) => h.insert(ERROR_CLASS_HEADER.into(), Value::from(crate::limits::bounded(c, crate::limits::MAX_SHORT))),
@@ -829,9 +829,9 @@ impl Consumer {
         let delay = self.options.retry.delay_after(attempt);
         let rung = rung_name(&self.queue, delay);
         self.failure_headers(&mut raw, reason, error_class);
-        raw.props.headers.insert(ATTEMPT_HEADER.into(), Value::from(attempt + 1));
-        raw.props.headers.remove(WAITING_SINCE_HEADER);
-        raw.props.headers.remove(WAITS_HEADER);
+        raw.props.headers_mut().insert(ATTEMPT_HEADER.into(), Value::from(attempt + 1));
+        raw.props.headers_mut().remove(WAITING_SINCE_HEADER);
+        raw.props.headers_mut().remove(WAITS_HEADER);
         let id = crate::events::enabled().then(|| crate::wire::envelope_of(&raw.props).id);
         self.copy_then_ack(raw, &rung).await?;
         self.counters.retried.fetch_add(1, Ordering::Relaxed);
@@ -849,7 +849,7 @@ impl Consumer {
     pub(crate) async fn dead_letter(&self, mut raw: RawDelivery, reason: &str, error_class: Option<&str>) -> Result<()> {
         self.failure_headers(&mut raw, reason, error_class);
         let attempt = crate::wire::envelope_of(&raw.props).attempt;
-        raw.props.headers.insert(ATTEMPT_HEADER.into(), Value::from(attempt));
+        raw.props.headers_mut().insert(ATTEMPT_HEADER.into(), Value::from(attempt));
         let id = crate::events::enabled().then(|| crate::wire::envelope_of(&raw.props).id);
         self.copy_then_ack(raw, &dlq_name(&self.queue)).await?;
         self.counters.dead_lettered.fetch_add(1, Ordering::Relaxed);

@@ -107,7 +107,7 @@ pub fn properties(props: &Props) -> Result<()> {
             short(what, v)?;
         }
     }
-    let size = table(&props.headers, 1)?;
+    let size = table(props.headers(), 1)?;
     let total = size + [&props.message_id, &props.kind, &props.app_id, &props.content_type, &props.correlation_id]
         .iter()
         .map(|v| v.as_ref().map_or(0, |s| s.len() + 1))
@@ -169,7 +169,7 @@ pub fn fit_copy(props: &mut Props) {
         return;
     }
     let mut droppable: Vec<(usize, String)> = props
-        .headers
+        .headers()
         .iter()
         .filter(|(k, v)| !k.starts_with("x-acemq-") && !crate::trace::kept_on_copies(k, v))
         .map(|(k, v)| (k.len() + value(v, 1).unwrap_or(usize::MAX / 2), k.clone()))
@@ -181,10 +181,10 @@ pub fn fit_copy(props: &mut Props) {
     const NOTE: &str = "x-acemq-dropped-headers";
     const PREFIX: &str = "too large for one frame: ";
     const NAMES: usize = 1024;
-    let earlier = props.headers.insert(NOTE.into(), Value::from(" ".repeat(PREFIX.len() + NAMES)));
+    let earlier = props.headers_mut().insert(NOTE.into(), Value::from(" ".repeat(PREFIX.len() + NAMES)));
     let mut dropped = Vec::new();
     for (_, name) in droppable {
-        props.headers.remove(&name);
+        props.headers_mut().remove(&name);
         dropped.push(name);
         if properties(props).is_ok() {
             break;
@@ -192,12 +192,12 @@ pub fn fit_copy(props: &mut Props) {
     }
     if dropped.is_empty() {
         match earlier {
-            Some(note) => props.headers.insert(NOTE.into(), note),
-            None => props.headers.remove(NOTE),
+            Some(note) => props.headers_mut().insert(NOTE.into(), note),
+            None => props.headers_mut().remove(NOTE),
         };
     } else {
         let names = bounded(&dropped.join(", "), NAMES);
-        props.headers.insert(NOTE.into(), Value::from(format!("{PREFIX}{names}")));
+        props.headers_mut().insert(NOTE.into(), Value::from(format!("{PREFIX}{names}")));
     }
 }
 
@@ -241,38 +241,39 @@ mod tests {
 
     #[test]
     fn properties_are_checked_as_encoded() {
-        let mut p = Props { message_id: Some("é".repeat(128)), ..Props::default() };
+        let mut p = Props::default();
+        p.message_id = Some("é".repeat(128));
         assert!(properties(&p).unwrap_err().to_string().contains("message id is 256 bytes"));
         p.message_id = None;
-        p.headers.insert("k".repeat(256), Value::from(1));
+        p.headers_mut().insert("k".repeat(256), Value::from(1));
         assert!(properties(&p).unwrap_err().to_string().contains("header name"));
-        p.headers.clear();
+        p.headers_mut().clear();
         let mut deep = Value::from(1);
         for _ in 0..40 {
             let mut m = serde_json::Map::new();
             m.insert("x".into(), deep);
             deep = Value::Object(m);
         }
-        p.headers.insert("deep".into(), deep);
+        p.headers_mut().insert("deep".into(), deep);
         assert!(properties(&p).unwrap_err().to_string().contains("nest deeper"));
-        p.headers.clear();
-        p.headers.insert("big".into(), Value::from("x".repeat(200_000)));
+        p.headers_mut().clear();
+        p.headers_mut().insert("big".into(), Value::from("x".repeat(200_000)));
         assert!(properties(&p).unwrap_err().to_string().contains("one AMQP frame"));
     }
 
     #[test]
     fn a_copy_too_large_for_a_frame_drops_its_largest_application_headers() {
         let mut p = Props::default();
-        p.headers.insert("huge".into(), Value::from("x".repeat(MAX_PROPERTIES - 100)));
-        p.headers.insert("small".into(), Value::from("kept"));
-        p.headers.insert("x-acemq-reason".into(), Value::from("r".repeat(MAX_REASON)));
+        p.headers_mut().insert("huge".into(), Value::from("x".repeat(MAX_PROPERTIES - 100)));
+        p.headers_mut().insert("small".into(), Value::from("kept"));
+        p.headers_mut().insert("x-acemq-reason".into(), Value::from("r".repeat(MAX_REASON)));
         fit_copy(&mut p);
         assert!(properties(&p).is_ok());
-        assert!(!p.headers.contains_key("huge"));
-        assert_eq!(p.headers["small"], "kept");
-        assert!(p.headers["x-acemq-dropped-headers"].as_str().unwrap().contains("huge"));
+        assert!(!p.headers().contains_key("huge"));
+        assert_eq!(p.headers()["small"], "kept");
+        assert!(p.headers()["x-acemq-dropped-headers"].as_str().unwrap().contains("huge"));
         let mut fine = Props::default();
-        fine.headers.insert("a".into(), Value::from(1));
+        fine.headers_mut().insert("a".into(), Value::from(1));
         let before = fine.clone();
         fit_copy(&mut fine);
         assert_eq!(fine, before, "a copy that fits is left alone");
@@ -285,19 +286,19 @@ mod tests {
         // Each smaller than the trace headers, so a drop by size alone
         // would take those first.
         for i in 0..4000 {
-            p.headers.insert(format!("h{i:04}"), Value::from("y".repeat(30)));
+            p.headers_mut().insert(format!("h{i:04}"), Value::from("y".repeat(30)));
         }
-        p.headers.insert("traceparent".into(), Value::from(tp));
-        p.headers.insert("tracestate".into(), Value::from("congo=t61rcWkgMzE"));
+        p.headers_mut().insert("traceparent".into(), Value::from(tp));
+        p.headers_mut().insert("tracestate".into(), Value::from("congo=t61rcWkgMzE"));
         fit_copy(&mut p);
         assert!(properties(&p).is_ok());
-        assert_eq!(p.headers["traceparent"], tp);
-        assert_eq!(p.headers["tracestate"], "congo=t61rcWkgMzE");
+        assert_eq!(p.headers()["traceparent"], tp);
+        assert_eq!(p.headers()["tracestate"], "congo=t61rcWkgMzE");
         // One that is not a trace context by size goes like any other.
         let mut q = Props::default();
-        q.headers.insert("traceparent".into(), Value::from("z".repeat(MAX_PROPERTIES)));
+        q.headers_mut().insert("traceparent".into(), Value::from("z".repeat(MAX_PROPERTIES)));
         fit_copy(&mut q);
-        assert!(properties(&q).is_ok() && !q.headers.contains_key("traceparent"));
+        assert!(properties(&q).is_ok() && !q.headers().contains_key("traceparent"));
     }
 
     #[test]

@@ -56,7 +56,7 @@ pub const REPLAYED_AT_HEADER: &str = "x-acemq-replayed-at";
 
 fn matches(raw: &RawDelivery, options: &ReplayOptions) -> bool {
     let reason_ok = options.reason.as_deref().is_none_or(|want| {
-        raw.props.headers.get(REASON_HEADER).and_then(Value::as_str).is_some_and(|r| r.contains(want))
+        raw.props.header(REASON_HEADER).is_some_and(|r| r.as_str().is_some_and(|r| r.contains(want)))
     });
     let kind_ok = options.kind.as_deref().is_none_or(|want| raw.props.kind.as_deref() == Some(want));
     reason_ok && kind_ok
@@ -67,7 +67,7 @@ fn matches(raw: &RawDelivery, options: &ReplayOptions) -> bool {
 /// own and the earlier ones are still there to read.
 fn revived(mut raw: RawDelivery) -> RawDelivery {
     let attempts = envelope_of(&raw.props).attempt;
-    let h = &mut raw.props.headers;
+    let h = raw.props.headers_mut();
     let mut entry = Map::new();
     for (key, name) in [(REASON_HEADER, "reason"), (ERROR_CLASS_HEADER, "error_class"), (FAILED_AT_HEADER, "failed_at"), (QUEUE_HEADER, "queue")] {
         if let Some(v) = h.remove(key) {
@@ -126,7 +126,7 @@ impl Connection {
             while seen.len() < limit {
                 let Some(raw) = reader.next().await? else { break };
                 let envelope = envelope_of(&raw.props);
-                let h = &raw.props.headers;
+                let h = raw.props.headers();
                 let text = |k: &str| h.get(k).and_then(Value::as_str).map(str::to_owned);
                 seen.push(DeadLetter {
                     id: envelope.id,

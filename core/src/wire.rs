@@ -35,7 +35,7 @@ pub const MALFORMED_HEADER: &str = "x-acemq-malformed";
 pub const MALFORMED_RAW_HEADER: &str = "x-acemq-malformed-raw";
 
 /// AMQP basic properties, as far as AceMQ reads and writes them.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct Props {
     /// `content_type`.
     pub content_type: Option<String>,
@@ -51,14 +51,72 @@ pub struct Props {
     pub correlation_id: Option<String>,
     /// `delivery_mode` 2.
     pub persistent: bool,
-    /// `headers`, all of them, `x-acemq-*` included.
-    pub headers: Headers,
+    /// `headers`, all of them, `x-acemq-*` included: read with
+    /// [`Props::header`] or [`Props::headers`], changed through
+    /// [`Props::headers_mut`]. Unset while they are still only the table in
+    /// [`Props::received`]: most deliveries are accepted with no more of
+    /// their headers read than the envelope's, each converted alone, and
+    /// converting the whole table into a map (then freeing both) cost a
+    /// consumer more than a tenth of its instructions a message.
+    headers: std::sync::OnceLock<Headers>,
     /// The header table exactly as it arrived, when it came off RabbitMQ.
     /// A copy (a retry, a dead letter, a replay) sends every header the
     /// engine did not change from here, so its bytes and its AMQP types
     /// (a string that is not UTF-8, a 16-bit integer, a timestamp) are
     /// what the publisher wrote, not what JSON can say of them.
     pub received: Received,
+}
+
+impl Props {
+    /// Properties with `headers` set.
+    pub fn with_headers(mut self, headers: Headers) -> Props {
+        self.headers = std::sync::OnceLock::from(headers);
+        self
+    }
+
+    /// Every header, converted from the table as it arrived the first time
+    /// they are asked for.
+    pub fn headers(&self) -> &Headers {
+        self.headers.get_or_init(|| self.received.headers_except(&[]))
+    }
+
+    /// Every header, to change.
+    pub fn headers_mut(&mut self) -> &mut Headers {
+        self.headers();
+        self.headers.get_mut().expect("headers() has just set them")
+    }
+
+    /// One header, without converting the others while they are still the
+    /// table as it arrived.
+    pub fn header(&self, name: &str) -> Option<std::borrow::Cow<'_, Value>> {
+        match self.headers.get() {
+            Some(h) => h.get(name).map(std::borrow::Cow::Borrowed),
+            None => self.received.header(name).map(std::borrow::Cow::Owned),
+        }
+    }
+
+    /// Every header but those named in `skip`, converted, without converting
+    /// the skipped ones while they are still the table as it arrived.
+    pub fn headers_except(&self, skip: &[&str]) -> Headers {
+        match self.headers.get() {
+            Some(h) => h.iter().filter(|(k, _)| !skip.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect(),
+            None => self.received.headers_except(skip),
+        }
+    }
+}
+
+impl PartialEq for Props {
+    fn eq(&self, other: &Props) -> bool {
+        self.content_type == other.content_type
+            && self.message_id == other.message_id
+            && self.kind == other.kind
+            && self.app_id == other.app_id
+            && self.timestamp == other.timestamp
+            && self.correlation_id == other.correlation_id
+            && self.persistent == other.persistent
+            && self.headers() == other.headers()
+            && self.received == other.received
+    }
 }
 
 /// What [`Props::received`] holds: opaque, set only by the AMQP transport
@@ -100,7 +158,7 @@ pub fn props_for(envelope: &Envelope) -> Props {
         timestamp: Some(envelope.timestamp),
         correlation_id: None,
         persistent: true,
-        headers,
+        headers: std::sync::OnceLock::from(headers),
         received: Received::default(),
     }
 }
@@ -110,20 +168,15 @@ pub fn props_for(envelope: &Envelope) -> Props {
 /// `x-acemq-id` header, else empty — and an empty id is not a key the
 /// idempotent consumer will guess at (see docs/idempotency.md).
 pub fn envelope_of(props: &Props) -> Envelope {
-    let h = &props.headers;
-    let text = |name: &str| h.get(name).and_then(|v| v.as_str().map(str::to_owned));
-    let attempt = h
-        .get(ATTEMPT_HEADER)
+    let text = |name: &str| props.header(name).and_then(|v| v.as_str().map(str::to_owned));
+    let attempt = props
+        .header(ATTEMPT_HEADER)
         .and_then(|v| v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())))
         .unwrap_or(1)
         .clamp(1, u32::MAX as u64) as u32;
-    // The application's headers: all but the envelope's own, copied one by
-    // one (a message that carries only the envelope's copies nothing).
-    let headers = h
-        .iter()
-        .filter(|(k, _)| ![ID_HEADER, ORIGIN_HEADER, ATTEMPT_HEADER].contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    // The application's headers: all but the envelope's own, converted one
+    // by one (a message that carries only the envelope's converts nothing).
+    let headers = props.headers_except(&[ID_HEADER, ORIGIN_HEADER, ATTEMPT_HEADER]);
     Envelope {
         id: props.message_id.clone().filter(|s| !s.is_empty()).or_else(|| text(ID_HEADER)).unwrap_or_default(),
         kind: props.kind.clone(),
@@ -188,7 +241,7 @@ pub fn decode(queue: &str, raw: &RawDelivery) -> Result<Message, Undecodable> {
 
 /// [`decode`], reading the payload as `payload` says.
 pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Message, Undecodable> {
-    if let Some(what) = raw.props.headers.get(MALFORMED_HEADER) {
+    if let Some(what) = raw.props.header(MALFORMED_HEADER) {
         // Its values are not what the publisher sent: handling it as if
         // they were would key the idempotent consumer on a repaired id, and
         // route on a repaired type.
@@ -298,7 +351,7 @@ mod tests {
     #[test]
     fn a_repaired_message_is_undecodable_with_what_was_repaired() {
         let mut r = raw("{}", Some("application/json"));
-        r.props.headers.insert(MALFORMED_HEADER.into(), Value::from("message_id: not UTF-8, was \"id-\\xff\""));
+        r.props.headers_mut().insert(MALFORMED_HEADER.into(), Value::from("message_id: not UTF-8, was \"id-\\xff\""));
         let reason = decode("q", &r).unwrap_err().reason;
         assert!(reason.contains("message_id: not UTF-8") && reason.contains("repaired"), "{reason}");
         assert!(reason.contains("not the original bytes"), "{reason}");

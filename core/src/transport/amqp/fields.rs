@@ -31,26 +31,43 @@ pub(super) fn to_basic_properties(p: &Props) -> BasicProperties {
     if p.persistent {
         b = b.with_delivery_mode(2);
     }
-    if !p.headers.is_empty() {
-        b = b.with_headers(to_field_table_keeping(&p.headers, p.received.0.as_deref().and_then(|r| r.headers().as_ref())));
+    if !p.headers().is_empty() {
+        b = b.with_headers(to_field_table_keeping(p.headers(), p.received.table()));
     }
     b
 }
 
+/// The engine's properties for what arrived. The header table is not
+/// converted here: it goes with them as it arrived, moved rather than
+/// copied, and [`Props::header`] converts what is read of it.
 pub(super) fn from_basic_properties(b: BasicProperties) -> Props {
     let s = |v: &Option<ShortString>| v.as_ref().map(|x| x.as_str().to_owned());
-    let headers = b.headers().as_ref().map(from_field_table);
-    Props {
-        content_type: s(b.content_type()),
-        message_id: s(b.message_id()),
-        kind: s(b.kind()),
-        app_id: s(b.app_id()),
-        timestamp: *b.timestamp(),
-        correlation_id: s(b.correlation_id()),
-        persistent: *b.delivery_mode() == Some(2),
-        // The table as it arrived goes with them, moved rather than copied.
-        received: crate::wire::Received(headers.is_some().then(|| Arc::new(b))),
-        headers: headers.unwrap_or_default(),
+    let mut p = Props::default();
+    p.content_type = s(b.content_type());
+    p.message_id = s(b.message_id());
+    p.kind = s(b.kind());
+    p.app_id = s(b.app_id());
+    p.timestamp = *b.timestamp();
+    p.correlation_id = s(b.correlation_id());
+    p.persistent = *b.delivery_mode() == Some(2);
+    p.received = crate::wire::Received(b.headers().is_some().then(|| Arc::new(b)));
+    p
+}
+
+impl crate::wire::Received {
+    fn table(&self) -> Option<&FieldTable> {
+        self.0.as_deref().and_then(|b| b.headers().as_ref())
+    }
+
+    /// One header of the table as it arrived, converted.
+    pub(crate) fn header(&self, name: &str) -> Option<Value> {
+        self.table()?.inner().get(name).map(from_amqp)
+    }
+
+    /// Every header of the table as it arrived but those in `skip`, converted.
+    pub(crate) fn headers_except(&self, skip: &[&str]) -> Headers {
+        let Some(t) = self.table() else { return Headers::new() };
+        t.inner().iter().filter(|(k, _)| !skip.contains(&k.as_str())).map(|(k, v)| (k.as_str().to_owned(), from_amqp(v))).collect()
     }
 }
 
@@ -91,10 +108,6 @@ pub(super) fn to_amqp(v: &Value) -> AMQPValue {
         Value::Array(a) => AMQPValue::FieldArray(FieldArray::from(a.iter().map(to_amqp).collect::<Vec<_>>())),
         Value::Object(o) => AMQPValue::FieldTable(to_field_table(o)),
     }
-}
-
-pub(super) fn from_field_table(t: &FieldTable) -> Headers {
-    table_at(t, 1)
 }
 
 /// `t`, a table `depth` levels down. Bounded like what the engine sends
@@ -143,6 +156,32 @@ mod tests {
     use super::*;
 
     #[test]
+    fn headers_off_the_wire_are_converted_as_they_are_read() {
+        let mut t = FieldTable::default();
+        t.insert(ShortString::from("x-acemq-attempt"), AMQPValue::ShortInt(3));
+        t.insert(ShortString::from("tenant"), AMQPValue::LongString(LongString::from("acme")));
+        let p = from_basic_properties(BasicProperties::default().with_headers(t));
+        assert_eq!(p.header("x-acemq-attempt").as_deref(), Some(&Value::from(3)));
+        assert_eq!(p.header("absent"), None);
+        assert_eq!(Value::Object(p.headers_except(&["x-acemq-attempt"])), serde_json::json!({"tenant": "acme"}));
+        assert_eq!(crate::wire::envelope_of(&p).attempt, 3);
+        // Sent again unchanged: every value as it arrived, the 16-bit integer too.
+        let sent = to_basic_properties(&p);
+        assert_eq!(sent.headers().as_ref().unwrap().inner().get("x-acemq-attempt"), Some(&AMQPValue::ShortInt(3)));
+        // Changed: the change is read and sent, the rest still as it arrived.
+        let mut q = p.clone();
+        q.headers_mut().insert("x-acemq-attempt".into(), Value::from(4));
+        assert_eq!(q.header("x-acemq-attempt").as_deref(), Some(&Value::from(4)));
+        assert_eq!(q.headers()["tenant"], "acme");
+        let sent = to_basic_properties(&q);
+        let h = sent.headers().as_ref().unwrap().inner();
+        assert_eq!(h.get("x-acemq-attempt"), Some(&AMQPValue::LongLongInt(4)));
+        assert_eq!(h.get("tenant"), Some(&AMQPValue::LongString(LongString::from("acme"))));
+        assert_ne!(p, q);
+        assert_eq!(p, p.clone().with_headers(p.headers().clone()), "equal whether converted or not");
+    }
+
+    #[test]
     fn converting_headers_is_bounded_in_depth() {
         // Deeper than the frame filter lets through, built bottom up.
         let mut v = AMQPValue::LongLongInt(1);
@@ -152,7 +191,7 @@ mod tests {
             v = AMQPValue::FieldTable(t);
         }
         let AMQPValue::FieldTable(top) = v else { unreachable!() };
-        let mut h = Value::Object(from_field_table(&top));
+        let mut h = Value::Object(table_at(&top, 1));
         let mut levels = 1;
         while let Some(inner) = h.get("a").filter(|x| x.is_object()).cloned() {
             h = inner;
@@ -160,7 +199,7 @@ mod tests {
         }
         assert_eq!(levels, crate::limits::MAX_HEADER_DEPTH);
         assert_eq!(h["a"], Value::from("[nested deeper than 32 levels]"));
-        let p = Props { headers: from_field_table(&top), ..Props::default() };
+        let p = Props::default().with_headers(table_at(&top, 1));
         assert!(crate::limits::properties(&p).is_ok(), "what it converts to can be sent again");
     }
 }

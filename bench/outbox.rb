@@ -36,6 +36,26 @@ module OutboxBench
   TARGET_RATE = 10_000 # rows/s, PostgreSQL, batches of 1000
   TARGET_RATIO = 5.0   # against the Bunny relay, batches of 1000
 
+  # For the scripts that explain a row (bench/outbox_cpu.rb,
+  # bench/outbox_sqlite_cpu.rb): each timed run's figures a row, from the
+  # script's #sample before and after it (#per_row), kept for #measured.
+  module Measured
+    def timed(n)
+      GC.start
+      before = sample
+      t = C.now
+      yield
+      secs = C.now - t
+      @last = per_row(before, sample, secs, n)
+      secs
+    end
+
+    def measured
+      yield
+      @last
+    end
+  end
+
   class Runner
     include C::Cleanup
 

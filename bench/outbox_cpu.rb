@@ -40,21 +40,13 @@ module OutboxCPU
   class Runner < OutboxBench::Runner
     # The timed part of bench/outbox.rb's relay.start and broker-alone runs,
     # with the CPU each group spent in it, a row, kept for #run.
-    def timed(n)
-      GC.start
-      before, idle0, total0 = OutboxCPU.sample(@backend, @poller)
-      t = C.now
-      yield
-      secs = C.now - t
-      after, idle1, total1 = OutboxCPU.sample(@backend, @poller)
-      @last = %i[ruby broker postgres backend poller].to_h { |g| [g, (after[g] - before[g]) / n] }
-                                      .merge(wall: secs * 1e6 / n, idle: (idle1 - idle0).fdiv(total1 - total0))
-      secs
-    end
+    include OutboxBench::Measured
 
-    def measured
-      yield
-      @last
+    def sample = OutboxCPU.sample(@backend, @poller)
+
+    def per_row((before, idle0, total0), (after, idle1, total1), secs, n)
+      %i[ruby broker postgres backend poller].to_h { |g| [g, (after[g] - before[g]) / n] }
+                                            .merge(wall: secs * 1e6 / n, idle: (idle1 - idle0).fdiv(total1 - total0))
     end
 
     def run

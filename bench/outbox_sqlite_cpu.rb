@@ -27,20 +27,11 @@ module OutboxSQLiteCPU
   NOW = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
 
   class Runner < OutboxBench::Runner
-    def timed(n)
-      GC.start
-      cpu = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
-      t = C.now
-      yield
-      secs = C.now - t
-      @last = { wall: secs * 1e6 / n, cpu: (Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - cpu) * 1e6 / n }
-      secs
-    end
+    include OutboxBench::Measured
 
-    def measured
-      yield
-      @last
-    end
+    def sample = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+
+    def per_row(before, after, secs, n) = { wall: secs * 1e6 / n, cpu: (after - before) * 1e6 / n }
 
     # The claim and the delete the started relay runs for each batch, on
     # the rows store.add wrote, until the table is empty.

@@ -8,6 +8,16 @@ use std::time::Duration;
 mod support;
 use support::{next, transports, unique};
 
+/// `{"n": n}` to the queue `to`, as a batch or a stream takes it.
+fn numbered(mq: &Connection, n: usize, to: &str) -> acemq::OutgoingMessage {
+    acemq::OutgoingMessage {
+        body: serde_json::to_vec(&json!({ "n": n })).unwrap(),
+        exchange: String::new(),
+        routing_key: to.to_owned(),
+        envelope: mq.envelope_for(&PublishOptions::default()),
+    }
+}
+
 fn short_ladder(max_attempts: u32) -> ConsumeOptions {
     ConsumeOptions { retry: RetryPolicy::new(max_attempts, Duration::from_millis(200), Duration::from_millis(400)), ..Default::default() }
 }
@@ -437,12 +447,7 @@ async fn send_all_stores_the_batch_and_reports_a_failure_after_every_confirm() {
     for mq in transports().await {
         let q = unique("sendall");
         mq.apply(&Topology::new().queue(&q)).await.unwrap();
-        let message = |n: u32, to: &str| acemq::OutgoingMessage {
-            body: format!(r#"{{"n":{n}}}"#).into_bytes(),
-            exchange: String::new(),
-            routing_key: to.to_owned(),
-            envelope: mq.envelope_for(&PublishOptions::default()),
-        };
+        let message = |n, to: &str| numbered(&mq, n, to);
         let good: Vec<_> = (0..5).map(|n| message(n, &q)).collect();
         assert_eq!(mq.send_all(&good).await.unwrap(), 5);
         assert_eq!(mq.send_all(&[]).await.unwrap(), 0);
@@ -663,12 +668,7 @@ async fn a_publish_stream_sends_in_order_past_its_window_and_reports_the_first_f
     for mq in transports().await {
         let q = unique("stream");
         mq.apply(&Topology::new().queue(&q)).await.unwrap();
-        let message = |n: usize, to: &str| acemq::OutgoingMessage {
-            body: serde_json::to_vec(&json!({ "n": n })).unwrap(),
-            exchange: String::new(),
-            routing_key: to.to_owned(),
-            envelope: mq.envelope_for(&PublishOptions::default()),
-        };
+        let message = |n, to: &str| numbered(&mq, n, to);
         let total = acemq::STREAM_WINDOW * 2 + 10;
         let mut stream = mq.stream();
         let mut waited = false;

@@ -97,7 +97,7 @@ module BenchCommon
     puts "#{title}: #{URL.sub(%r{//[^@]*@}, '//')}, #{PG_URL.sub(%r{//[^@]*@}, '//')}, median of #{RUNS} runs, " \
          "Ruby #{RUBY_VERSION}, Bunny #{Bunny::VERSION}, sqlite3 gem #{SQLite3::VERSION} " \
          "(libsqlite3 #{SQLite3::SQLITE_VERSION}), pg gem #{PG::VERSION}"
-    so = $LOADED_FEATURES.find { |f| f.end_with?("acemq/acemq.so") }
+    so = $LOADED_FEATURES.find { |f| f.end_with?("/acemq.so") && f.include?("acemq/") }
     puts format("extension: %s (%.1f MB%s)", so, File.size(so) / 1e6,
                 File.size(so) > 20e6 ? ", looks like a debug build: figures will be low" : "")
   end

@@ -352,7 +352,7 @@ module Bench
       started = Bench.now
       puts "AceMQ Ruby bench: #{URL.sub(%r{//[^@]*@}, '//')}, 1 KiB JSON, persistent, median of #{RUNS} runs, " \
            "Ruby #{RUBY_VERSION}, Bunny #{Bunny::VERSION}"
-      so = $LOADED_FEATURES.find { |f| f.end_with?("acemq/acemq.so") }
+      so = $LOADED_FEATURES.find { |f| f.end_with?("/acemq.so") && f.include?("acemq/") }
       puts format("extension: %s (%.1f MB%s)", so, File.size(so) / 1e6,
                   File.size(so) > 20e6 ? ", looks like a debug build: figures will be low" : "")
       # BENCH_CASES=consume,retry_once runs only those.

@@ -1,49 +1,20 @@
 # frozen_string_literal: true
 
-require "securerandom"
-require "acemq/amqp"
-require "acemq/amqp/patterns"
-require "acemq/rails"
-require "acemq/rspec/consumer_run"
-require "acemq/rspec/recording_publisher"
+require "rspec/expectations"
+require "acemq/testing/harness"
 
 module AceMQ
   module RSpec
-    # One example's AceMQ: a memory:// broker no other example sees, the
-    # recording publisher installed as AceMQ::Rails.publisher, and the
-    # consumer classes `deliver` has started on it. Opened when first used,
-    # so an example that never touches AceMQ costs nothing; reset and closed
-    # when the example ends.
-    class Harness
-      # How long the example's end waits for a handler still running.
-      STOP_TIMEOUT = 5
-
-      @current = nil
+    # The shared Harness (AceMQ::Testing::Harness) started around RSpec
+    # examples, failing them with RSpec's ExpectationNotMetError.
+    module Harness
+      FAILURE = ::RSpec::Expectations::ExpectationNotMetError
 
       class << self
-        # The running example's harness, nil outside an example or under
-        # `acemq: false`.
-        attr_reader :current
-
-        def start
-          stop
-          @current = new
-          @current.install
-          @current
-        end
-
-        def stop
-          harness = @current
-          @current = nil
-          harness&.finish
-        end
-
-        # The current harness, or an error saying why there is none.
-        def current!
-          @current || raise(AMQP::ConfigurationError,
-                            "acemq/rspec has no broker for this example: it runs with `acemq: false`, " \
-                            "or outside an example (a before(:all) or before(:suite) hook)")
-        end
+        def start = Testing::Harness.start(failure: FAILURE)
+        def stop = Testing::Harness.stop
+        def current = Testing::Harness.current
+        def current! = Testing::Harness.current!
 
         # The kit in RSpec's configuration: helpers and matchers in the
         # example groups matching filters (all of them by default), and a
@@ -58,108 +29,13 @@ module AceMQ
           config.after(**filters) { Harness.stop }
         end
       end
-
-      attr_reader :url, :publisher
-
-      def initialize
-        @url = "memory://acemq-rspec-#{Process.pid}-#{SecureRandom.hex(6)}"
-        @lock = Mutex.new
-        @connection = nil
-        @runs = {}
-        @duplicates = []
-        @listener = nil
-        @publisher = RecordingPublisher.new(-> { connection })
-      end
-
-      # Point AceMQ::Rails.publisher at this example's broker. What it was
-      # is read without calling the reader, which would open a connection
-      # to config.url when there was none.
-      def install
-        @previous_publisher = AceMQ::Rails.current_publisher
-        AceMQ::Rails.publisher = @publisher
-      end
-
-      # The example's broker: a connection to it, opened on first use, named
-      # as AceMQ::Rails.publisher names its own (it is the publisher here).
-      def connection
-        @lock.synchronize do
-          @connection ||= AMQP::Connection.open(@url, origin: "#{AceMQ::Rails.config.origin}:publish")
-        end
-      end
-
-      # consumer running on this broker, started on first use. instance:
-      # is the object whose #call handles the messages (default: a new one).
-      def run_for(consumer, instance: nil)
-        unless consumer.respond_to?(:subscribe) && consumer.respond_to?(:topology)
-          raise AMQP::ConfigurationError,
-                "deliver needs a consumer class (an AceMQ::Rails::Consumer subclass), got #{consumer.inspect}"
-        end
-
-        run = @lock.synchronize { @runs[consumer] }
-        if run
-          if instance && !instance.equal?(run.instance)
-            raise AMQP::ConfigurationError,
-                  "#{consumer} already runs on #{run.instance.inspect} in this example: " \
-                  "pass instance: on the first deliver"
-          end
-          return run
-        end
-
-        listen
-        run = ConsumerRun.new(self, consumer, instance || consumer.new)
-        @lock.synchronize { @runs[consumer] = run }
-      end
-
-      # Declare on this example's broker what production declares elsewhere:
-      # a consumer class's topology (its queue, .dlq, exchanges and
-      # bindings) or an AceMQ::AMQP::Topology.
-      def declare(*things)
-        things.flatten.each do |thing|
-          if thing.respond_to?(:apply)
-            thing.apply(connection)
-          elsif thing.respond_to?(:topology)
-            thing.topology.apply(connection)
-          else
-            raise AMQP::ConfigurationError,
-                  "declare takes consumer classes and AceMQ::AMQP::Topology objects, got #{thing.inspect}"
-          end
-        end
-        self
-      end
-
-      # [queue, message id] of every message the idempotency guard accepted
-      # as a duplicate during the example, in order.
-      def duplicates = @lock.synchronize { @duplicates.dup }
-
-      def finish
-        deadline = Time.now + STOP_TIMEOUT
-        @lock.synchronize { @runs.values }.each { |run| run.stop(deadline) }
-        AMQP::Patterns.off(@listener) if @listener
-        if @connection
-          # The broker outlives its connections (it is the process's, by
-          # name); emptied, it holds nothing of the example.
-          @connection.__send__(:_reset_memory)
-          @connection.close
-        end
-        AceMQ::Rails.publisher = @previous_publisher
-        nil
-      end
-
-      def inspect = "#<AceMQ::RSpec::Harness #{@url} consumers=#{@runs.keys.map(&:to_s)}>"
-
-      private
-
-      # The guard's :duplicate event is how a duplicate is told from a first
-      # delivery: both are accepted, and only the guard knows which it was.
-      def listen
-        return if @listener
-
-        @listener = AMQP::Patterns.on(:duplicate) do |_, detail|
-          message = detail[:message]
-          entry = [message&.delivery&.queue, message&.envelope&.id]
-          @lock.synchronize { @duplicates << entry }
-        end
-      end
     end
+
+    # The mechanism's classes under the names this kit gave them first.
+    Outcome = Testing::Outcome
+    Published = Testing::Published
+    RecordingPublisher = Testing::RecordingPublisher
+    RecordingBatch = Testing::RecordingBatch
+    ConsumerRun = Testing::ConsumerRun
   end
 end

@@ -1,211 +1,25 @@
 # frozen_string_literal: true
 
-require "json"
 require "rspec/expectations"
-require "acemq/amqp"
-require "acemq/rspec/harness"
-require "acemq/rspec/published"
+require "acemq/testing/publish_expectation"
 
 module AceMQ
   module RSpec
-    # The have_published matcher (see Matchers#have_published).
-    class HavePublished
+    # The have_published matcher (see Matchers#have_published): the kits'
+    # shared PublishExpectation with RSpec's matcher protocol. Composable
+    # brings RSpec's own values_match? and description_of, so hash_including
+    # and friends work inside payloads and headers, and describe themselves.
+    class HavePublished < Testing::PublishExpectation
       include ::RSpec::Matchers::Composable
-
-      ANY = Object.new.freeze
-      private_constant :ANY
-
-      # Shown when the actual publishes are many: the first ones are enough
-      # to see what went wrong.
-      SHOWN = 10
-
-      COUNTS = { once: 1, twice: 2, thrice: 3 }.freeze
-
-      def initialize(payload = ANY)
-        @payload = payload
-        @to = ANY
-        @exchange = nil
-        @type = ANY
-        @headers = nil
-        @count = [:exactly, 1]
-        @counted = false
-      end
-
-      # Where, as publish(to:, exchange:) says it: without .on, the queue
-      # the message was published to through the default exchange; with it,
-      # the routing key.
-      def to(name)
-        @to = name
-        self
-      end
-
-      # The exchange (and, without .to, any routing key on it).
-      def on(exchange)
-        @exchange = exchange.to_s
-        self
-      end
-
-      def with_type(type)
-        @type = type
-        self
-      end
-
-      # Headers the message carries, among others (values may be matchers).
-      def with_headers(headers)
-        @headers = headers.transform_keys(&:to_s)
-        self
-      end
-
-      def exactly(count) = counting(:exactly, count)
-      def at_least(count) = counting(:at_least, count)
-      def at_most(count) = counting(:at_most, count)
-      def once = exactly(:once)
-      def twice = exactly(:twice)
-      def thrice = exactly(:thrice)
-      def times = self
-      alias time times
 
       def supports_block_expectations? = true
       def supports_value_expectations? = true
 
-      def matches?(actual)
-        @matching = publishes_of(actual).select { |p| !p.refused? && match?(p) }
-        n = @matching.size
-        case @count.first
-        when :exactly then n == @count.last
-        when :at_least then n >= @count.last
-        when :at_most then n <= @count.last
-        end
-      end
-
-      def does_not_match?(actual)
-        if @counted
-          raise AMQP::ConfigurationError,
-                "not_to have_published(...).#{@count.first}(#{@count.last}) is ambiguous: " \
-                "say to have_published(...).exactly(0).times, or leave the count out"
-        end
-
-        matches?(actual)
-        @matching.empty?
-      end
-
-      def description
-        "publish #{count_text} #{where_text}#{type_text}#{payload_text}#{headers_text}".squeeze(" ").strip
-      end
-
-      def failure_message
-        "expected #{subject_text} to #{description}, but it published it #{times_text(@matching.size)}.\n#{actual_text}"
-      end
-
-      def failure_message_when_negated
-        "expected #{subject_text} not to #{description.sub(/\Apublish #{Regexp.escape(count_text)}/, 'publish')}, " \
-          "but it published it #{times_text(@matching.size)}.\n#{actual_text}"
-      end
-
       private
 
-      def counting(kind, count)
-        count = COUNTS.fetch(count) { Integer(count) }
-        raise AMQP::ConfigurationError, "have_published: a count is zero or more, got #{count}" if count.negative?
-
-        @count = [kind, count]
-        @counted = true
-        self
-      end
-
-      # A block: what the kit's publisher recorded while it ran. A value:
-      # a RecordingPublisher (acemq_publisher), or publishes (acemq_published).
-      def publishes_of(actual)
-        @block = actual.is_a?(Proc)
-        @all =
-          if @block
-            publisher = Harness.current!.publisher
-            from = publisher.size
-            actual.call
-            publisher.since(from)
-          elsif actual.respond_to?(:since)
-            actual.since(0)
-          elsif actual.is_a?(Array) && actual.all?(Published)
-            actual
-          else
-            raise AMQP::ConfigurationError,
-                  "have_published matches a block (expect { ... }), acemq_publisher or acemq_published, " \
-                  "got #{actual.inspect}"
-          end
-      end
-
-      def match?(published)
-        exchange = @exchange || (@to.equal?(ANY) ? nil : "")
-        return false if exchange && published.exchange != exchange
-        return false unless @to.equal?(ANY) || values_match?(@to, published.to)
-        return false unless @type.equal?(ANY) || values_match?(@type, published.type)
-        return false if @headers && !headers_match?(published.headers)
-
-        payload_match?(published)
-      end
-
-      def headers_match?(headers)
-        @headers.all? { |k, v| headers.key?(k) && values_match?(v, headers[k]) }
-      end
-
-      # The payload as the code gave it, or as a consumer will receive it
-      # (string keys, a Time as its string): a spec may say either. Plain
-      # data in the expectation is put through JSON too, so `order_id: 1`
-      # matches what arrives as "order_id" => 1.
-      def payload_match?(published)
-        return true if @payload.equal?(ANY)
-        return true if values_match?(@payload, published.sent) || values_match?(@payload, published.payload)
-
-        plain?(@payload) && JSON.parse(JSON.generate(@payload)) == published.payload
-      end
-
-      def plain?(value)
-        case value
-        when Hash then value.all? { |k, v| (k.is_a?(String) || k.is_a?(Symbol)) && plain?(v) }
-        when Array then value.all? { |v| plain?(v) }
-        when String, Symbol, Numeric, true, false, nil then true
-        else false
-        end
-      end
-
-      def subject_text = @block ? "the block" : "the publisher"
-
-      def count_text
-        kind, n = @count
-        return times_text(n) if kind == :exactly
-
-        "#{kind.to_s.tr('_', ' ')} #{times_text(n)}"
-      end
-
-      def times_text(n)
-        { 1 => "once", 2 => "twice" }.fetch(n) { "#{n} times" }
-      end
-
-      def where_text
-        to = @to.equal?(ANY) ? nil : description_of(@to)
-        if @exchange
-          to ? "on #{@exchange.inspect} with routing key #{to}" : "on #{@exchange.inspect}"
-        else
-          to ? "to #{to}" : "anything"
-        end
-      end
-
-      def type_text = @type.equal?(ANY) ? "" : " with type #{description_of(@type)}"
-      def payload_text = @payload.equal?(ANY) ? "" : " with payload #{description_of(@payload)}"
-      def headers_text = @headers ? " with headers #{description_of(@headers)}" : ""
-
-      def actual_text
-        published = @all.reject(&:refused?)
-        refused = @all.select(&:refused?)
-        text = +(published.empty? ? "Nothing was published." : "Published (#{published.size}):\n#{list(published)}")
-        text << "\nRefused, so not published (#{refused.size}):\n#{list(refused)}" unless refused.empty?
-        text
-      end
-
-      def list(publishes)
-        lines = publishes.first(SHOWN).map { |p| "  #{p.inspect}" }
-        lines << "  ... and #{publishes.size - SHOWN} more" if publishes.size > SHOWN
-        lines.join("\n")
+      def ambiguous_negation
+        "not_to have_published(...).#{@count.first}(#{@count.last}) is ambiguous: " \
+          "say to have_published(...).exactly(0).times, or leave the count out"
       end
     end
   end

@@ -1,10 +1,9 @@
 # frozen_string_literal: true
 
-require "rspec/expectations"
 require "acemq/amqp"
 
 module AceMQ
-  module RSpec
+  module Testing
     # What happened to one message that `deliver` ran through a consumer
     # class's pipeline, read off the broker after it settled:
     #
@@ -20,8 +19,9 @@ module AceMQ
     # - waiting?       after advance_clock: the clock did not reach the end of
     #                  the rung it waits in, so nothing happened yet.
     #
-    # Predicates, so `expect(outcome).to be_retried` reads, and fails with
-    # the outcome's inspect.
+    # Predicates, so `expect(outcome).to be_retried` reads in RSpec and
+    # `assert_retried outcome` in Minitest, and both fail with the outcome's
+    # inspect.
     class Outcome
       # advance_clock by this much brings back whatever waits in any rung:
       # ten years is longer than any retry delay anybody means.
@@ -78,7 +78,7 @@ module AceMQ
         ack&.error_class || error&.class&.name
       end
 
-      # Move the example's broker clock forward by seconds and return what
+      # Move the test's broker clock forward by seconds and return what
       # the next attempt did, or a waiting? outcome when the rung's delay has
       # not run out yet. Only for a retried (or waiting) message.
       def advance_clock(seconds, timeout: ConsumerRun::TIMEOUT)
@@ -89,7 +89,7 @@ module AceMQ
       def next_attempt(timeout: ConsumerRun::TIMEOUT)
         advance_clock(PAST_EVERY_RUNG, timeout: timeout).tap do |outcome|
           if outcome.waiting?
-            raise ::RSpec::Expectations::ExpectationNotMetError,
+            raise @run.failure,
                   "#{consumer}: #{describe_id} is in no rung of #{@run.queue}'s ladder that the clock brings back"
           end
         end
@@ -104,7 +104,7 @@ module AceMQ
 
           outcome = outcome.next_attempt(timeout: timeout)
         end
-        raise ::RSpec::Expectations::ExpectationNotMetError,
+        raise @run.failure,
               "#{consumer}: #{describe_id} was still being retried after #{MAX_WALK} attempts"
       end
 
@@ -120,7 +120,7 @@ module AceMQ
       end
 
       def inspect
-        "#<AceMQ::RSpec::Outcome #{consumer} #{describe_id}: #{describe_kind}>"
+        "#<AceMQ::Testing::Outcome #{consumer} #{describe_id}: #{describe_kind}>"
       end
       alias to_s inspect
 

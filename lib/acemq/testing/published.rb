@@ -4,12 +4,12 @@ require "json"
 require "acemq/amqp"
 
 module AceMQ
-  module RSpec
+  module Testing
     # One publish the kit's publisher saw: where it went, its envelope, and
     # the payload both as the code handed it over and as a consumer will
     # receive it (through JSON, so symbol keys arrive as strings).
     #
-    # routed? is false for a publish nothing on the example's broker took
+    # routed? is false for a publish nothing on the test's broker took
     # (see RecordingPublisher). A publish refused (a payload that is not
     # JSON) is kept too, with its error, so a matcher's failure message can
     # say why nothing was published; it does not count as published.
@@ -48,7 +48,7 @@ module AceMQ
         text << " type=#{type.inspect}" if type
         text << " payload=#{(refused? ? sent : payload).inspect}"
         text << " headers=#{headers.inspect}" unless headers.empty?
-        text << " (unrouted: nothing in this example takes it)" unless routed? || refused?
+        text << " (unrouted: nothing in this test takes it)" unless routed? || refused?
         text << " (refused: #{error.class.name}: #{error.message})" if refused?
         text
       end

@@ -1,16 +1,15 @@
 # frozen_string_literal: true
 
-require "rspec/expectations"
 require "acemq/amqp"
-require "acemq/rspec/outcome"
+require "acemq/testing/outcome"
 
 module AceMQ
-  module RSpec
-    # One consumer class running in one example, as the runner would run it:
-    # its topology declared on the example's broker, and the class's own
+  module Testing
+    # One consumer class running in one test, as the runner would run it:
+    # its topology declared on the test's broker, and the class's own
     # subscribe (its pipeline: the idempotency macro, its concurrency,
     # prefetch, batch and retry ladder) on one instance kept for the
-    # example, as the runner keeps one for the life of the process.
+    # test, as the runner keeps one for the life of the process.
     #
     # What happened to a message is read off the broker, not decided here:
     # the subscription's counters say which way it was settled, the queue's
@@ -18,7 +17,7 @@ module AceMQ
     # adds is an around: hook (the one the runner uses for the Rails
     # executor) that notes what the pipeline returned or raised.
     class ConsumerRun
-      # Seconds to wait for a message to settle before failing the example.
+      # Seconds to wait for a message to settle before failing the test.
       TIMEOUT = 5
       # Seconds between looks at the broker while waiting.
       POLL = 0.002
@@ -39,7 +38,7 @@ module AceMQ
         @queue = consumer.queue_name
         # Without the Rails executor the runner would pass: its complete hook
         # returns the thread's ActiveRecord connection to the pool, and under
-        # transactional tests that connection is the example's own (Rails
+        # transactional tests that connection is the test's own (Rails
         # lends it to every thread so that they see its uncommitted rows).
         @subscription = consumer.subscribe(connection, instance: instance, around: method(:around),
                                                        on_error: ->(error) { @lock.synchronize { @errors << error } })
@@ -50,7 +49,7 @@ module AceMQ
       # Outcome once the broker has settled it.
       def deliver(message, exchange: nil, routing_key: nil, timeout: TIMEOUT)
         # Messages already in the queue (published to it earlier in the
-        # example) are the consumer's to handle first; counted from here,
+        # test) are the consumer's to handle first; counted from here,
         # what moves is this message alone.
         await_idle(timeout)
         before = mark
@@ -86,14 +85,17 @@ module AceMQ
         # A handler that never returns would hold cancel for ever: give it
         # until the deadline and then leave it, saying so.
         closing = Thread.new { @subscription.cancel }
-        # What cancel raises is the example's failure, raised here by join.
+        # What cancel raises is the test's failure, raised here by join.
         closing.report_on_exception = false
         return if closing.join([deadline - Time.now, 0].max)
 
-        warn("acemq/rspec: #{consumer}'s handler was still running when the example ended; left running")
+        warn("acemq: #{consumer}'s handler was still running when the test ended; left running")
       end
 
       def errors = @lock.synchronize { @errors.dup }
+
+      # What a test framework counts as a failed assertion (see Harness).
+      def failure = @harness.failure
 
       private
 
@@ -155,7 +157,7 @@ module AceMQ
           return stats if idle && stats.any? { |k, v| v > before.stats[k] }
 
           if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-            raise ::RSpec::Expectations::ExpectationNotMetError, not_settled(message, timeout)
+            raise failure, not_settled(message, timeout)
           end
 
           sleep POLL
@@ -166,7 +168,7 @@ module AceMQ
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
         until idle?
           if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-            raise ::RSpec::Expectations::ExpectationNotMetError,
+            raise failure,
                   "#{consumer} did not finish the messages already in #{queue} within #{timeout}s " \
                   "(#{connection.queue_depth(queue).inspect})"
           end

@@ -1,29 +1,29 @@
 # frozen_string_literal: true
 
 require "acemq/amqp"
-require "acemq/rspec/published"
-require "acemq/rspec/recording_batch"
+require "acemq/testing/published"
+require "acemq/testing/recording_batch"
 
 module AceMQ
-  module RSpec
-    # What AceMQ::Rails.publisher is during an example: the example's own
+  module Testing
+    # What AceMQ::Rails.publisher is during an test: the test's own
     # memory:// connection, with every publish recorded on the way through.
     #
     # The publish is the connection's: encoded (a payload that is not JSON
     # raises EncodingError, as it would in production), given its envelope,
-    # and routed by the example's broker into whatever queue the example
+    # and routed by the test's broker into whatever queue the test
     # declared for it, where a consumer started by `deliver` receives it.
-    # One thing differs from RabbitMQ, on purpose: the example's broker
+    # One thing differs from RabbitMQ, on purpose: the test's broker
     # starts empty, while production's queues and exchanges are declared by
     # production's consumers, often in another application. So a publish
-    # that nothing in the example would take (Unroutable, or NotFound for an
+    # that nothing in the test would take (Unroutable, or NotFound for an
     # exchange nobody declared) is recorded as published and unrouted, and
     # returns its envelope, instead of raising.
     class RecordingPublisher
-      # What the example's broker says about a publish it has nothing for.
+      # What the test's broker says about a publish it has nothing for.
       NOTHING_DECLARED = [AMQP::Unroutable, AMQP::NotFound].freeze
 
-      # connection: a callable returning the connection, so an example that
+      # connection: a callable returning the connection, so a test that
       # never publishes never opens one.
       def initialize(connection)
         @connection = connection
@@ -77,14 +77,14 @@ module AceMQ
 
       # AceMQ::Rails.publisher replaces a publisher that says it is closed
       # with a connection to config.url, which in a spec would be a real
-      # broker behind the example's back. So this one is closed only with
-      # its example: the connection also carries the example's
+      # broker behind the test's back. So this one is closed only with
+      # its test: the connection also carries the test's
       # subscriptions, and code under test closing "the publisher" must not
       # take them down.
       def closed? = false
       def close = nil
 
-      def inspect = "#<AceMQ::RSpec::RecordingPublisher published=#{published.size} refused=#{refused.size}>"
+      def inspect = "#<AceMQ::Testing::RecordingPublisher published=#{published.size} refused=#{refused.size}>"
 
       def respond_to_missing?(name, include_private = false) = connection.respond_to?(name, include_private) || super
 

@@ -3,7 +3,7 @@
 require "acemq/amqp"
 
 module AceMQ
-  module RSpec
+  module Testing
     # What RecordingPublisher#batch yields: publishes collected until the
     # block returns, each with its envelope made at once by the connection
     # (so b.publish returns the envelope and raises EncodingError where the

@@ -22,7 +22,7 @@ module Drill
   # directories chowned and would share that user's cookie.
   class Node
     BIN = %w[/usr/lib/rabbitmq/bin /usr/lib/rabbitmq/sbin].find { |d| File.executable?(File.join(d, "rabbitmqctl")) }
-    # The node registers with epmd a moment after -detached returns; until
+    # The node registers with epmd a moment after it is spawned; until
     # then await_startup fails at once, so it is asked again.
     START_LIMIT = 60
     CTL_LIMIT = 30
@@ -79,8 +79,13 @@ module Drill
       t = Drill.now
       raise Failure, "rabbitmq-server not found (looked in /usr/lib/rabbitmq/bin)" unless BIN
 
-      ok = system(env, File.join(BIN, "rabbitmq-server"), "-detached", chdir: @dir, out: File::NULL, err: File::NULL)
-      raise Failure, "rabbitmq-server -detached failed for #{@name}" unless ok
+      # In the foreground, put in the background: RabbitMQ 4.3 no longer
+      # starts with -detached, and this way works on every version. A
+      # process group of its own keeps a Ctrl-C of the drill from reaching
+      # it before destroy does; Process.detach reaps it when it exits.
+      pid = spawn(env, File.join(BIN, "rabbitmq-server"), chdir: @dir, pgroup: true, in: File::NULL,
+                                                          out: console_log, err: console_log)
+      Process.detach(pid)
 
       Drill.eventually(START_LIMIT, "private node #{@name} to start (log: #{log_file})", interval: 0.25) do
         ctl_ok?("await_startup", "--timeout", "10")
@@ -97,6 +102,9 @@ module Drill
     end
 
     def log_file = File.join(@dir, "log", "#{@name}.log")
+
+    # What rabbitmq-server prints before its own log is open.
+    def console_log = [File.join(@dir, "log", "console.log"), "a"]
 
     def stop_app = ctl!("stop_app")
     def start_app = ctl!("start_app")

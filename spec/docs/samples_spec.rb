@@ -24,7 +24,9 @@ require "rbconfig"
 module DocsSamples
   ROOT = File.expand_path("../..", __dir__)
   PAGES = ["README.md", *Dir[File.join(ROOT, "docs", "*.md")].map { |f| f.delete_prefix("#{ROOT}/") }.sort].freeze
-  BROKER = "amqp://guest:guest@localhost:5672"
+  # The broker the samples' printed URL is pointed at: the shared one, or a
+  # newer-stack stage's own (.ci/stage-sid sets ACEMQ_SAMPLES_BROKER).
+  BROKER = ENV.fetch("ACEMQ_SAMPLES_BROKER", "amqp://guest:guest@localhost:5672")
   # The broker URLs the pages print: RabbitMQ on this machine, by either
   # name, with or without a trailing slash or a vhost.
   BROKER_URL = %r{amqp://[^"'\s/]*?(?:localhost|127\.0\.0\.1):5672(?:/[^"'\s]*)?}

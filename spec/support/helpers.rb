@@ -60,6 +60,11 @@ module AceMQSpecHelpers
 
     on_broker { |bunny| delete_on(bunny, queues: ours) }
     ours.size
+  rescue LoadError => e
+    # Ruby 3.4 in the sid stage: Debian builds Bunny's rbtree for 3.3 only.
+    # That stage's broker is its own and goes with it, so nothing piles up.
+    warn "spec cleanup: #{ours&.size || 0} queues left on the broker (#{e.message.lines.first.strip})"
+    0
   rescue SystemCallError, Bunny::Exception
     0
   end

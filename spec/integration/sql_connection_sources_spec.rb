@@ -3,6 +3,11 @@
 require "spec_helper"
 require "acemq/amqp/patterns"
 require "sqlite3"
+begin
+  require "pg" # for its version in a description; its examples skip without DATABASE_URL
+rescue LoadError
+  nil
+end
 
 # Where a SQL store gets its connection on the threads a consumer starts:
 # the tutorial's -> { Thread.current[:db] } (nil there, and now an error that
@@ -358,5 +363,135 @@ module SQLConnectionSourcesSpec
     def sqlite? = false
 
     it_behaves_like "an ActiveRecord connection pool as the source"
+  end
+end
+
+# The drivers as installed, each handed to both stores as it is: what
+# sqlite3 2.x changed (Database.new(results_as_hash:, strict:), frozen
+# results, binds only as an Array, writable connections closed in a forked
+# child) and pg 1.7 beside Debian 12's sqlite3 1.4 and pg 1.4. The driver
+# versions are in the descriptions, so a run's output says which it was.
+module SQLConnectionSourcesSpec
+  RSpec.shared_examples "both stores on the driver's own connection" do
+    let(:mq) { AceMQ::AMQP::Connection.open(memory_url) }
+    let(:tables) { [unique_table("keys"), unique_table("outbox")] }
+    let(:idempotency) { Patterns::SQLIdempotencyStore.new(connection: db, table: tables[0]) }
+    let(:outbox) { Patterns::SQLOutboxStore.new(connection: db, table: tables[1]) }
+
+    after { mq.close }
+
+    it "claims, confirms and forgets a key, binary (a delivery's) and UTF-8 (a console's) alike" do
+      idempotency.create_schema
+      expect(idempotency.first_time?("m-1".b)).to be(true)
+      expect(idempotency.first_time?("m-1")).to be(false)
+      idempotency.confirm("m-1")
+      expect(idempotency.confirmed?("m-1".b)).to be(true)
+      expect(idempotency.first_time?("m-2")).to be(true)
+      idempotency.forget("m-2".b)
+      expect(idempotency.first_time?("m-2")).to be(true)
+    end
+
+    it "adds in the caller's transaction and the relay publishes the committed rows, non-ASCII intact" do
+      outbox.create_schema
+      AceMQ::AMQP::Topology.new.queue("orders").apply(mq)
+      record = -> { Patterns.record(mq, { "customer" => "Zoë" }, to: "orders", type: "order.placed.v1") }
+
+      in_transaction(db, commit: false) { outbox.add(record.call, connection: db) }
+      in_transaction(db, commit: true) { outbox.add(record.call, connection: db) }
+
+      expect(outbox.backlog[:count]).to eq(1)
+      expect(Patterns::OutboxRelay.new(mq, outbox).sweep).to eq(1)
+      expect(mq.queue_depth("orders")).to eq(ready: 1, unacked: 0)
+      expect(outbox.backlog[:count]).to eq(0)
+      received = Queue.new
+      sub = mq.consume("orders") { |m| received << [m.payload, m.type]; Ack.accept }
+      eventually { !received.empty? }
+      expect(received.pop).to eq([{ "customer" => "Zoë" }, "order.placed.v1"])
+    ensure
+      sub&.cancel
+    end
+  end
+
+  RSpec.describe "both stores on a SQLite3::Database (sqlite3 #{SQLite3::VERSION}, SQLite #{SQLite3::SQLITE_VERSION})" do
+    # The driver's own transaction, as the tutorial's db.transaction.
+    def in_transaction(db, commit:)
+      db.transaction
+      yield
+      commit ? db.commit : db.rollback
+    end
+
+    context "opened as sqlite3 2.x has it: Database.new(path, results_as_hash: true, strict: true)" do
+      # results_as_hash as an option is honoured by 1.4 too; strict (no
+      # double-quoted string literals in any store's SQL) is 2.x's and
+      # ignored by 1.4.
+      let(:db) { SQLite3::Database.new(sqlite_path, results_as_hash: true, strict: true) }
+
+      after { db.close }
+
+      it "hands rows back as hashes" do
+        expect(db.results_as_hash).to be(true)
+        expect(db.execute("SELECT 1 AS one")).to eq([{ "one" => 1 }])
+      end
+
+      it_behaves_like "both stores on the driver's own connection"
+    end
+
+    context "opened plainly (rows as arrays)" do
+      let(:db) { SQLite3::Database.new(sqlite_path) }
+
+      after { db.close }
+
+      it_behaves_like "both stores on the driver's own connection"
+    end
+
+    it "says the connection is closed, in an error of its own, rather than the driver's prepare error" do
+      db = SQLite3::Database.new(sqlite_path)
+      store = Patterns::SQLIdempotencyStore.new(connection: db)
+      store.create_schema
+      db.close
+
+      expect { store.first_time?("k") }
+        .to raise_error(AceMQ::AMQP::StoreError, /raised AceMQ::AMQP::SQL::ClosedConnection: the SQLite3::Database is closed/)
+      expect(AceMQ::AMQP::SQL::ClosedConnection.ancestors).to include(AceMQ::AMQP::StoreError)
+    end
+
+    it "in a forked child: sqlite3 2.x has closed the parent's connection, and the store says so" do
+      skip "sqlite3 #{SQLite3::VERSION} leaves a parent's connection open in a child" unless defined?(SQLite3::ForkSafety)
+
+      db = SQLite3::Database.new(sqlite_path)
+      store = Patterns::SQLIdempotencyStore.new(connection: db)
+      store.create_schema
+      SQLite3::ForkSafety.suppress_warnings! # its warning is this example's subject, not noise in the run
+      pid, out = spawn_child do |o|
+        store.first_time?("from-child")
+        o.puts("claimed")
+      rescue AceMQ::AMQP::StoreError => e
+        o.puts(e.message[/ClosedConnection: [^(]*\(([^)]*)\)/, 1])
+      end
+
+      expect(read_line(out)).to eq("sqlite3 2.x closes the writable connections a forked child inherits")
+      expect(wait_child(pid)).to be_success
+      expect(store.first_time?("k")).to be(true) # the parent's is still its own
+    ensure
+      db&.close
+    end
+  end
+
+  RSpec.describe "both stores on a PG::Connection (pg #{defined?(PG::VERSION) ? PG::VERSION : '(not loaded)'})",
+                 skip: postgres_skip do
+    let(:db) { pg_connection }
+
+    after do
+      drop_pg_tables(*tables)
+      db.close
+    end
+
+    def in_transaction(db, commit:)
+      db.exec("BEGIN")
+      yield
+      db.exec(commit ? "COMMIT" : "ROLLBACK")
+    end
+
+    it_behaves_like "both stores on the driver's own connection"
   end
 end

@@ -20,6 +20,11 @@ module AceMQ
       # SQL.connect was handed something it cannot drive.
       class UnsupportedConnection < ConfigurationError; end
 
+      # A store was given a connection that has been closed: by the
+      # application, or by sqlite3 2.x itself, which closes every writable
+      # SQLite3::Database a process carried across fork() in the child.
+      class ClosedConnection < StoreError; end
+
       # A Ruby driver object as the seam's adapter.
       def self.connect(connection)
         if adapter?(connection) then connection
@@ -82,11 +87,13 @@ module AceMQ
         def dialect = "sqlite"
 
         def execute(sql, params)
+          open!
           @db.execute(sql, SQL.text(params))
           @db.changes
         end
 
         def query(sql, params)
+          open!
           stmt = @db.prepare(sql)
           begin
             stmt.bind_params(*SQL.text(params)) unless params.empty?
@@ -100,6 +107,24 @@ module AceMQ
         end
 
         def inspect = "#<AceMQ::AMQP::SQL::SQLite #{@db.class}>"
+
+        private
+
+        # Without this a closed database reaches the store as the driver's
+        # "prepare called on a closed database" (an ArgumentError), which
+        # reads like a bug in the SQL. The usual way to get one is a fork:
+        # sqlite3 2.x closes the parent's writable connections in the child
+        # (SQLite's own rule: a connection must not cross a fork), where
+        # 1.x went on using them.
+        def open!
+          return unless @db.closed?
+
+          why = defined?(SQLite3::ForkSafety) ? " (sqlite3 2.x closes the writable connections a forked child inherits)" : ""
+          raise ClosedConnection,
+                "the #{@db.class} is closed#{why}: give the store a connection opened in this process, " \
+                "e.g. connection: AceMQ::AMQP::SQL.per_thread { SQLite3::Database.new(\"payments.db\") }, " \
+                "which opens a new one after a fork"
+        end
       end
 
       # PG::Connection. Without a type map every column comes back as a

@@ -11,6 +11,18 @@ require "tmpdir"
 module ActiveRecordSpecHelpers
   def self.postgres? = !ENV["DATABASE_URL"].to_s.empty?
 
+  # A deprecation warning is an error in these specs, as it is in an app
+  # with config.active_support.deprecation = :raise: on Rails 7.2 the gem
+  # once asked the pool for #connection, which 8.0 removes. Rails 7.1+ has a
+  # deprecator per framework; 6.1 has the one ActiveSupport::Deprecation.
+  def self.raise_on_deprecations
+    if ActiveRecord.respond_to?(:deprecator)
+      [ActiveSupport.deprecator, ActiveRecord.deprecator].each { |d| d.behavior = :raise }
+    else
+      ActiveSupport::Deprecation.behavior = :raise
+    end
+  end
+
   # Establish ActiveRecord::Base on a fresh database of `kind` (:sqlite or
   # :postgres) and run the guide's migration; returns the configuration, for
   # a forked child to establish its own connection with.
@@ -26,6 +38,7 @@ module ActiveRecordSpecHelpers
                pg_admin { |c| c.exec("CREATE SCHEMA #{@ar_schema}") }
                { url: ENV.fetch("DATABASE_URL"), schema_search_path: @ar_schema, pool: 10 }
              end
+    ActiveRecordSpecHelpers.raise_on_deprecations
     ActiveRecord::Base.establish_connection(config)
     CreateAcemqIdempotency.new.migrate(:up)
     reset_active_record_models

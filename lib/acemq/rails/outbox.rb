@@ -34,7 +34,7 @@ module AceMQ
           raise AMQP::ConfigurationError, "unknown Outbox option(s) #{unknown.join(', ')}: use model:, table:, " \
                                           "worker:, lease:, backoff:, max_backoff:"
         end
-        if model && !(model.respond_to?(:connection) && model.respond_to?(:connection_pool))
+        if model && !model.respond_to?(:connection_pool)
           raise AMQP::ConfigurationError, "model: must be an ActiveRecord class (ActiveRecord::Base, or an abstract " \
                                           "class of yours for another database), got #{model.inspect}"
         end
@@ -50,8 +50,16 @@ module AceMQ
       # Write record with this thread's ActiveRecord connection, in whatever
       # transaction it is in, and return the row id. Nothing is begun,
       # committed or closed.
+      #
+      # Through the pool's with_connection, not model.connection: that is
+      # a permanent checkout, which Rails 7.2 refuses under
+      # ActiveRecord.permanent_connection_checkout = :disallowed. Inside a
+      # transaction the thread holds its connection, and with_connection
+      # lends that one (so the row is in the transaction); outside one it
+      # lends a connection for this add and takes it back, where
+      # model.connection kept it for the rest of the request.
       def add(record)
-        writer.add(record, connection: model.connection)
+        model.connection_pool.with_connection { |conn| writer.add(record, connection: conn) }
       end
 
       # The relay's store, on a connection of its own on ActiveRecord's

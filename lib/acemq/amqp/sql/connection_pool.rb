@@ -4,8 +4,9 @@ module AceMQ
   module AMQP
     module SQL
       # A connection pool as a connection source: ActiveRecord::Base.
-      # connection_pool, or anything answering with_connection, connection,
-      # active_connection? and release_connection the way it does.
+      # connection_pool, or anything answering with_connection,
+      # lease_connection (or connection), active_connection? and
+      # release_connection the way it does.
       #
       #   SQLIdempotencyStore.new(connection: ActiveRecord::Base.connection_pool)
       #
@@ -18,9 +19,18 @@ module AceMQ
       class ConnectionPool
         include Source
 
-        METHODS = %i[with_connection connection active_connection? release_connection].freeze
+        METHODS = %i[with_connection active_connection? release_connection].freeze
 
-        def self.pool?(obj) = METHODS.all? { |m| obj.respond_to?(m) }
+        # How a pool lends the calling thread a connection it keeps until
+        # release_connection: lease_connection on Rails 7.2 and later, where
+        # connection is deprecated (and gone in 8.0); connection on 6.1 to
+        # 7.1, which have no lease_connection.
+        LEASES = %i[lease_connection connection].freeze
+
+        def self.pool?(obj) = METHODS.all? { |m| obj.respond_to?(m) } && LEASES.any? { |m| obj.respond_to?(m) }
+
+        # The thread's connection from pool, leased until release_connection.
+        def self.lease(pool) = pool.public_send(LEASES.find { |m| pool.respond_to?(m) })
 
         def initialize(pool)
           @pool = pool

@@ -64,7 +64,7 @@ module AceMQ
 
         def hold
           @fresh = !@pool.active_connection?
-          conn = @pool.connection
+          conn = ConnectionPool.lease(@pool)
           if conn.respond_to?(:transaction_open?) && conn.transaction_open?
             @pool.release_connection if @fresh
             # On PostgreSQL a second BEGIN is only a warning, and the

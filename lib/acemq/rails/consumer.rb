@@ -196,7 +196,7 @@ module AceMQ
         # runner passes the Rails executor); on_error: is the fallback when
         # the class declares none.
         def subscribe(connection, instance: new, around: nil, on_error: nil, consumer_timeout: nil)
-          handler = Around.wrap(pipeline(instance), around)
+          handler = Around.wrap(pipeline(instance), around, report: ErrorReport.new(self))
           connection.consume(queue_name, concurrency: concurrency, prefetch: prefetch, retries: retries,
                                          batch: batch, queue_type: queue_type, on_error: self.on_error || on_error,
                                          timeout: timeout, consumer_timeout: consumer_timeout, name: name, &handler)
@@ -290,3 +290,4 @@ module AceMQ
 end
 
 require "acemq/rails/around"
+require "acemq/rails/error_report"

@@ -2,8 +2,9 @@
 
 require "securerandom"
 
-# AceMQ in a real Rails application (spec/dummy: Debian's Rails 6.1,
-# rspec-rails 5, no Bundler), with the guide's PaymentsConsumer, models,
+# AceMQ in a real Rails application (spec/dummy: Debian's Rails 6.1 and
+# rspec-rails 5, or Rails 7.2 and rspec-rails 7.1 with the GEM_PATH of
+# bin/rails72-gems; no Bundler), with the guide's PaymentsConsumer, models,
 # migration, rake task and RSpec example in it as printed. Everything runs in
 # child processes, the way an application runs it: booting, migrating,
 # generating, rake tasks, its own specs, the runner.
@@ -73,6 +74,18 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
       dirs = out[/^dirs=(.*)$/, 1].split(",")
       expect(dirs).to include("#{dummy}/app/consumers")
       expect(dirs).to all(start_with("#{dummy}/"))
+    end
+
+    # Rails 7.2 refuses a production boot without secret_key_base, and
+    # development reloads: both environments boot on the running Rails.
+    %w[development production].each do |environment|
+      it "boots in #{environment} with bin/rails runner and finds its consumer" do
+        env = { "RAILS_ENV" => environment, **RailsAppHelpers::Database.sqlite(@tmp).env }
+        out, status = rails_in(dummy, env, "runner", 'AceMQ::Rails.eager_load!; puts "#{Rails.env} " + ' \
+                                                     'AceMQ::Rails::Consumer.consumers.map(&:name).join(",")')
+        expect(status).to be_success, out
+        expect(out).to include("#{environment} PaymentsConsumer")
+      end
     end
 
     it "passes zeitwerk:check (Rails' eager load of every autoloaded file)" do

@@ -9,9 +9,12 @@ abort("the specs are running in #{Rails.env}") unless Rails.env.test?
 require "rspec/rails"
 
 # The test database is the migrations' (there is no schema.rb to load: the
-# app never dumps one), so bring it up to date once per run.
+# app never dumps one), so bring it up to date once per run. Rails 7.2 moved
+# migration_context to the pool (where the connection's is deprecated);
+# Rails 6.1's pool has none.
 ActiveRecord::Migration.verbose = false
-ActiveRecord::Base.connection.migration_context.migrate
+pool = ActiveRecord::Base.connection_pool
+(pool.respond_to?(:migration_context) ? pool : ActiveRecord::Base.connection).migration_context.migrate
 
 RSpec.configure do |config|
   config.expect_with(:rspec) { |c| c.syntax = :expect }

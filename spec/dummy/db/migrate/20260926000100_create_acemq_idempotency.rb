@@ -1,5 +1,8 @@
 # db/migrate/20260926000100_create_acemq_idempotency.rb
-class CreateAcemqIdempotency < ActiveRecord::Migration[ActiveRecord::Migration.current_version]
+# The guide's Migration[7.1] wherever Rails knows 7.1 (7.1 and later: Rails
+# 7.2 runs it with 7.1's behaviour, as the guide's reader gets); Rails 6.1
+# refuses a version newer than itself, so there it is 6.1's own.
+class CreateAcemqIdempotency < ActiveRecord::Migration[[7.1, ActiveRecord::Migration.current_version].min]
   def change
     create_table :acemq_idempotency, id: false do |t|
       t.string   :message_id,  null: false, limit: 255, primary_key: true

@@ -56,17 +56,23 @@ pub fn handler_timeout(timeout: Duration, broker: Duration, claim_timeout: Optio
 }
 
 /// A quorum queue's delivery limit against the ladder. Retries are copies
-/// (new messages), so the limit counts only deliveries given back unsettled
-/// (a consumer killed holding one, a channel lost); below `max_attempts`,
-/// a message that meets a few of those is dead-lettered by the broker —
-/// without AceMQ's reason, before the ladder has had its attempts.
+/// (new messages), so the limit counts only deliveries given back unsettled.
+/// What counts, measured: a closed channel's deliveries (a consumer killed
+/// holding one, a channel lost) and basic.reject with requeue on 3.10.8,
+/// 4.0.5 and 4.3.6; basic.nack with requeue (AceMQ's give-back when a copy
+/// cannot be made) on 3.10.8 and 4.0.5 but not 4.3.6; a consumer_timeout
+/// return on 3.10.8 and 4.0.5 (the channel is closed) but not 4.3.6 (the
+/// consumer is cancelled). Below `max_attempts`, a message that meets a few
+/// of those is dead-lettered by the broker — without AceMQ's reason, before
+/// the ladder has had its attempts. The limit is the queue's own, or the
+/// broker's default for a quorum queue declared without one (20 on 4.x).
 pub fn delivery_limit(queue: &str, limit: Option<u64>, policy: &RetryPolicy) -> Option<String> {
     let limit = limit?;
     (limit < u64::from(policy.max_attempts)).then(|| {
         format!(
             "{queue}: x-delivery-limit {limit} is below max_attempts {}: a message given back unsettled {limit} times (consumers killed \
              holding it, channels lost) is dead-lettered by the broker before the retry ladder has had its attempts; raise \
-             x-delivery-limit to at least {} (AceMQ declares 20 unless told otherwise)",
+             x-delivery-limit to at least {} (AceMQ declares 20 unless told otherwise; RabbitMQ 4.x gives 20 to a quorum queue declared without one)",
             policy.max_attempts, policy.max_attempts
         )
     })

@@ -323,6 +323,19 @@ impl Connection {
         Ok(())
     }
 
+    /// The broker's version as the current connection's connection.start
+    /// gave it (`4.3.6`); None on `memory://`, or from a broker that does
+    /// not say. What RabbitMQ does with delivery limits, dead-letter headers
+    /// and consumer timeouts depends on it ([`BrokerVersion`]).
+    pub fn server_version(&self) -> Option<String> {
+        self.inner.backend.server_version()
+    }
+
+    /// [`Connection::server_version`], parsed.
+    pub fn broker_version(&self) -> Option<crate::BrokerVersion> {
+        self.server_version().as_deref().and_then(crate::BrokerVersion::parse)
+    }
+
     /// The type `queue` was applied with on this connection, if it was.
     pub(crate) fn applied_type(&self, queue: &str) -> Option<QueueType> {
         self.inner.applied.lock().unwrap_or_else(|p| p.into_inner()).get(queue).map(|a| a.0)

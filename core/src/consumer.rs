@@ -65,8 +65,11 @@ pub struct ConsumeOptions {
     /// interrupted: nothing is killed mid-write. Default [`DEFAULT_TIMEOUT`].
     pub timeout: Duration,
     /// The broker's `consumer_timeout`, which `timeout` must be shorter than
-    /// (RabbitMQ closes the whole channel of a consumer holding a delivery
-    /// longer). Default RabbitMQ's own, [`DEFAULT_BROKER_CONSUMER_TIMEOUT`].
+    /// (RabbitMQ 3.10 and 4.0 close the whole channel of a consumer holding a
+    /// delivery longer; 4.3 cancels a quorum queue's consumer and leaves
+    /// classic queues alone, so a queue known to be classic is not checked
+    /// against it there). Default RabbitMQ's own,
+    /// [`DEFAULT_BROKER_CONSUMER_TIMEOUT`].
     pub broker_consumer_timeout: Duration,
     /// The idempotency store's claim timeout, when the handler is guarded
     /// (the Ruby consumer fills it from the handler's store): `timeout` must
@@ -348,9 +351,7 @@ struct Background {
 fn ladder(conn: &Connection, queue: &str, options: &ConsumeOptions) -> Topology {
     let kind = options.queue_type.or_else(|| conn.applied_type(queue)).unwrap_or_default();
     let mut t = Topology::new();
-    let mut dlq = QueueSpec::new(dlq_name(queue)).with_type(kind);
-    dlq.dead_letter_queue = false;
-    t = t.queue_spec(dlq);
+    t = t.queue_spec(QueueSpec::dead_letters_of(queue, kind));
     for delay in options.retry.rungs() {
         t = t.queue_spec(QueueSpec::delay(rung_name(queue, delay), delay, queue).with_type(kind));
     }
@@ -370,9 +371,27 @@ impl Consumer {
         if options.concurrency == 0 {
             return Err(Error::invalid("concurrency must be at least 1"));
         }
-        crate::checks::handler_timeout(options.timeout, options.broker_consumer_timeout, options.claim_timeout)?;
+        // RabbitMQ 4.3 no longer applies consumer_timeout to classic queues
+        // (measured: a classic queue's consumer held a delivery 75 s past a
+        // 2 s timeout untouched), so there the handler deadline answers
+        // only to the claim. Only a queue known to be classic is spared: one
+        // of unknown type may be quorum.
+        let known_type = options.queue_type.or_else(|| conn.applied_type(queue));
+        let broker_timeout = match conn.broker_version() {
+            Some(v) if !v.consumer_timeout_covers_classic_queues() && known_type == Some(QueueType::Classic) => Duration::MAX,
+            _ => options.broker_consumer_timeout,
+        };
+        crate::checks::handler_timeout(options.timeout, broker_timeout, options.claim_timeout)?;
         let warnings: Vec<String> = [
-            crate::checks::delivery_limit(queue, conn.applied_delivery_limit(queue), &options.retry),
+            crate::checks::delivery_limit(
+                queue,
+                conn.applied_delivery_limit(queue).or_else(|| {
+                    // A quorum queue declared elsewhere without a limit has
+                    // the broker's default (20 on 4.x, none on 3.10).
+                    (known_type == Some(QueueType::Quorum)).then(|| conn.broker_version().and_then(|v| v.default_delivery_limit())).flatten()
+                }),
+                &options.retry,
+            ),
             crate::checks::ladder_and_claim(queue, &options.retry, options.claim_timeout),
         ]
         .into_iter()

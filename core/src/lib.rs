@@ -36,6 +36,7 @@
 // namespaces a service navigates (the patterns, SQL, events, the runner) are
 // public modules of their own. What is not re-exported is the engine's.
 mod ack;
+mod broker;
 mod checks;
 mod connection;
 mod consumer;
@@ -62,6 +63,7 @@ pub mod sql;
 pub mod trace;
 
 pub use ack::{Ack, Outcome, Settlement};
+pub use broker::BrokerVersion;
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
 pub use consumer::{
     Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,

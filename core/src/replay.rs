@@ -86,32 +86,144 @@ fn revived(mut raw: RawDelivery) -> RawDelivery {
         history.drain(..history.len() - MAX_HISTORY);
     }
     h.insert(HISTORY_HEADER.into(), Value::Array(history));
+    for counter in BROKER_COUNTERS.into_iter().chain([REFRESHED_BY_HEADER]) {
+        h.remove(counter);
+    }
     h.insert(ATTEMPT_HEADER.into(), Value::from(1));
     h.insert(REPLAYED_AT_HEADER.into(), Value::from(crate::envelope::now_secs()));
     raw
 }
 
+/// The broker's own delivery counters: a copy is a new message to the
+/// broker, which ignores these on a publish (measured: a copy published with
+/// `x-delivery-count: 100` is counted from 0 on 3.10.8, 4.0.5 and 4.3.6),
+/// but 4.x shows the stale number on its first delivery, where it would read
+/// as returns that never happened.
+const BROKER_COUNTERS: [&str; 2] = ["x-delivery-count", "x-acquired-count"];
+
+/// A dead letter read with a broker delivery count (`x-delivery-count`) this
+/// high is put back as a fresh copy (published to the DLQ's tail, confirmed,
+/// then the original acknowledged) instead of being given back. Looking at a
+/// quorum DLQ gives each message back once, which counts toward its limit on
+/// RabbitMQ 3.10 and 4.0, and past the limit the broker drops it: a DLQ has
+/// nowhere to dead-letter to. A DLQ declared before AceMQ set
+/// [`crate::topology::DLQ_DELIVERY_LIMIT`] has RabbitMQ 4.x's default of 20;
+/// on 4.3 a message the broker dead-lettered for its delivery limit arrives
+/// in the DLQ with its count already past it (measured: main queue limit 3,
+/// DLQ limit 5: count 4 on arrival, gone at the second return, even by a
+/// nack that does not count). Half the default leaves every peek, status
+/// and filtered replay room to give a message back. A DLQ limit below it is
+/// not supported (docs/production.md).
+pub const REFRESH_AT: u64 = 10;
+
 /// Why the broker dead-lettered a message itself (a quorum queue's delivery
-/// limit, a TTL, a length limit), from the newest `x-death` entry.
+/// limit, a TTL, a length limit): the newest `x-death` entry, else 4.x's
+/// `x-last-death-*` (or `x-first-death-*`) headers, which a message can
+/// carry without an `x-death` its publisher dropped.
 fn broker_reason(h: &crate::headers::Headers) -> Option<String> {
-    let death = h.get("x-death")?.as_array()?.first()?.as_object()?;
-    let reason = death.get("reason")?.as_str()?;
-    let queue = death.get("queue").and_then(Value::as_str).unwrap_or("?");
-    let count = death.get("count").and_then(Value::as_u64).unwrap_or(1);
-    Some(format!("dead-lettered by the broker: {reason} on {queue} (x-death count {count})"))
+    let from_x_death = || {
+        let death = h.get("x-death")?.as_array()?.first()?.as_object()?;
+        let reason = death.get("reason")?.as_str()?;
+        let queue = death.get("queue").and_then(Value::as_str).unwrap_or("?");
+        let count = death.get("count").and_then(Value::as_u64).unwrap_or(1);
+        Some(format!("dead-lettered by the broker: {reason} on {queue} (x-death count {count})"))
+    };
+    let from_pair = |which: &str| {
+        let reason = h.get(&format!("x-{which}-death-reason"))?.as_str()?;
+        let queue = h.get(&format!("x-{which}-death-queue")).and_then(Value::as_str).unwrap_or("?");
+        Some(format!("dead-lettered by the broker: {reason} on {queue}"))
+    };
+    from_x_death().or_else(|| from_pair("last")).or_else(|| from_pair("first"))
+}
+
+/// The broker's count of returns of `raw` so far: `x-delivery-count`, set on
+/// a quorum queue's redeliveries (and, on 4.x, carried from the queue that
+/// dead-lettered it).
+fn delivery_count(raw: &RawDelivery) -> u64 {
+    raw.props.header("x-delivery-count").and_then(|v| v.as_u64()).unwrap_or(0)
+}
+
+/// Header on a copy put back at the DLQ's tail by a read: that read's own
+/// id, so that reaching it tells the read it has been round the queue.
+/// Messages behind it arrived during the read and wait for the next one.
+pub const REFRESHED_BY_HEADER: &str = "x-acemq-refreshed-by";
+
+/// What to do with a dead letter being read that is not leaving the DLQ.
+struct Keeper<'a> {
+    backend: &'a crate::transport::Backend,
+    reader: &'a crate::transport::Reader,
+    dlq: String,
+    /// This read's id, on the copies it puts back.
+    read: String,
+    /// The newest delivery tag held unacknowledged, to give back.
+    held: Option<u64>,
+}
+
+impl<'a> Keeper<'a> {
+    fn new(backend: &'a crate::transport::Backend, reader: &'a crate::transport::Reader, dlq: String) -> Self {
+        Keeper { backend, reader, dlq, read: crate::envelope::new_id(), held: None }
+    }
+
+    /// Whether `raw` is a copy this read put back: the read has been round
+    /// the queue, and it and what follows stay where they are.
+    fn round(&mut self, raw: &RawDelivery) -> bool {
+        let mine = raw.props.header(REFRESHED_BY_HEADER).is_some_and(|v| v.as_str() == Some(self.read.as_str()));
+        if mine {
+            self.held = Some(raw.tag);
+        }
+        mine
+    }
+
+    /// Keep `raw` in the DLQ: held, to be given back in place, or, when its
+    /// count is near a limit ([`REFRESH_AT`]), put back at the tail as a
+    /// fresh copy (confirmed before the original is acknowledged: a crash in
+    /// between leaves two, never none). A copy keeps the broker's reason in
+    /// `x-acemq-reason`, so it reads the same if a broker drops a client's
+    /// `x-death`.
+    async fn keep(&mut self, raw: &RawDelivery) -> Result<()> {
+        if delivery_count(raw) < REFRESH_AT {
+            self.held = Some(raw.tag);
+            return Ok(());
+        }
+        let mut props = raw.props.clone();
+        let h = props.headers_mut();
+        for counter in BROKER_COUNTERS {
+            h.remove(counter);
+        }
+        if !h.contains_key(REASON_HEADER) {
+            if let Some(reason) = broker_reason(h) {
+                h.insert(REASON_HEADER.into(), Value::from(reason));
+            }
+        }
+        h.insert(REFRESHED_BY_HEADER.into(), Value::from(self.read.clone()));
+        crate::limits::fit_copy(&mut props);
+        self.backend.send("", &self.dlq, &raw.body, &props).await?.wait().await?;
+        self.reader.ack(raw.tag).await
+    }
+
+    /// Give back what is held (see [`crate::transport::Reader::give_back`]).
+    async fn finish(self) {
+        if let Some(tag) = self.held {
+            self.reader.give_back(tag).await;
+        }
+        self.reader.close().await;
+    }
 }
 
 impl Connection {
     /// Look at up to `limit` dead letters in `{queue}.dlq`, oldest first,
-    /// without taking them: each is read unacknowledged and every one goes
-    /// back, in its place, when the reading channel closes. What an operator
-    /// runs before deciding to replay.
+    /// without taking them: each is read unacknowledged and given back, in
+    /// its place, when the read ends. One whose broker delivery count is
+    /// near a limit is put back at the tail as a fresh copy instead
+    /// ([`REFRESH_AT`]), so looking never makes a quorum DLQ drop one. What
+    /// an operator runs before deciding to replay.
     ///
     /// # Cancel safety
     ///
-    /// Cancel safe: nothing is taken. What a dropped future had read stays
+    /// Cancel safe: nothing is lost. What a dropped future had read stays
     /// unacknowledged, and the broker puts it back, in place, when the
-    /// reading channel or the connection closes.
+    /// reading channel or the connection closes; a copy being refreshed is
+    /// in the DLQ once or twice.
     pub async fn peek_dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>> {
         if queue.is_empty() {
             return Err(Error::invalid("peek needs the queue whose dead letters to show"));
@@ -120,11 +232,17 @@ impl Connection {
         if limit == 0 {
             return Err(Error::invalid("peek limit must be at least 1: it is how many dead letters to show"));
         }
-        let reader = self.backend().reader(&dlq_name(queue)).await?;
+        let backend = self.backend();
+        let dlq = dlq_name(queue);
+        let reader = backend.reader(&dlq).await?;
+        let mut keeper = Keeper::new(backend, &reader, dlq);
         let mut seen = Vec::new();
         let result: Result<()> = async {
             while seen.len() < limit {
                 let Some(raw) = reader.next().await? else { break };
+                if keeper.round(&raw) {
+                    break;
+                }
                 let envelope = envelope_of(&raw.props);
                 let h = raw.props.headers();
                 let text = |k: &str| h.get(k).and_then(Value::as_str).map(str::to_owned);
@@ -137,11 +255,12 @@ impl Connection {
                     failed_at: h.get(FAILED_AT_HEADER).and_then(Value::as_u64),
                     body: raw.body.clone(),
                 });
+                keeper.keep(&raw).await?;
             }
             Ok(())
         }
         .await;
-        reader.close().await;
+        keeper.finish().await;
         result.map(|()| seen)
     }
 
@@ -152,7 +271,9 @@ impl Connection {
     /// deliver it again to every other queue bound there, which handled it
     /// the first time. A message leaves the DLQ only once its copy is
     /// confirmed; a crash in between leaves it in both (a duplicate, never a
-    /// loss). Messages that do not match stay where they are, in order.
+    /// loss). Messages that do not match stay in the DLQ, in order, except
+    /// one whose broker delivery count is near a limit, which is put back
+    /// at the tail as a fresh copy ([`REFRESH_AT`]).
     ///
     /// # Cancel safety
     ///
@@ -171,13 +292,19 @@ impl Connection {
             return Err(Error::invalid("replay limit must be at least 1, or none (None / limit: nil) to replay them all"));
         }
         let backend = self.backend();
-        let reader = backend.reader(&dlq_name(queue)).await?;
+        let dlq = dlq_name(queue);
+        let reader = backend.reader(&dlq).await?;
+        let mut keeper = Keeper::new(backend, &reader, dlq);
         let mut report = ReplayReport::default();
         let result: Result<()> = async {
             while options.limit.is_none_or(|l| report.replayed < l) {
                 let Some(raw) = reader.next().await? else { break };
+                if keeper.round(&raw) {
+                    break;
+                }
                 if !matches(&raw, &options) {
                     report.skipped += 1;
+                    keeper.keep(&raw).await?;
                     continue;
                 }
                 let tag = raw.tag;
@@ -190,7 +317,7 @@ impl Connection {
             Ok(())
         }
         .await;
-        reader.close().await;
+        keeper.finish().await;
         result.map(|()| report)
     }
 }

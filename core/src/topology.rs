@@ -99,6 +99,18 @@ impl QueueType {
 /// it reaches.
 pub const DEFAULT_DELIVERY_LIMIT: u64 = 20;
 
+/// The delivery limit a quorum queue's DLQ is declared with: in effect
+/// none. A DLQ has no dead-letter target of its own, so a message past its
+/// limit is dropped, and RabbitMQ 4.x gives a quorum queue declared without
+/// one a limit of 20 — where every dead letter an operator looks at and
+/// gives back counts (3.10, 4.0), and where a message the broker
+/// dead-lettered for its delivery limit arrives with its count already past
+/// 20 (4.3). `-1`, unlimited on 4.x, drops a message at its first return on
+/// 3.10; a large number means the same on every version and survives an
+/// upgrade. RabbitMQ accepts up to 2^40 here (measured on 3.10.8, 4.0.5,
+/// 4.3.6); a billion returns is none.
+pub const DLQ_DELIVERY_LIMIT: u64 = 1_000_000_000;
+
 /// One queue to declare. Durable; `{name}.dlq` is declared with it unless
 /// `dead_letter_queue` is false (the DLQ and rung queues themselves).
 #[derive(Debug, Clone, PartialEq)]
@@ -151,6 +163,27 @@ impl QueueSpec {
             }
         }
         a
+    }
+
+    /// `{queue}.dlq`, of `queue`'s type: no DLQ of its own, and, when
+    /// quorum, [`DLQ_DELIVERY_LIMIT`].
+    pub fn dead_letters_of(queue: &str, queue_type: QueueType) -> Self {
+        let mut dlq = QueueSpec::new(dlq_name(queue)).with_type(queue_type);
+        dlq.dead_letter_queue = false;
+        if queue_type == QueueType::Quorum {
+            dlq.arguments.insert("x-delivery-limit".into(), Value::from(DLQ_DELIVERY_LIMIT));
+        }
+        dlq
+    }
+
+    /// Whether this is a quorum DLQ as [`QueueSpec::dead_letters_of`] makes
+    /// it: declared with [`DLQ_DELIVERY_LIMIT`], which one that already
+    /// exists may not have.
+    pub(crate) fn is_quorum_dlq(&self) -> bool {
+        self.queue_type == QueueType::Quorum
+            && !self.dead_letter_queue
+            && self.name.ends_with(".dlq")
+            && self.arguments.get("x-delivery-limit").and_then(Value::as_u64) == Some(DLQ_DELIVERY_LIMIT)
     }
 
     /// A queue whose messages wait `ttl` and are then dead-lettered through
@@ -256,9 +289,7 @@ impl Topology {
         let mut out = Vec::new();
         for q in &self.queues {
             if q.dead_letter_queue {
-                let mut dlq = QueueSpec::new(dlq_name(&q.name)).with_type(q.queue_type);
-                dlq.dead_letter_queue = false;
-                out.push(dlq);
+                out.push(QueueSpec::dead_letters_of(&q.name, q.queue_type));
             }
             out.push(q.clone());
         }
@@ -287,7 +318,11 @@ mod quorum_tests {
         assert_eq!(a["x-overflow"], "reject-publish");
         assert_eq!(a["x-delivery-limit"], DEFAULT_DELIVERY_LIMIT);
         let d = dlq.declared_arguments();
-        assert!(!d.contains_key("x-dead-letter-exchange") && !d.contains_key("x-delivery-limit"), "{d:?}");
+        assert!(!d.contains_key("x-dead-letter-exchange"), "{d:?}");
+        assert_eq!(d["x-delivery-limit"], DLQ_DELIVERY_LIMIT, "a DLQ drops what passes its limit");
+        assert!(dlq.is_quorum_dlq() && !main.is_quorum_dlq());
+        let classic = Topology::new().queue("orders").expanded_queues();
+        assert!(classic[0].declared_arguments().is_empty(), "a classic DLQ has no delivery limit to set");
     }
 
     #[test]

@@ -192,6 +192,11 @@ impl RbConnection {
         self.inner.origin().to_owned()
     }
 
+    /// The broker's version from connection.start ("4.3.6"); nil on memory://.
+    fn server_version(&self) -> Option<String> {
+        self.inner.server_version()
+    }
+
     fn is_memory(&self) -> bool {
         self.inner.memory_broker().is_some()
     }
@@ -281,5 +286,6 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("blocked?", method!(RbConnection::is_blocked, 0))?;
     class.define_method("origin", method!(RbConnection::origin, 0))?;
     class.define_method("memory?", method!(RbConnection::is_memory, 0))?;
+    class.define_method("server_version", method!(RbConnection::server_version, 0))?;
     Ok(())
 }

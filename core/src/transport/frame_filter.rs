@@ -83,9 +83,16 @@ const HEADERS_FLAG: u16 = 1 << 13;
 /// broker's and the filter needs to know to keep a repaired frame within it.
 /// With `tls`, each stream is TLS over TCP and the filter reads the
 /// plaintext (see tls.rs: lapin's own TLS would sit above the filter).
-pub(crate) fn runtime(client_frame_max: u32, tls: Option<TlsDial>) -> Runtime<RuntimeParts<Tokio, FilterReactor>> {
-    Runtime::new(RuntimeParts::new(Tokio::current(), FilterReactor { tokio: Tokio::current(), client_frame_max, tls }))
+/// `server` receives the broker's `version` server property from
+/// connection.start: lapin reads that table and keeps none of it, and what
+/// RabbitMQ does with delivery limits, dead-letter headers and consumer
+/// timeouts differs by version (docs/production.md).
+pub(crate) fn runtime(client_frame_max: u32, tls: Option<TlsDial>, server: ServerVersion) -> Runtime<RuntimeParts<Tokio, FilterReactor>> {
+    Runtime::new(RuntimeParts::new(Tokio::current(), FilterReactor { tokio: Tokio::current(), client_frame_max, tls, server }))
 }
+
+/// Where the filter puts the broker's `version` server property.
+pub(crate) type ServerVersion = std::sync::Arc<std::sync::Mutex<Option<String>>>;
 
 /// Tokio's reactor, with every TCP stream it connects wrapped in [`Filtered`]
 /// (after the TLS handshake, for `amqps://`).
@@ -94,6 +101,7 @@ pub(crate) struct FilterReactor {
     tokio: Tokio,
     client_frame_max: u32,
     tls: Option<TlsDial>,
+    server: ServerVersion,
 }
 
 impl std::fmt::Debug for FilterReactor {
@@ -127,13 +135,16 @@ impl Reactor for FilterReactor {
         let connect = self.tokio.tcp_connect_addr(addr);
         let client_frame_max = self.client_frame_max;
         let tls = self.tls.clone();
+        let server = self.server.clone();
         async move {
             let tcp = connect.await?;
             let stream = match tls {
                 None => Socket::Plain(tcp),
                 Some(tls) => tls.handshake(tcp).await?,
             };
-            Ok(Filtered::new(stream, client_frame_max))
+            let mut filtered = Filtered::new(stream, client_frame_max);
+            filtered.frames.server = Some(server);
+            Ok(filtered)
         }
     }
 }
@@ -334,11 +345,13 @@ struct Frames {
     /// The walker's stack, kept between frames so that a clean message
     /// costs no allocation.
     levels: Vec<Level>,
+    /// Given the broker's version from connection.start, when set.
+    server: Option<ServerVersion>,
 }
 
 impl Frames {
     fn new(client_frame_max: u32) -> Self {
-        Frames { mode: Mode::Boundary, server_frame_max: None, client_frame_max, marks: Vec::new(), levels: Vec::new() }
+        Frames { mode: Mode::Boundary, server_frame_max: None, client_frame_max, marks: Vec::new(), levels: Vec::new(), server: None }
     }
 
     /// The frame_max lapin enforces on what it reads, negotiated as lapin
@@ -486,6 +499,13 @@ impl Frames {
         }
         for (at, byte) in edits {
             p[at] = byte;
+        }
+        if (class, method) == (10, 10) {
+            // version-major, version-minor, then the server properties.
+            if let (Some(slot), Some(len)) = (&self.server, p.get(6..10).map(be32)) {
+                let table = p.get(10..10 + len as usize).unwrap_or_default();
+                *slot.lock().unwrap_or_else(|e| e.into_inner()) = server_version(table);
+            }
         }
         if matches!((class, method), (60, 50) | (60, 60) | (60, 71)) && !notes.is_empty() {
             match self.marks.iter_mut().find(|(c, _)| *c == channel) {
@@ -939,6 +959,36 @@ fn push_long_entry(table: &mut Vec<u8>, key: &str, value: &[u8]) {
     table.push(b'S');
     table.extend_from_slice(&(value.len() as u32).to_be_bytes());
     table.extend_from_slice(value);
+}
+
+/// The `version` entry (a long string) of connection.start's server
+/// properties, read without recursing: nested tables are skipped by their
+/// length. None when the table has no such entry or cannot be read.
+fn server_version(table: &[u8]) -> Option<String> {
+    let mut pos = 0;
+    while pos < table.len() {
+        let klen = *table.get(pos)? as usize;
+        let key = table.get(pos + 1..pos + 1 + klen)?;
+        pos += 1 + klen;
+        let tag = *table.get(pos)?;
+        pos += 1;
+        let size = match tag {
+            b't' | b'b' | b'B' => 1,
+            b's' | b'U' | b'u' => 2,
+            b'I' | b'i' | b'f' => 4,
+            b'D' => 5,
+            b'L' | b'l' | b'd' | b'T' => 8,
+            b'V' => 0,
+            b'S' | b'x' | b'F' | b'A' => 4 + be32(table.get(pos..pos + 4)?) as usize,
+            _ => return None,
+        };
+        let value = table.get(pos..pos + size)?;
+        if key == b"version" && tag == b'S' {
+            return Some(String::from_utf8_lossy(&value[4..]).into_owned());
+        }
+        pos += size;
+    }
+    None
 }
 
 fn be16(b: &[u8]) -> u16 {
@@ -1512,6 +1562,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn connection_start_gives_the_broker_version_past_nested_tables() {
+        let caps = table(&[(b"basic.nack", b't', vec![1])]);
+        let props = table(&[
+            (b"capabilities", b'F', caps),
+            (b"copyright", b'S', long(b"(c) someone")),
+            (b"version", b'S', long(b"4.3.6")),
+        ]);
+        let mut args = vec![0, 9];
+        args.extend(props);
+        args.extend(long(b"PLAIN"));
+        args.extend(long(b"en_US"));
+        let mut frames = Frames::new(0);
+        let slot = ServerVersion::default();
+        frames.server = Some(slot.clone());
+        let mut data = method(0, 10, 10, &args);
+        let _ = frames.step(&mut data);
+        assert_eq!(slot.lock().unwrap().as_deref(), Some("4.3.6"));
+        assert_eq!(server_version(&[3, b'a']), None, "cut short");
+        assert_eq!(server_version(&[1, b'v', b'Q']), None, "unknown type letter");
+    }
+
     /// Through lapin itself, on a socket: a broker that sends a hostile
     /// delivery between two good ones. Without the filter lapin's I/O
     /// thread would close the connection at the second (or overflow its
@@ -1582,7 +1654,7 @@ mod tests {
             }
         });
         let url = format!("amqp://guest:guest@127.0.0.1:{port}/%2f");
-        let conn = lapin::Connection::connect_with_runtime(&url, lapin::ConnectionProperties::default(), runtime(0, None)).await.unwrap();
+        let conn = lapin::Connection::connect_with_runtime(&url, lapin::ConnectionProperties::default(), runtime(0, None, Default::default())).await.unwrap();
         let ch = conn.create_channel().await.unwrap();
         let mut consumer = ch
             .basic_consume("q".into(), "".into(), lapin::options::BasicConsumeOptions::default(), FieldTable::default())

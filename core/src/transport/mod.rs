@@ -327,6 +327,21 @@ impl Backend {
                 // fails what was sent behind it; the first failure in order
                 // is the one reported. Bindings go after the queues and
                 // exchanges they name have been declared.
+                // A quorum queue's DLQ that already exists without
+                // DLQ_DELIVERY_LIMIT (declared by an older AceMQ, or by
+                // hand) is refused as inequivalent on 3.10.8, 4.0.5 and
+                // 4.3.6 alike: it is kept as it is, each on a channel of its
+                // own since the refusal closes it. Peek and replay are safe
+                // on it anyway (replay.rs refreshes a dead letter near a
+                // limit); docs/production.md gives the policy that lifts it.
+                let mut queues = queues;
+                for q in queues.iter().filter(|q| q.is_quorum_dlq()) {
+                    match a.with_declare_channel(|ch| async move { amqp::declare_queue(&ch, q).await }).await {
+                        Err(e) if e.is_precondition_failed() && e.message().contains("'x-delivery-limit'") => {}
+                        other => other?,
+                    }
+                }
+                queues.retain(|q| !q.is_quorum_dlq());
                 a.with_declare_channel(|ch| async move {
                     amqp::all(topology.exchanges.iter().map(|e| amqp::declare_exchange(&ch, e))).await?;
                     amqp::all(queues.iter().map(|q| amqp::declare_queue(&ch, q))).await?;
@@ -395,6 +410,14 @@ impl Backend {
         }
     }
 
+    /// The broker's `version` server property; None on memory://.
+    pub(crate) fn server_version(&self) -> Option<String> {
+        match self {
+            Backend::Memory(_) => None,
+            Backend::Amqp(a) => a.server_version(),
+        }
+    }
+
     /// The broker is blocking publishers on this connection (never on memory://).
     pub(crate) fn blocked(&self) -> bool {
         matches!(self, Backend::Amqp(a) if a.blocked())
@@ -429,6 +452,17 @@ impl Reader {
                 .basic_ack(tag, lapin::options::BasicAckOptions::default())
                 .await
                 .map_err(|e| amqp::map_error(&e, "acknowledging a replayed message")),
+        }
+    }
+
+    /// Give back every delivery up to `tag` not acknowledged, in order, with
+    /// basic.nack (multiple, requeue) before the channel closes: on RabbitMQ
+    /// 4.3 that does not count toward a quorum queue's delivery limit, where
+    /// a closed channel's return does (3.10 and 4.0 count both).
+    pub(crate) async fn give_back(&self, tag: u64) {
+        if let Reader::Amqp { channel, .. } = self {
+            let nack = channel.basic_nack(tag, lapin::options::BasicNackOptions { multiple: true, requeue: true });
+            let _ = tokio::time::timeout(Duration::from_secs(5), nack).await;
         }
     }
 

@@ -213,6 +213,11 @@ module AceMQ
         ready && { ready: ready, consumers: consumers }
       end
 
+      # server_version (native): the broker's version as its connection.start
+      # said ("4.3.6"), nil on memory://. RabbitMQ's delivery limits, what
+      # counts toward them and where consumer_timeout applies differ by
+      # version (docs/production.md); the engine's checks read it.
+
       def inspect = "#<AceMQ::AMQP::Connection origin=#{origin.inspect}#{closed? ? ' closed' : ''}>"
 
       private

@@ -61,6 +61,9 @@ pub(crate) struct AmqpBackend {
     /// the whole connection (504, "expected 'channel.open'"); checking first,
     /// on a throwaway channel, keeps the publishing channel out of it.
     known_exchanges: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The broker's `version` server property (`4.3.6`), from the current
+    /// connection's connection.start.
+    server_version: Mutex<Option<String>>,
     publish: Arc<tokio::sync::Mutex<Option<Channel>>>,
     confirm_timeout: Duration,
     /// For the `amqps://` addresses: read once at open, used by every dial.
@@ -90,13 +93,14 @@ impl AmqpBackend {
         tls: Option<Tls>,
     ) -> Result<Self> {
         let endpoints: Vec<String> = urls.iter().map(|u| endpoint_of(u)).collect();
-        let (at, conn) = dial_any(urls, &endpoints, origin, 0, connect_timeout, tls.as_ref()).await?;
+        let (at, dialed) = dial_any(urls, &endpoints, origin, 0, connect_timeout, tls.as_ref()).await?;
         Ok(AmqpBackend {
             urls: urls.to_vec(),
             endpoints,
             at: std::sync::atomic::AtomicUsize::new(at),
             origin: origin.to_owned(),
-            conn: Mutex::new(Arc::new(conn)),
+            conn: Mutex::new(Arc::new(dialed.conn)),
+            server_version: Mutex::new(dialed.version),
             redial: tokio::sync::Mutex::new(()),
             closed: std::sync::atomic::AtomicBool::new(false),
             connect_timeout,
@@ -105,6 +109,12 @@ impl AmqpBackend {
             confirm_timeout,
             tls,
         })
+    }
+
+    /// The broker's version as the current connection's connection.start
+    /// gave it.
+    pub(crate) fn server_version(&self) -> Option<String> {
+        self.server_version.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     async fn open_channel(&self, confirms: bool) -> Result<Channel> {

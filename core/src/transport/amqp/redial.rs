@@ -51,9 +51,11 @@ impl AmqpBackend {
         // same cluster.
         crate::events::connection("lost", self.endpoint(), None);
         let start = (self.at.load(std::sync::atomic::Ordering::Acquire) + 1) % self.urls.len();
-        let (at, fresh) = dial_any(&self.urls, &self.endpoints, &self.origin, start, self.connect_timeout, self.tls.as_ref()).await?;
+        let (at, dialed) = dial_any(&self.urls, &self.endpoints, &self.origin, start, self.connect_timeout, self.tls.as_ref()).await?;
         self.at.store(at, std::sync::atomic::Ordering::Release);
-        let fresh = Arc::new(fresh);
+        // Another node of a cluster being upgraded may run another version.
+        *self.server_version.lock().unwrap_or_else(|p| p.into_inner()) = dialed.version;
+        let fresh = Arc::new(dialed.conn);
         *self.conn.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         // What was known of the old broker may not hold for this one.
         self.known().clear();
@@ -73,7 +75,7 @@ pub(super) async fn dial_any(
     start: usize,
     connect_timeout: Duration,
     tls: Option<&Tls>,
-) -> Result<(usize, lapin::Connection)> {
+) -> Result<(usize, Dialed)> {
     let mut failures = Vec::new();
     // Every address failed in TLS: the same certificate problem everywhere
     // (one cluster, one CA), which is what to report, not "unreachable".
@@ -95,7 +97,13 @@ pub(super) async fn dial_any(
     ))
 }
 
-pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration, tls: Option<&Tls>) -> Result<lapin::Connection> {
+/// A connection and the broker's version as its connection.start said.
+pub(super) struct Dialed {
+    pub(super) conn: lapin::Connection,
+    pub(super) version: Option<String>,
+}
+
+pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeout: Duration, tls: Option<&Tls>) -> Result<Dialed> {
     let properties = ConnectionProperties::default().with_connection_name(origin.into());
     let mut uri = url
         .parse::<lapin::uri::AMQPUri>()
@@ -130,8 +138,12 @@ pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeou
     // frame_filter.rs). It keeps repaired frames within the frame_max lapin
     // negotiates, which the URL can lower.
     let frame_max = uri.query.frame_max.unwrap_or(0);
-    let connect =
-        lapin::Connection::connect_uri_with_runtime(uri, properties, crate::transport::frame_filter::runtime(frame_max, tls_dial.clone()));
+    let server = crate::transport::frame_filter::ServerVersion::default();
+    let connect = lapin::Connection::connect_uri_with_runtime(
+        uri,
+        properties,
+        crate::transport::frame_filter::runtime(frame_max, tls_dial.clone(), server.clone()),
+    );
     let outcome = tokio::time::timeout(connect_timeout, connect).await;
     // A TLS failure reaches lapin as an I/O error ("invalid data"): the
     // reason rustls gave is what the caller needs.
@@ -156,7 +168,7 @@ pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeou
             ),
         )),
         Ok(Err(e)) => Err(connect_error(&e, endpoint)),
-        Ok(Ok(c)) => Ok(c),
+        Ok(Ok(conn)) => Ok(Dialed { conn, version: server.lock().unwrap_or_else(|e| e.into_inner()).take() }),
     }
 }
 

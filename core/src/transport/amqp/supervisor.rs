@@ -154,6 +154,17 @@ pub(super) async fn supervise(
         // again; retire it and subscribe anew, backing off while it is down.
         // What the lost channel delivered and no handler has taken yet can
         // never be acknowledged: the feed drops it rather than run it twice.
+        if generation.channel.status().connected() {
+            // The broker cancelled the consumer and left its channel open:
+            // RabbitMQ 4.3 ends a quorum queue's consumer that held a
+            // delivery past consumer_timeout with basic.cancel (measured;
+            // 3.10 and 4.0 close the channel). Settlements already made are
+            // sent, then the channel is closed so that whatever else it
+            // holds goes back to the queue now, not when the connection
+            // closes; the new subscription below gets it again.
+            generation.acks.finish();
+            let _ = tokio::time::timeout(Duration::from_secs(5), generation.channel.close(200, ShortString::from("OK"))).await;
+        }
         generation.retire();
         feed.lose(generation.id);
         *down_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());

@@ -7,15 +7,14 @@ begin
   # A checkout and the precompiled (x86_64-linux) gem hold one build per Ruby
   # ABI at acemq/<ruby_version>/acemq.so (rake compile, rake platform_gem);
   # the source gem has the one it compiled at install time as acemq/acemq.
-  abi = "acemq/#{RbConfig::CONFIG['ruby_version']}/acemq"
-  if $LOAD_PATH.any? { |dir| File.exist?(File.join(dir, "#{abi}.#{RbConfig::CONFIG['DLEXT']}")) }
-    require abi
-  else
-    require "acemq/acemq"
-  end
+  # A gem cross-compiled by rb-sys-dock (rake-compiler's layout) has them at
+  # acemq/<major.minor>/acemq.so instead: docs/releasing.md.
+  abis = ["acemq/#{RbConfig::CONFIG['ruby_version']}/acemq", "acemq/#{RUBY_VERSION[/\A\d+\.\d+/]}/acemq"]
+  abi = abis.find { |name| $LOAD_PATH.any? { |dir| File.exist?(File.join(dir, "#{name}.#{RbConfig::CONFIG['DLEXT']}")) } }
+  require abi || "acemq/acemq"
 rescue LoadError => e
   dlext = RbConfig::CONFIG["DLEXT"]
-  builds = Dir[File.join(__dir__, "*", "acemq.#{dlext}")].map { |so| File.basename(File.dirname(so)) }.sort
+  builds = Dir[File.join(__dir__, "*", "acemq.#{dlext}")].map { |so| File.basename(File.dirname(so))[/\A\d+\.\d+/] }.sort
   source_gem = "install the source gem, which compiles the extension (Rust 1.85+, libclang and Ruby's headers): " \
                "`gem install acemq --platform ruby`, or in a Bundler app " \
                "`bundle config set force_ruby_platform true` before `bundle install`."
@@ -26,12 +25,12 @@ rescue LoadError => e
         "In a checkout run `rake compile`; the source gem builds it at install time (`gem pristine acemq` builds it again)."
     elsif builds.empty?
       "the native extension is missing (#{e.message}). Reinstall acemq."
-    elsif !builds.include?(RbConfig::CONFIG["ruby_version"])
+    elsif !builds.include?(RUBY_VERSION[/\A\d+\.\d+/])
       # RubyGems and Bundler choose the source gem for such a Ruby by the
       # platform gem's required_ruby_version; this is reached when that was
       # skipped (--force, --ignore-dependencies, an unpacked gem).
       "this precompiled acemq gem has builds for Ruby " \
-        "#{builds.map { |b| b[/\A\d+\.\d+/] }.join(', ')}, not for #{RUBY_VERSION}. To use acemq on this Ruby, #{source_gem}"
+        "#{builds.join(', ')}, not for #{RUBY_VERSION}. To use acemq on this Ruby, #{source_gem}"
     else
       # The build is there and did not load: another libc (musl), a glibc
       # older than the one it was linked against, or another CPU.

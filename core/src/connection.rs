@@ -326,7 +326,7 @@ impl Connection {
     /// The broker's version as the current connection's connection.start
     /// gave it (`4.3.6`); None on `memory://`, or from a broker that does
     /// not say. What RabbitMQ does with delivery limits, dead-letter headers
-    /// and consumer timeouts depends on it ([`BrokerVersion`]).
+    /// and consumer timeouts depends on it ([`crate::BrokerVersion`]).
     pub fn server_version(&self) -> Option<String> {
         self.inner.backend.server_version()
     }

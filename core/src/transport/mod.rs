@@ -320,13 +320,6 @@ impl Backend {
             }
             Backend::Amqp(a) => {
                 let declared = topology.exchanges.iter().map(|e| e.name.clone()).collect::<Vec<_>>();
-                // Each group's declarations are sent together and their
-                // replies awaited together: a channel answers its methods in
-                // the order sent, so a consumer's DLQ and four rungs cost
-                // one round trip, not five. A failure closes the channel and
-                // fails what was sent behind it; the first failure in order
-                // is the one reported. Bindings go after the queues and
-                // exchanges they name have been declared.
                 // A quorum queue's DLQ that already exists without
                 // DLQ_DELIVERY_LIMIT (declared by an older AceMQ, or by
                 // hand) is refused as inequivalent on 3.10.8, 4.0.5 and
@@ -342,6 +335,13 @@ impl Backend {
                     }
                 }
                 queues.retain(|q| !q.is_quorum_dlq());
+                // Each group's declarations are sent together and their
+                // replies awaited together: a channel answers its methods in
+                // the order sent, so a consumer's DLQ and four rungs cost
+                // one round trip, not five. A failure closes the channel and
+                // fails what was sent behind it; the first failure in order
+                // is the one reported. Bindings go after the queues and
+                // exchanges they name have been declared.
                 a.with_declare_channel(|ch| async move {
                     amqp::all(topology.exchanges.iter().map(|e| amqp::declare_exchange(&ch, e))).await?;
                     amqp::all(queues.iter().map(|q| amqp::declare_queue(&ch, q))).await?;

@@ -98,7 +98,11 @@ module DocsSamples
   RAILS_PREFIX = <<~RUBY
     require #{File.join(DUMMY, 'config/environment').inspect}
     ActiveRecord::Migration.verbose = false
-    ActiveRecord::MigrationContext.new(Rails.root.join("db/migrate").to_s, ActiveRecord::SchemaMigration).migrate
+    # As spec/dummy/spec/rails_helper.rb: the pool's migration_context on
+    # Rails 7.2 (the SchemaMigration class is no longer one), the
+    # connection's before.
+    pool = ActiveRecord::Base.connection_pool
+    (pool.respond_to?(:migration_context) ? pool : ActiveRecord::Base.connection).migration_context.migrate
   RUBY
 
   def self.rails_env(dir)

@@ -841,19 +841,9 @@ fn walk_table(
             }
             let tag = src[pos];
             pos += 1;
-            let size = match tag {
-                b't' | b'b' | b'B' => 1,
-                b's' | b'U' | b'u' => 2,
-                b'I' | b'i' | b'f' => 4,
-                b'D' => 5,
-                b'L' | b'l' | b'd' | b'T' => 8,
-                b'V' => 0,
-                b'S' | b'x' | b'A' | b'F' if pos + 4 <= level.end => 4 + be32(&src[pos..pos + 4]) as usize,
-                b'S' | b'x' | b'A' | b'F' => usize::MAX,
-                _ => {
-                    failure = format!("unknown field type {}", quoted(&[tag]));
-                    break 'entry;
-                }
+            let Some(size) = value_size(tag, &src[pos..level.end]) else {
+                failure = format!("unknown field type {}", quoted(&[tag]));
+                break 'entry;
             };
             if size > level.end - pos {
                 failure = "a value runs past the end of its table".into();
@@ -972,23 +962,31 @@ fn server_version(table: &[u8]) -> Option<String> {
         pos += 1 + klen;
         let tag = *table.get(pos)?;
         pos += 1;
-        let size = match tag {
-            b't' | b'b' | b'B' => 1,
-            b's' | b'U' | b'u' => 2,
-            b'I' | b'i' | b'f' => 4,
-            b'D' => 5,
-            b'L' | b'l' | b'd' | b'T' => 8,
-            b'V' => 0,
-            b'S' | b'x' | b'F' | b'A' => 4 + be32(table.get(pos..pos + 4)?) as usize,
-            _ => return None,
-        };
-        let value = table.get(pos..pos + size)?;
+        let size = value_size(tag, &table[pos.min(table.len())..])?;
+        let value = table.get(pos..pos.checked_add(size)?)?;
         if key == b"version" && tag == b'S' {
             return Some(String::from_utf8_lossy(&value[4..]).into_owned());
         }
         pos += size;
     }
     None
+}
+
+/// The encoded size of a field value of type `tag` whose bytes start
+/// `rest`: None for a type AMQP has not got, usize::MAX for a
+/// length-prefixed value (string, byte array, array, table) whose length
+/// itself is cut off, which no table can hold.
+fn value_size(tag: u8, rest: &[u8]) -> Option<usize> {
+    Some(match tag {
+        b't' | b'b' | b'B' => 1,
+        b's' | b'U' | b'u' => 2,
+        b'I' | b'i' | b'f' => 4,
+        b'D' => 5,
+        b'L' | b'l' | b'd' | b'T' => 8,
+        b'V' => 0,
+        b'S' | b'x' | b'A' | b'F' => rest.get(..4).map_or(usize::MAX, |n| 4 + be32(n) as usize),
+        _ => return None,
+    })
 }
 
 fn be16(b: &[u8]) -> u16 {

@@ -100,7 +100,10 @@ module DocsSamples
     ActiveRecord::Migration.verbose = false
     # As spec/dummy/spec/rails_helper.rb: the pool's migration_context on
     # Rails 7.2 (the SchemaMigration class is no longer one), the
-    # connection's before.
+    # connection's before. Both read the migrations from
+    # Migrator.migrations_paths, "db/migrate" relative to the directory the
+    # script runs in, which is not the app's.
+    ActiveRecord::Migrator.migrations_paths = [Rails.root.join("db/migrate").to_s]
     pool = ActiveRecord::Base.connection_pool
     (pool.respond_to?(:migration_context) ? pool : ActiveRecord::Base.connection).migration_context.migrate
   RUBY

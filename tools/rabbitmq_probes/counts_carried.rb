@@ -3,16 +3,7 @@
 # The count a message carries into a quorum DLQ, and a client's x-delivery-count.
 # Measured on RabbitMQ 3.10.8, 4.0.5 and 4.3.6 for docs/production.md ("RabbitMQ 3.10, 4.0
 # and 4.3"). Usage: ruby tools/rabbitmq_probes/counts_carried.rb AMQP_URL. Makes its own probe.* queues and deletes them.
-require "bunny"; require "securerandom"
-URL = ARGV[0]
-$b = Bunny.new(URL, logger: Logger.new(nil)).tap(&:start)
-puts "server: #{$b.server_properties["version"]}"
-$made = []
-def ch = $b.create_channel
-def q!(name, args) = (c = ch; c.queue(name, durable: true, arguments: args); $made << name; c.close)
-def hdr(p) = (p.is_a?(Hash) ? p[:headers] : p.headers) || {}
-def depth(q) = (c = ch; n = c.queue(q, passive: true).message_count; c.close; n)
-def get(c, q) = (40.times { d, p, = c.basic_get(q, manual_ack: true); return [d, p] if d; sleep 0.05 }; nil)
+require_relative "probe"
 # give back via channel close until gone; count returns
 def returns_until_gone(q, max)
   n = 0
@@ -38,5 +29,5 @@ begin
   c = ch; c.confirm_select; c.default_exchange.publish("m", routing_key: q2, persistent: true, headers: { "x-delivery-count" => 100, "x-acquired-count" => 100 }); c.wait_for_confirms; c.close
   print "client header x-delivery-count 100 into limit 5, count seen:"; r = returns_until_gone(q2, 8); puts " -> #{r.inspect}"
 ensure
-  c = ch; $made.each { |n| c.queue_delete(n) rescue (c = ch) }; $b.close
+  cleanup
 end

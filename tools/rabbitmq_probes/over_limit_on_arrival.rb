@@ -3,15 +3,7 @@
 # A message past the DLQ's own limit on arrival, given back by nack or close; a client's x-death on a publish.
 # Measured on RabbitMQ 3.10.8, 4.0.5 and 4.3.6 for docs/production.md ("RabbitMQ 3.10, 4.0
 # and 4.3"). Usage: ruby tools/rabbitmq_probes/over_limit_on_arrival.rb AMQP_URL. Makes its own probe.* queues and deletes them.
-require "bunny"; require "securerandom"
-URL = ARGV[0]
-$b = Bunny.new(URL, logger: Logger.new(nil)).tap(&:start)
-puts "server: #{$b.server_properties["version"]}"
-$made = []
-def ch = $b.create_channel
-def q!(name, args) = (c = ch; c.queue(name, durable: true, arguments: args); $made << name; c.close)
-def hdr(p) = (p.is_a?(Hash) ? p[:headers] : p.headers) || {}
-def get(c, q) = (40.times { d, p, = c.basic_get(q, manual_ack: true); return [d, p] if d; sleep 0.05 }; nil)
+require_relative "probe"
 begin
   [[5, :nack], [2, :nack], [2, :close]].each do |dlq_limit, how|
     q = "probe.over.#{SecureRandom.hex(3)}"
@@ -37,5 +29,5 @@ begin
   c.wait_for_confirms
   d, p = get(c, q); puts "client x-death republished, headers seen: #{hdr(p).inspect[0, 600]}"; c.close
 ensure
-  c = ch; $made.each { |n| c.queue_delete(n) rescue (c = ch) }; $b.close
+  cleanup
 end

@@ -62,6 +62,10 @@ pub mod runtime;
 pub mod sql;
 pub mod trace;
 
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
+
 pub use ack::{Ack, Outcome, Settlement};
 pub use broker::BrokerVersion;
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};

@@ -176,6 +176,12 @@ impl<S> Filtered<S> {
         }
     }
 
+    /// The stream it reads, for the fuzz targets' checks.
+    #[cfg(feature = "fuzzing")]
+    pub(crate) fn inner(&self) -> &S {
+        &self.inner
+    }
+
     /// Filter `buf[..n]`, just read, where it lies. Returns how many bytes at
     /// its front are ready; what follows them went to `input` or `output`.
     fn filter_in_place(&mut self, buf: &mut [u8]) -> usize {

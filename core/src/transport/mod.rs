@@ -5,6 +5,8 @@
 
 pub(crate) mod amqp;
 mod frame_filter;
+#[cfg(feature = "fuzzing")]
+pub(crate) use frame_filter::Filtered;
 pub mod memory;
 pub(crate) mod queue;
 pub(crate) mod tls;

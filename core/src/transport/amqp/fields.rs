@@ -8,7 +8,7 @@ use lapin::BasicProperties;
 use serde_json::{Number, Value};
 use std::sync::Arc;
 
-pub(super) fn to_basic_properties(p: &Props) -> BasicProperties {
+pub(crate) fn to_basic_properties(p: &Props) -> BasicProperties {
     let mut b = BasicProperties::default();
     if let Some(ct) = &p.content_type {
         b = b.with_content_type(ShortString::from(ct.as_str()));
@@ -40,7 +40,7 @@ pub(super) fn to_basic_properties(p: &Props) -> BasicProperties {
 /// The engine's properties for what arrived. The header table is not
 /// converted here: it goes with them as it arrived, moved rather than
 /// copied, and [`Props::header`] converts what is read of it.
-pub(super) fn from_basic_properties(b: BasicProperties) -> Props {
+pub(crate) fn from_basic_properties(b: BasicProperties) -> Props {
     let s = |v: &Option<ShortString>| v.as_ref().map(|x| x.as_str().to_owned());
     let mut p = Props::default();
     p.content_type = s(b.content_type());

@@ -15,6 +15,8 @@ mod declare;
 mod exchanges;
 mod feed;
 mod fields;
+#[cfg(feature = "fuzzing")]
+pub(crate) use fields::to_basic_properties;
 mod in_order;
 mod publish;
 mod redial;
@@ -25,7 +27,7 @@ pub(crate) use publish::AmqpConfirm;
 pub(crate) use supervisor::AmqpConsumer;
 
 use super::tls::Tls;
-use fields::from_basic_properties;
+pub(crate) use fields::from_basic_properties;
 use redial::{dial_any, endpoint_of};
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::RawDelivery;

@@ -28,7 +28,7 @@ async fn publish(url: &str, queue: &str, spec: &Value) -> acemq::Result<()> {
     }
     envelope.kind = text(spec, "type");
     if let Some(t) = spec.get("timestamp").and_then(Value::as_u64) {
-        envelope.timestamp = t;
+        envelope.timestamp = Some(t);
     }
     envelope.headers = headers(spec, "headers");
     envelope.origin = text(spec, "envelope_origin");

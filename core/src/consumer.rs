@@ -217,7 +217,7 @@ impl Delivery {
                 id: String::new(),
                 kind: None,
                 origin: None,
-                timestamp: 0,
+                timestamp: None,
                 attempt: self.attempt,
                 headers: crate::headers::Headers::new(),
             },
@@ -889,7 +889,7 @@ impl Consumer {
     /// retried once. If the copy still fails, the original is requeued:
     /// nothing is acknowledged into nothing.
     async fn copy_then_ack(&self, mut raw: RawDelivery, target: &str) -> Result<()> {
-        crate::limits::fit_copy(&mut raw.props);
+        crate::wire::copy_props(&mut raw.props);
         let backend = self.conn.backend();
         let mut result = async { backend.send("", target, &raw.body, &raw.props).await?.wait().await }.await;
         if matches!(&result, Err(e) if *e.kind() == ErrorKind::Unroutable) {

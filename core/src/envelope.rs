@@ -23,8 +23,11 @@ pub struct Envelope {
     pub kind: Option<String>,
     /// Who published it (AMQP `app_id` and `x-acemq-origin`).
     pub origin: Option<String>,
-    /// Seconds since the epoch when it was first published (AMQP `timestamp`).
-    pub timestamp: u64,
+    /// Seconds since the epoch when it was first published (AMQP
+    /// `timestamp`): now for a new envelope; None for a consumed message
+    /// whose publisher set none (pika, amqplib and most clients leave it
+    /// out), never 0 (1970).
+    pub timestamp: Option<u64>,
     /// 1 on the first delivery, raised by one on every retry.
     pub attempt: u32,
     /// Application headers, without the `x-acemq-*` ones.
@@ -44,7 +47,7 @@ impl Envelope {
             id: new_id(),
             kind: None,
             origin: None,
-            timestamp: now_secs(),
+            timestamp: Some(now_secs()),
             attempt: 1,
             headers: Headers::new(),
         }

@@ -82,7 +82,9 @@ pub use retry::{dlq_name, rung_name, RetryPolicy};
 pub use stream::{OutgoingMessage, PublishStream, STREAM_CHUNK, STREAM_WINDOW};
 pub use topology::{BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology, DEFAULT_DELIVERY_LIMIT, DLQ_DELIVERY_LIMIT};
 pub use trace::TraceContext;
-pub use wire::Payload;
+pub use wire::{
+    decoded_body, Payload, Props, MAX_DECOMPRESSED, ORIGINAL_EXPIRATION_HEADER, ORIGINAL_USER_ID_HEADER,
+};
 pub use transport::memory::MemoryBroker;
 pub use transport::{Confirm, QueueCounts};
 

@@ -102,13 +102,30 @@ pub fn properties(props: &Props) -> Result<()> {
         ("origin (app_id)", &props.app_id),
         ("content type", &props.content_type),
         ("correlation id", &props.correlation_id),
+        ("content encoding", &props.content_encoding),
+        ("reply_to", &props.reply_to),
+        ("expiration", &props.expiration),
+        ("user_id", &props.user_id),
+        ("cluster_id", &props.cluster_id),
     ] {
         if let Some(v) = v {
             short(what, v)?;
         }
     }
     let size = table(props.headers(), 1)?;
-    let total = size + [&props.message_id, &props.kind, &props.app_id, &props.content_type, &props.correlation_id]
+    let total = size
+        + [
+            &props.message_id,
+            &props.kind,
+            &props.app_id,
+            &props.content_type,
+            &props.correlation_id,
+            &props.content_encoding,
+            &props.reply_to,
+            &props.expiration,
+            &props.user_id,
+            &props.cluster_id,
+        ]
         .iter()
         .map(|v| v.as_ref().map_or(0, |s| s.len() + 1))
         .sum::<usize>()

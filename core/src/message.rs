@@ -1,6 +1,7 @@
 //! A delivered message: the parsed payload, the envelope, and where it came from.
 
 use crate::envelope::Envelope;
+use crate::wire::Props;
 use serde_json::Value;
 
 /// Where a delivery came from.
@@ -14,6 +15,11 @@ pub struct DeliveryInfo {
     pub routing_key: String,
     /// The broker has delivered it before (a consumer went away unacked).
     pub redelivered: bool,
+    /// Every AMQP property it arrived with (`correlation_id`, `reply_to`,
+    /// `priority`, `content_encoding`, `expiration`, `user_id`, ...), and its
+    /// headers as they arrived, the `x-acemq-*` ones included
+    /// ([`Props::header`], [`Props::header_bytes`] for byte arrays).
+    pub properties: Props,
 }
 
 /// One message as a handler sees it.

@@ -196,7 +196,7 @@ impl<'a> Keeper<'a> {
             }
         }
         h.insert(REFRESHED_BY_HEADER.into(), Value::from(self.read.clone()));
-        crate::limits::fit_copy(&mut props);
+        crate::wire::copy_props(&mut props);
         self.backend.send("", &self.dlq, &raw.body, &props).await?.wait().await?;
         self.reader.ack(raw.tag).await
     }
@@ -309,7 +309,7 @@ impl Connection {
                 }
                 let tag = raw.tag;
                 let mut copy = revived(raw);
-                crate::limits::fit_copy(&mut copy.props);
+                crate::wire::copy_props(&mut copy.props);
                 backend.send("", queue, &copy.body, &copy.props).await?.wait().await?;
                 reader.ack(tag).await?;
                 report.replayed += 1;

@@ -34,23 +34,55 @@ pub const MALFORMED_HEADER: &str = "x-acemq-malformed";
 /// the filter could not read at all, as a long string.
 pub const MALFORMED_RAW_HEADER: &str = "x-acemq-malformed-raw";
 
-/// AMQP basic properties, as far as AceMQ reads and writes them.
+/// On a copy (retry, dead letter, replay): the original's `expiration`,
+/// which the copy does not carry (see [`copy_props`]).
+pub const ORIGINAL_EXPIRATION_HEADER: &str = "x-acemq-original-expiration";
+/// On a copy sent through RabbitMQ as another user than the one who
+/// published: the original's `user_id`, which RabbitMQ would refuse on the
+/// copy (see [`copy_props`]).
+pub const ORIGINAL_USER_ID_HEADER: &str = "x-acemq-original-user-id";
+
+/// AMQP basic properties: every one of the fourteen, as a delivery carried
+/// them (`message.delivery.properties`) and as a copy sends them again.
+///
+/// A retry, dead-letter or replay copy keeps every property of the original
+/// but three, each for a reason (see [`copy_props`] and docs/retries.md):
+/// it is persistent whatever the original was, it carries no `expiration`
+/// (kept in [`ORIGINAL_EXPIRATION_HEADER`]), and on RabbitMQ a `user_id`
+/// that is not the copying connection's user moves to
+/// [`ORIGINAL_USER_ID_HEADER`].
 #[derive(Debug, Clone, Default)]
 pub struct Props {
     /// `content_type`.
     pub content_type: Option<String>,
+    /// `content_encoding`: `gzip` and `deflate` bodies are decompressed
+    /// before they are read as JSON ([`decoded_body`]); copies keep the
+    /// body compressed, as it arrived, and this with it.
+    pub content_encoding: Option<String>,
+    /// `delivery_mode`: 2 persistent, 1 (or unset) transient.
+    pub delivery_mode: Option<u8>,
+    /// `priority`, 0 to 9 on a priority queue (any octet on the wire).
+    pub priority: Option<u8>,
+    /// `correlation_id`.
+    pub correlation_id: Option<String>,
+    /// `reply_to`.
+    pub reply_to: Option<String>,
+    /// `expiration`: the per-message TTL in milliseconds, as text.
+    pub expiration: Option<String>,
     /// `message_id`.
     pub message_id: Option<String>,
+    /// `timestamp`, seconds since the epoch; None when the publisher set
+    /// none (never 0 for "unknown").
+    pub timestamp: Option<u64>,
     /// `type`.
     pub kind: Option<String>,
+    /// `user_id`: RabbitMQ checks it against the publishing connection's
+    /// user, so on a delivery it names who published.
+    pub user_id: Option<String>,
     /// `app_id`.
     pub app_id: Option<String>,
-    /// `timestamp`, seconds.
-    pub timestamp: Option<u64>,
-    /// `correlation_id`, kept for foreign publishers.
-    pub correlation_id: Option<String>,
-    /// `delivery_mode` 2.
-    pub persistent: bool,
+    /// `cluster_id` (deprecated by AMQP 0-9-1, still carried).
+    pub cluster_id: Option<String>,
     /// `headers`, all of them, `x-acemq-*` included: read with
     /// [`Props::header`] or [`Props::headers`], changed through
     /// [`Props::headers_mut`]. Unset while they are still only the table in
@@ -68,6 +100,29 @@ pub struct Props {
 }
 
 impl Props {
+    /// Whether `delivery_mode` is 2: the broker writes it to disk on a
+    /// durable queue.
+    pub fn persistent(&self) -> bool {
+        self.delivery_mode == Some(2)
+    }
+
+    /// The raw bytes of one header whose AMQP type is a byte array (`x`)
+    /// or a long string (`S`, which AMQP does not require to be UTF-8), as
+    /// the publisher wrote them. [`Props::header`] gives JSON, where a byte
+    /// array that is not UTF-8 can only be text with U+FFFD in it; this
+    /// loses nothing. None for a header of another type, or absent, or one
+    /// set by the engine rather than received.
+    pub fn header_bytes(&self, name: &str) -> Option<Vec<u8>> {
+        self.received.header_bytes(name)
+    }
+
+    /// The names of the received headers whose AMQP type is a byte array
+    /// (`x`), top level only: what an adapter hands its language as
+    /// binary strings rather than text.
+    pub fn byte_array_headers(&self) -> Vec<String> {
+        self.received.byte_array_headers()
+    }
+
     /// Properties with `headers` set.
     pub fn with_headers(mut self, headers: Headers) -> Props {
         self.headers = std::sync::OnceLock::from(headers);
@@ -108,12 +163,18 @@ impl Props {
 impl PartialEq for Props {
     fn eq(&self, other: &Props) -> bool {
         self.content_type == other.content_type
-            && self.message_id == other.message_id
-            && self.kind == other.kind
-            && self.app_id == other.app_id
-            && self.timestamp == other.timestamp
+            && self.content_encoding == other.content_encoding
+            && self.delivery_mode == other.delivery_mode
+            && self.priority == other.priority
             && self.correlation_id == other.correlation_id
-            && self.persistent == other.persistent
+            && self.reply_to == other.reply_to
+            && self.expiration == other.expiration
+            && self.message_id == other.message_id
+            && self.timestamp == other.timestamp
+            && self.kind == other.kind
+            && self.user_id == other.user_id
+            && self.app_id == other.app_id
+            && self.cluster_id == other.cluster_id
             && self.headers() == other.headers()
             && self.received == other.received
     }
@@ -142,6 +203,92 @@ pub struct RawDelivery {
     pub props: Props,
 }
 
+/// Make `props` those of a copy the engine sends (a retry to a rung, a dead
+/// letter, a replay, a dead letter put back at its DLQ's tail). Every
+/// property of the original is kept, but:
+///
+/// - `delivery_mode` is 2: a dead letter exists to be kept, and pika,
+///   amqplib and `amqp-publish` publish transient unless told otherwise, so
+///   a transient original would otherwise leave a dead letter that a broker
+///   restart loses.
+/// - `expiration` is left off, and kept in [`ORIGINAL_EXPIRATION_HEADER`]
+///   (the first copy's is never overwritten): a per-message TTL said how
+///   long the message could wait for a consumer, and it was consumed. Kept,
+///   RabbitMQ applies the shorter of it and a rung's TTL, so a rung would
+///   give the message back early, and a dead letter would vanish from its
+///   DLQ once the TTL ran out, which the DLQ exists to prevent.
+/// - a `user_id` RabbitMQ would refuse is moved by the AMQP transport as it
+///   sends, not here (it knows its connection's user): see
+///   [`ORIGINAL_USER_ID_HEADER`].
+///
+/// Then the copy is made to fit in a frame ([`crate::limits::fit_copy`]).
+pub fn copy_props(props: &mut Props) {
+    props.delivery_mode = Some(2);
+    if let Some(expiration) = props.expiration.take() {
+        let h = props.headers_mut();
+        if !h.contains_key(ORIGINAL_EXPIRATION_HEADER) {
+            h.insert(ORIGINAL_EXPIRATION_HEADER.into(), Value::from(expiration));
+        }
+    }
+    crate::limits::fit_copy(props);
+}
+
+/// The most a compressed body may grow to when it is read: larger than any
+/// message RabbitMQ accepts (`max_message_size` is 128 MiB at most), so a
+/// real message always fits, and a few hundred bytes of gzip that claim
+/// gigabytes (a compression bomb) are refused instead of filling memory.
+pub const MAX_DECOMPRESSED: usize = 128 << 20;
+
+/// The compression a `content_encoding` names, when acemq reads it: `gzip`
+/// (also `x-gzip`) or `deflate` (zlib, RFC 1950, as HTTP means it; a raw
+/// RFC 1951 stream is accepted too). Anything else (`identity`, `utf-8`,
+/// which some clients put there, or unset) is not compression.
+fn compression(encoding: Option<&str>) -> Option<&'static str> {
+    match encoding?.trim().to_ascii_lowercase().as_str() {
+        "gzip" | "x-gzip" => Some("gzip"),
+        "deflate" => Some("deflate"),
+        _ => None,
+    }
+}
+
+/// The body as JSON is read from it: `body` itself, or decompressed when
+/// `content_encoding` is `gzip` or `deflate`. Err says why it cannot be
+/// read (corrupt, or larger than [`MAX_DECOMPRESSED`]). What an adapter
+/// calls to parse a body itself ([`Payload::Checked`]); a copy always keeps
+/// the body as it arrived.
+pub fn decoded_body<'a>(props: &Props, body: &'a [u8]) -> std::result::Result<std::borrow::Cow<'a, [u8]>, String> {
+    use std::io::Read;
+    let Some(kind) = compression(props.content_encoding.as_deref()) else { return Ok(std::borrow::Cow::Borrowed(body)) };
+    let mut out = Vec::new();
+    let limit = MAX_DECOMPRESSED as u64 + 1;
+    let read = match kind {
+        "gzip" => flate2::read::MultiGzDecoder::new(body).take(limit).read_to_end(&mut out),
+        _ => match flate2::read::ZlibDecoder::new(body).take(limit).read_to_end(&mut out) {
+            Ok(n) => Ok(n),
+            Err(_) => {
+                out.clear();
+                flate2::read::DeflateDecoder::new(body).take(limit).read_to_end(&mut out)
+            }
+        },
+    };
+    match read {
+        Err(e) => Err(format!("content_encoding {kind} but the body does not decompress ({e})")),
+        Ok(n) if n > MAX_DECOMPRESSED => {
+            Err(format!("content_encoding {kind}: the body decompresses to more than {MAX_DECOMPRESSED} bytes"))
+        }
+        Ok(_) => Ok(std::borrow::Cow::Owned(out)),
+    }
+}
+
+/// `body` gzip-compressed.
+#[cfg(test)]
+pub(crate) fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut e = flate2::write::GzEncoder::new(Vec::with_capacity(body.len() / 3 + 32), flate2::Compression::default());
+    e.write_all(body).expect("writing to a Vec cannot fail");
+    e.finish().expect("writing to a Vec cannot fail")
+}
+
 /// The properties for publishing `envelope`.
 pub fn props_for(envelope: &Envelope) -> Props {
     let mut headers = envelope.headers.clone();
@@ -155,11 +302,10 @@ pub fn props_for(envelope: &Envelope) -> Props {
         message_id: if envelope.id.is_empty() { None } else { Some(envelope.id.clone()) },
         kind: envelope.kind.clone(),
         app_id: envelope.origin.clone(),
-        timestamp: Some(envelope.timestamp),
-        correlation_id: None,
-        persistent: true,
+        timestamp: envelope.timestamp,
+        delivery_mode: Some(2),
         headers: std::sync::OnceLock::from(headers),
-        received: Received::default(),
+        ..Props::default()
     }
 }
 
@@ -181,7 +327,7 @@ pub fn envelope_of(props: &Props) -> Envelope {
         id: props.message_id.clone().filter(|s| !s.is_empty()).or_else(|| text(ID_HEADER)).unwrap_or_default(),
         kind: props.kind.clone(),
         origin: props.app_id.clone().or_else(|| text(ORIGIN_HEADER)),
-        timestamp: props.timestamp.unwrap_or(0),
+        timestamp: props.timestamp,
         attempt,
         headers,
     }
@@ -266,10 +412,13 @@ pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Mes
     let not_json = |e: &dyn std::fmt::Display| Undecodable {
         reason: format!("body is not JSON ({e}); the body is kept byte for byte on the dead-letter queue"),
     };
+    let body = decoded_body(&raw.props, &raw.body).map_err(|e| Undecodable {
+        reason: format!("{e}; the body is kept byte for byte, compressed, on the dead-letter queue"),
+    })?;
     // JSON text is UTF-8 (RFC 8259), and a Value's strings must be: checked
     // over the whole body at once, so that the parser does not check each
     // string again.
-    let text = utf8(&raw.body).map_err(|e| not_json(&format_args!("invalid UTF-8: {e}")))?;
+    let text = utf8(&body).map_err(|e| not_json(&format_args!("invalid UTF-8: {e}")))?;
     let payload: Value = match payload {
         Payload::Parsed => serde_json::from_str(text).map_err(|e| not_json(&e))?,
         Payload::Checked => {
@@ -286,6 +435,7 @@ pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Mes
             exchange: raw.exchange.clone(),
             routing_key: raw.routing_key.clone(),
             redelivered: raw.redelivered,
+            properties: raw.props.clone(),
         },
     })
 }
@@ -346,6 +496,93 @@ mod tests {
         bad.body = b"{\"a\":\"\xff\"}".to_vec();
         assert!(decode("q", &bad).is_err());
         assert!(decode_as("q", &bad, Payload::Checked).unwrap_err().reason.contains("not JSON"));
+    }
+
+    #[test]
+    fn gzip_and_deflate_bodies_are_read_and_corrupt_ones_dead_lettered() {
+        use std::io::Write;
+        let json = br#"{"order":"A-1","amount":4200}"#;
+        let mut gz = raw("", Some("application/json"));
+        gz.body = gzip(json);
+        gz.props.content_encoding = Some("gzip".into());
+        assert_eq!(decode("q", &gz).unwrap().payload["amount"], 4200);
+        assert_eq!(decoded_body(&gz.props, &gz.body).unwrap().as_ref(), json);
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        z.write_all(json).unwrap();
+        let mut deflate = raw("", None);
+        deflate.body = z.finish().unwrap();
+        deflate.props.content_encoding = Some("deflate".into());
+        assert_eq!(decode("q", &deflate).unwrap().payload["order"], "A-1");
+        // Raw RFC 1951, which some clients send as "deflate".
+        let mut d = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+        d.write_all(json).unwrap();
+        deflate.body = d.finish().unwrap();
+        assert_eq!(decode_as("q", &deflate, Payload::Checked).unwrap().payload, Value::Null);
+        // Not compression: read as it is.
+        let mut plain = raw(std::str::from_utf8(json).unwrap(), None);
+        plain.props.content_encoding = Some("utf-8".into());
+        assert!(decode("q", &plain).is_ok());
+        // Said gzip, is not.
+        let mut liar = raw("{}", None);
+        liar.props.content_encoding = Some("gzip".into());
+        let reason = decode("q", &liar).unwrap_err().reason;
+        assert!(reason.contains("does not decompress") && reason.contains("compressed"), "{reason}");
+    }
+
+    #[test]
+    fn a_compression_bomb_is_refused_not_expanded() {
+        // 200 MiB of zeros is about 200 KB of gzip.
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..200 {
+            e.write_all(&zeros).unwrap();
+        }
+        let mut bomb = raw("", None);
+        bomb.body = e.finish().unwrap();
+        bomb.props.content_encoding = Some("gzip".into());
+        assert!(decode("q", &bomb).unwrap_err().reason.contains("more than"));
+    }
+
+    #[test]
+    fn a_copy_is_persistent_keeps_its_properties_and_carries_no_expiration() {
+        let mut p = Props {
+            content_type: Some("application/json".into()),
+            content_encoding: Some("gzip".into()),
+            delivery_mode: Some(1),
+            priority: Some(7),
+            correlation_id: Some("c-1".into()),
+            reply_to: Some("amq.rabbitmq.reply-to".into()),
+            expiration: Some("60000".into()),
+            user_id: Some("alice".into()),
+            app_id: Some("py".into()),
+            cluster_id: Some("c".into()),
+            ..Props::default()
+        };
+        let before = p.clone();
+        copy_props(&mut p);
+        assert!(p.persistent());
+        assert_eq!(p.expiration, None);
+        assert_eq!(p.header(ORIGINAL_EXPIRATION_HEADER).as_deref(), Some(&Value::from("60000")));
+        assert_eq!(
+            (p.content_encoding.as_deref(), p.priority, p.correlation_id.as_deref(), p.reply_to.as_deref()),
+            (Some("gzip"), Some(7), Some("c-1"), Some("amq.rabbitmq.reply-to"))
+        );
+        assert_eq!((&p.user_id, &p.app_id, &p.cluster_id), (&before.user_id, &before.app_id, &before.cluster_id));
+        // A copy of a copy keeps the first expiration it recorded.
+        p.expiration = Some("5".into());
+        copy_props(&mut p);
+        assert_eq!(p.header(ORIGINAL_EXPIRATION_HEADER).as_deref(), Some(&Value::from("60000")));
+    }
+
+    #[test]
+    fn no_timestamp_reads_as_none() {
+        let m = decode("q", &raw("{}", None)).unwrap();
+        assert_eq!(m.envelope.timestamp, None);
+        assert_eq!(m.delivery.properties.timestamp, None);
+        let env = Envelope::new();
+        assert!(env.timestamp.is_some());
+        assert_eq!(envelope_of(&props_for(&env)).timestamp, env.timestamp);
     }
 
     #[test]

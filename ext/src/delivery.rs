@@ -13,7 +13,7 @@
 
 use acemq::{Ack, Body, Message, Outcome};
 use magnus::value::Lazy;
-use magnus::{method, prelude::*, Error, ExceptionClass, RClass, RModule, RString, Ruby, Symbol, Value};
+use magnus::{method, prelude::*, Error, ExceptionClass, RClass, RHash, RModule, RString, Ruby, Symbol, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::NativeDelivery", free_immediately, size)]
 pub struct RbDelivery {
@@ -37,6 +37,14 @@ impl RbDelivery {
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
     /// object every call: Message keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
+        let props = &rb_self.message.delivery.properties;
+        if props.content_encoding.is_some() {
+            // gzip or deflate: core has read it decompressed; so does this
+            // (never an error: core hands a delivery out only once it reads).
+            let body = acemq::decoded_body(props, rb_self.body.as_ref()).map_err(|e| crate::json::not_json(ruby, e))?;
+            let text = std::str::from_utf8(&body).map_err(|e| crate::json::not_json(ruby, e))?;
+            return crate::json::body_to_ruby(ruby, text);
+        }
         // Never None: core hands a delivery out only once its body is JSON.
         let Some(text) = rb_self.body.text() else { return Err(crate::json::not_json(ruby, "invalid UTF-8")) };
         crate::json::body_to_ruby(ruby, text)
@@ -56,7 +64,8 @@ impl RbDelivery {
         self.message.envelope.origin.clone()
     }
 
-    fn timestamp(&self) -> u64 {
+    /// Seconds since the epoch, nil when the publisher set none.
+    fn timestamp(&self) -> Option<u64> {
         self.message.envelope.timestamp
     }
 
@@ -66,7 +75,32 @@ impl RbDelivery {
 
     /// The application headers (no `x-acemq-*` envelope ones), a new Hash.
     fn headers(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
-        crate::json::map_to_ruby(ruby, &rb_self.message.envelope.headers)
+        let h = crate::json::map_to_ruby(ruby, &rb_self.message.envelope.headers)?;
+        binary_headers(ruby, &rb_self.message.delivery.properties, h)
+    }
+
+    /// Every AMQP property as a Hash of Symbol to value (nil where unset),
+    /// `headers` with every header as it arrived, the envelope's included.
+    /// lib/acemq/amqp/properties.rb makes it an `AceMQ::AMQP::Properties`.
+    fn properties(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
+        let p = &rb_self.message.delivery.properties;
+        let h = ruby.hash_new();
+        h.aset(ruby.to_symbol("content_type"), p.content_type.as_deref())?;
+        h.aset(ruby.to_symbol("content_encoding"), p.content_encoding.as_deref())?;
+        let headers = binary_headers(ruby, p, crate::json::map_to_ruby(ruby, p.headers())?)?;
+        h.aset(ruby.to_symbol("headers"), headers)?;
+        h.aset(ruby.to_symbol("delivery_mode"), p.delivery_mode)?;
+        h.aset(ruby.to_symbol("priority"), p.priority)?;
+        h.aset(ruby.to_symbol("correlation_id"), p.correlation_id.as_deref())?;
+        h.aset(ruby.to_symbol("reply_to"), p.reply_to.as_deref())?;
+        h.aset(ruby.to_symbol("expiration"), p.expiration.as_deref())?;
+        h.aset(ruby.to_symbol("message_id"), p.message_id.as_deref())?;
+        h.aset(ruby.to_symbol("timestamp"), p.timestamp)?;
+        h.aset(ruby.to_symbol("type"), p.kind.as_deref())?;
+        h.aset(ruby.to_symbol("user_id"), p.user_id.as_deref())?;
+        h.aset(ruby.to_symbol("app_id"), p.app_id.as_deref())?;
+        h.aset(ruby.to_symbol("cluster_id"), p.cluster_id.as_deref())?;
+        Ok(h)
     }
 
     fn queue(&self) -> String {
@@ -84,6 +118,27 @@ impl RbDelivery {
     fn redelivered(&self) -> bool {
         self.message.delivery.redelivered
     }
+}
+
+/// `headers` (a Ruby Hash converted from JSON) with each header that arrived
+/// as an AMQP byte array replaced by its bytes as a binary (ASCII-8BIT)
+/// String: JSON has no bytes, and as text they would be U+FFFD wherever they
+/// are not UTF-8. Top-level headers only (core's `byte_array_headers`).
+fn binary_headers(ruby: &Ruby, props: &acemq::Props, headers: Value) -> Result<Value, Error> {
+    let names = props.byte_array_headers();
+    if names.is_empty() {
+        return Ok(headers);
+    }
+    let Some(hash) = RHash::from_value(headers) else { return Ok(headers) };
+    for name in names {
+        if hash.get(name.as_str()).is_none() {
+            continue; // an envelope header, left out of this Hash
+        }
+        if let Some(bytes) = props.header_bytes(&name) {
+            hash.aset(name.as_str(), ruby.str_from_slice(&bytes))?;
+        }
+    }
+    Ok(headers)
 }
 
 /// `AceMQ::AMQP::{name}`, for a `Lazy` of the extension's: lib/acemq
@@ -197,6 +252,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("timestamp", method!(RbDelivery::timestamp, 0))?;
     class.define_method("attempt", method!(RbDelivery::attempt, 0))?;
     class.define_method("headers", method!(RbDelivery::headers, 0))?;
+    class.define_method("properties", method!(RbDelivery::properties, 0))?;
     class.define_method("queue", method!(RbDelivery::queue, 0))?;
     class.define_method("exchange", method!(RbDelivery::exchange, 0))?;
     class.define_method("routing_key", method!(RbDelivery::routing_key, 0))?;

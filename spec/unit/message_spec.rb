@@ -29,9 +29,23 @@ RSpec.describe AceMQ::AMQP::Message do
     expect(m.envelope).to eq(AceMQ::AMQP::Envelope.new(id: envelope.id, type: "order.placed.v1", origin: mq.origin,
                                                        timestamp: 1_700_000_000, headers: { "tenant" => "acme" }))
     expect(m.envelope).to equal(m.envelope)
-    expect(m.delivery.to_h).to eq(queue: queue, exchange: "", routing_key: queue, redelivered: false)
+    expect(m.delivery.to_h.except(:properties)).to eq(queue: queue, exchange: "", routing_key: queue, redelivered: false)
+    expect(m.delivery.properties.to_h.except(:headers)).to eq(
+      content_type: "application/json", content_encoding: nil, delivery_mode: 2, priority: nil, correlation_id: nil,
+      reply_to: nil, expiration: nil, message_id: envelope.id, timestamp: 1_700_000_000, type: "order.placed.v1",
+      user_id: nil, app_id: mq.origin, cluster_id: nil
+    )
+    expect(m.delivery.properties.headers).to include("tenant" => "acme", "x-acemq-id" => envelope.id, "x-acemq-attempt" => 1)
+    expect(m.delivery.properties).to be_persistent.and be_frozen
+    expect(m.delivery.properties.time).to eq(Time.at(1_700_000_000))
     expect(m).to be_frozen
     expect(m.inspect).to include(envelope.id, "order.placed.v1", "A-1")
+  end
+
+  it "reads a message without a timestamp as nil, not 1970" do
+    m = consumed({ "n" => 1 }, AceMQ::AMQP::Envelope.new(timestamp: nil))
+    expect([m.envelope.timestamp, m.delivery.properties.timestamp, m.delivery.properties.time]).to eq([nil, nil, nil])
+    expect(AceMQ::AMQP::Envelope.new.timestamp).to be_within(5).of(Time.now.to_i)
   end
 
   it "keeps a number JSON.parse reads exactly, exactly" do

@@ -58,7 +58,7 @@ RSpec.describe AceMQ::RSpec, acemq_kit: true do
       expect([message.id, message.type, message.attempt, message.headers])
         .to eq(["m-1", "payment.due.v1", 2, { "trace" => "t-1" }])
       expect(message.delivery.to_h).to eq(queue: "shop.payments", exchange: "", routing_key: "shop.payments",
-                                          redelivered: false)
+                                          redelivered: false, properties: nil)
       expect(message.delivery).not_to be_redelivered
     end
 

@@ -91,7 +91,8 @@ impl Rules {
             SqlValue::Text(envelope.id.clone()),
             opt_str(envelope.kind.as_deref()),
             opt_str(envelope.origin.as_deref()),
-            SqlValue::Int(i64::try_from(envelope.timestamp).unwrap_or(i64::MAX)),
+            // The column is NOT NULL: an envelope without a time is stamped as it is added.
+            SqlValue::Int(i64::try_from(envelope.timestamp.unwrap_or_else(crate::envelope::now_secs)).unwrap_or(i64::MAX)),
             SqlValue::Text(headers),
         ];
         let sql = self.statements.insert(dialect);
@@ -327,7 +328,7 @@ fn record_from_row(row: &[SqlValue]) -> Result<OutboxRecord> {
             id: text(column(row, 4, "message_id")?, "message_id")?,
             kind: opt_text(column(row, 5, "message_type")?, "message_type")?,
             origin: opt_text(column(row, 6, "origin")?, "origin")?,
-            timestamp: u64::try_from(timestamp).unwrap_or(0),
+            timestamp: u64::try_from(timestamp).ok(),
             attempt: 1,
             headers,
         },

@@ -15,8 +15,10 @@ module AceMQ
       private_constant :GENERATE
 
       # Without id: a new UUIDv7. With `id: nil`, no id at all: what a
-      # message from a foreign publisher that set none carries.
-      def initialize(type: nil, id: GENERATE, origin: nil, timestamp: nil, attempt: 1, headers: nil)
+      # message from a foreign publisher that set none carries. The same for
+      # timestamp: without it, now; `timestamp: nil`, none (a consumed
+      # message whose publisher set none reads nil, never 1970).
+      def initialize(type: nil, id: GENERATE, origin: nil, timestamp: GENERATE, attempt: 1, headers: nil)
         @id = id.equal?(GENERATE) ? AMQP._new_id : id&.to_s&.dup&.freeze
         # An empty id would travel as no message_id at all and arrive as nil:
         # say so here rather than let a key silently disappear.
@@ -24,7 +26,7 @@ module AceMQ
 
         @type = type&.to_s&.dup&.freeze
         @origin = origin&.to_s&.dup&.freeze
-        @timestamp = Envelope.seconds(timestamp)
+        @timestamp = timestamp.equal?(GENERATE) ? Time.now.to_i : timestamp && Envelope.seconds(timestamp)
         @attempt = Envelope.whole(:attempt, attempt)
         unless headers.nil? || headers.is_a?(Hash)
           raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
@@ -35,7 +37,7 @@ module AceMQ
       end
 
       # timestamp: as whole seconds since the epoch: a Time, an Integer, or
-      # nil for now.
+      # nil for now (Envelope.new itself takes nil as "none").
       def self.seconds(value)
         case value
         when nil then Time.now.to_i

@@ -2,8 +2,9 @@
 
 module AceMQ
   module AMQP
-    # Where a delivery came from.
-    Delivery = Struct.new(:queue, :exchange, :routing_key, :redelivered, keyword_init: true) do
+    # Where a delivery came from, and every AMQP property it carried
+    # (Properties; nil on a message built by hand).
+    Delivery = Struct.new(:queue, :exchange, :routing_key, :redelivered, :properties, keyword_init: true) do
       def redelivered? = !!redelivered
     end
 
@@ -44,7 +45,7 @@ module AceMQ
 
         lazily(:delivery) do
           Delivery.new(queue: @native.queue, exchange: @native.exchange, routing_key: @native.routing_key,
-                       redelivered: @native.redelivered?)
+                       redelivered: @native.redelivered?, properties: Properties.new(**@native.properties).freeze)
         end
       end
 

@@ -27,8 +27,9 @@ module AceMQ
       # redelivered:) for handlers that read it.
       def acemq_message(payload = {}, id: NEW_ID, type: nil, attempt: 1, headers: {}, origin: nil, timestamp: nil,
                         queue: nil, exchange: "", routing_key: nil, redelivered: false)
-        fields = { type: type, attempt: attempt, headers: headers, origin: origin, timestamp: timestamp }
+        fields = { type: type, attempt: attempt, headers: headers, origin: origin }
         fields[:id] = id unless id.equal?(NEW_ID)
+        fields[:timestamp] = timestamp if timestamp
         AMQP::Message.new(
           payload: acemq_json_copy(payload),
           envelope: AMQP::Envelope.new(**fields),

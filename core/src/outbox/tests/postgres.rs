@@ -131,7 +131,7 @@ fn postgres_claim_is_one_statement_that_locks_with_skip_locked() {
     let claimed = store.claim(10).unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].id, Some(7));
-    assert_eq!(claimed[0].envelope.timestamp, 1_700_000_000);
+    assert_eq!(claimed[0].envelope.timestamp, Some(1_700_000_000));
     assert_eq!(claimed[0].envelope.headers["tenant"], "acme");
 
     let statements = log(&store);

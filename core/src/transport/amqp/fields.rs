@@ -9,32 +9,73 @@ use serde_json::{Number, Value};
 use std::sync::Arc;
 
 pub(crate) fn to_basic_properties(p: &Props) -> BasicProperties {
+    let short = |v: &str| ShortString::from(v);
     let mut b = BasicProperties::default();
-    if let Some(ct) = &p.content_type {
-        b = b.with_content_type(ShortString::from(ct.as_str()));
+    if let Some(v) = &p.content_type {
+        b = b.with_content_type(short(v));
     }
-    if let Some(id) = &p.message_id {
-        b = b.with_message_id(ShortString::from(id.as_str()));
-    }
-    if let Some(k) = &p.kind {
-        b = b.with_type(ShortString::from(k.as_str()));
-    }
-    if let Some(a) = &p.app_id {
-        b = b.with_app_id(ShortString::from(a.as_str()));
-    }
-    if let Some(t) = p.timestamp {
-        b = b.with_timestamp(t);
-    }
-    if let Some(c) = &p.correlation_id {
-        b = b.with_correlation_id(ShortString::from(c.as_str()));
-    }
-    if p.persistent {
-        b = b.with_delivery_mode(2);
+    if let Some(v) = &p.content_encoding {
+        b = b.with_content_encoding(short(v));
     }
     if !p.headers().is_empty() {
         b = b.with_headers(to_field_table_keeping(p.headers(), p.received.table()));
     }
+    if let Some(v) = p.delivery_mode {
+        b = b.with_delivery_mode(v);
+    }
+    if let Some(v) = p.priority {
+        b = b.with_priority(v);
+    }
+    if let Some(v) = &p.correlation_id {
+        b = b.with_correlation_id(short(v));
+    }
+    if let Some(v) = &p.reply_to {
+        b = b.with_reply_to(short(v));
+    }
+    if let Some(v) = &p.expiration {
+        b = b.with_expiration(short(v));
+    }
+    if let Some(v) = &p.message_id {
+        b = b.with_message_id(short(v));
+    }
+    if let Some(v) = p.timestamp {
+        b = b.with_timestamp(v);
+    }
+    if let Some(v) = &p.kind {
+        b = b.with_type(short(v));
+    }
+    if let Some(v) = &p.user_id {
+        b = b.with_user_id(short(v));
+    }
+    if let Some(v) = &p.app_id {
+        b = b.with_app_id(short(v));
+    }
+    if let Some(v) = &p.cluster_id {
+        b = b.with_cluster_id(short(v));
+    }
     b
+}
+
+/// [`to_basic_properties`] for a publish on a connection authenticated as
+/// `user`. RabbitMQ refuses (406, closing the channel) a publish whose
+/// `user_id` is not the connection's user unless that user has the
+/// `impersonator` tag; a copy of a message another user published carries
+/// that user's id. So a `user_id` that is not `user` goes in
+/// [`crate::wire::ORIGINAL_USER_ID_HEADER`] instead, where it can still be
+/// read, and the copy is accepted. One that is `user` is kept.
+pub(crate) fn to_basic_properties_as(p: &Props, user: &str) -> BasicProperties {
+    match &p.user_id {
+        Some(id) if id != user => {
+            let mut p = p.clone();
+            p.user_id = None;
+            let h = p.headers_mut();
+            if !h.contains_key(crate::wire::ORIGINAL_USER_ID_HEADER) {
+                h.insert(crate::wire::ORIGINAL_USER_ID_HEADER.into(), Value::from(id.clone()));
+            }
+            to_basic_properties(&p)
+        }
+        _ => to_basic_properties(p),
+    }
 }
 
 /// The engine's properties for what arrived. The header table is not
@@ -44,12 +85,18 @@ pub(crate) fn from_basic_properties(b: BasicProperties) -> Props {
     let s = |v: &Option<ShortString>| v.as_ref().map(|x| x.as_str().to_owned());
     let mut p = Props::default();
     p.content_type = s(b.content_type());
-    p.message_id = s(b.message_id());
-    p.kind = s(b.kind());
-    p.app_id = s(b.app_id());
-    p.timestamp = *b.timestamp();
+    p.content_encoding = s(b.content_encoding());
+    p.delivery_mode = *b.delivery_mode();
+    p.priority = *b.priority();
     p.correlation_id = s(b.correlation_id());
-    p.persistent = *b.delivery_mode() == Some(2);
+    p.reply_to = s(b.reply_to());
+    p.expiration = s(b.expiration());
+    p.message_id = s(b.message_id());
+    p.timestamp = *b.timestamp();
+    p.kind = s(b.kind());
+    p.user_id = s(b.user_id());
+    p.app_id = s(b.app_id());
+    p.cluster_id = s(b.cluster_id());
     p.received = crate::wire::Received(b.headers().is_some().then(|| Arc::new(b)));
     p
 }
@@ -62,6 +109,21 @@ impl crate::wire::Received {
     /// One header of the table as it arrived, converted.
     pub(crate) fn header(&self, name: &str) -> Option<Value> {
         self.table()?.inner().get(name).map(from_amqp)
+    }
+
+    /// One header's bytes, when it arrived as a byte array or a long string.
+    pub(crate) fn header_bytes(&self, name: &str) -> Option<Vec<u8>> {
+        match self.table()?.inner().get(name)? {
+            AMQPValue::ByteArray(b) => Some(b.as_slice().to_vec()),
+            AMQPValue::LongString(s) => Some(s.as_bytes().to_vec()),
+            _ => None,
+        }
+    }
+
+    /// The names of the top-level headers that arrived as byte arrays.
+    pub(crate) fn byte_array_headers(&self) -> Vec<String> {
+        let Some(t) = self.table() else { return Vec::new() };
+        t.inner().iter().filter(|(_, v)| matches!(v, AMQPValue::ByteArray(_))).map(|(k, _)| k.as_str().to_owned()).collect()
     }
 
     /// Every header of the table as it arrived but those in `skip`, converted.
@@ -179,6 +241,50 @@ mod tests {
         assert_eq!(h.get("tenant"), Some(&AMQPValue::LongString(LongString::from("acme"))));
         assert_ne!(p, q);
         assert_eq!(p, p.clone().with_headers(p.headers().clone()), "equal whether converted or not");
+    }
+
+    #[test]
+    fn every_property_survives_the_round_trip() {
+        let mut t = FieldTable::default();
+        t.insert(ShortString::from("sig"), AMQPValue::ByteArray(vec![0xff, 0x00, 0xfe, b'a'].into()));
+        t.insert(ShortString::from("text"), AMQPValue::LongString(LongString::from("plain")));
+        let b = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_content_encoding("gzip".into())
+            .with_headers(t)
+            .with_delivery_mode(1)
+            .with_priority(5)
+            .with_correlation_id("corr".into())
+            .with_reply_to("replies".into())
+            .with_expiration("60000".into())
+            .with_message_id("m-1".into())
+            .with_timestamp(1_700_000_000)
+            .with_type("t.v1".into())
+            .with_user_id("guest".into())
+            .with_app_id("py".into())
+            .with_cluster_id("cl".into());
+        let p = from_basic_properties(b.clone());
+        assert_eq!(p.priority, Some(5));
+        assert_eq!(p.reply_to.as_deref(), Some("replies"));
+        assert_eq!(p.cluster_id.as_deref(), Some("cl"));
+        assert!(!p.persistent());
+        assert_eq!(to_basic_properties(&p), b, "sent again exactly as received");
+        assert_eq!(to_basic_properties_as(&p, "guest"), b, "its own user's id is kept");
+        // Byte arrays: the bytes, not U+FFFD; sent back as a byte array.
+        assert_eq!(p.header_bytes("sig"), Some(vec![0xff, 0x00, 0xfe, b'a']));
+        assert_eq!(p.header_bytes("text"), Some(b"plain".to_vec()));
+        assert_eq!(p.byte_array_headers(), vec!["sig".to_owned()]);
+        let mut copy = p.clone();
+        crate::wire::copy_props(&mut copy);
+        let sent = to_basic_properties_as(&copy, "acemq");
+        assert_eq!(*sent.user_id(), None, "another user's id would be refused");
+        let h = sent.headers().as_ref().unwrap().inner();
+        assert_eq!(h.get("sig"), Some(&AMQPValue::ByteArray(vec![0xff, 0x00, 0xfe, b'a'].into())));
+        assert_eq!(h.get(crate::wire::ORIGINAL_USER_ID_HEADER), Some(&AMQPValue::LongString("guest".into())));
+        assert_eq!(h.get(crate::wire::ORIGINAL_EXPIRATION_HEADER), Some(&AMQPValue::LongString("60000".into())));
+        assert_eq!(*sent.delivery_mode(), Some(2));
+        assert_eq!(*sent.expiration(), None);
+        assert_eq!((sent.priority(), sent.content_encoding()), (&Some(5), &Some("gzip".into())));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Publishing one message or a batch on the publishing channel, and waiting
 //! for the broker's confirms.
 
-use super::fields::to_basic_properties;
+use super::fields::to_basic_properties_as;
 use super::{map_error, AmqpBackend};
 use crate::error::{Error, ErrorKind, Result};
 use crate::wire::Props;
@@ -67,6 +67,21 @@ pub(super) fn blocked_error(waited: Duration, sent: bool) -> Error {
 }
 
 impl AmqpBackend {
+    /// `props` for the wire, a `user_id` this connection may not send moved
+    /// to a header (see [`super::fields::to_basic_properties_as`]). The user
+    /// is the current address's (lapin's default, `guest`, when it names
+    /// none), read only for the rare publish that carries a `user_id`.
+    fn properties(&self, props: &Props) -> lapin::BasicProperties {
+        let user = match &props.user_id {
+            None => String::new(),
+            Some(_) => {
+                let url = &self.urls[self.at.load(std::sync::atomic::Ordering::Relaxed).min(self.urls.len() - 1)];
+                url.parse::<lapin::uri::AMQPUri>().map(|u| u.authority.userinfo.username).unwrap_or_default()
+            }
+        };
+        to_basic_properties_as(props, &user)
+    }
+
     /// The publishing channel, reopened when the broker closed it (a publish
     /// to a missing exchange closes the channel it was sent on).
     pub(super) async fn publish_channel(&self) -> Result<Channel> {
@@ -120,7 +135,7 @@ impl AmqpBackend {
                 ShortString::from(routing_key),
                 BasicPublishOptions { mandatory: true, immediate: false },
                 body,
-                to_basic_properties(props),
+                self.properties(props),
             )
             .await
             .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")))?;
@@ -178,7 +193,7 @@ impl AmqpBackend {
                         ShortString::from(*routing_key),
                         BasicPublishOptions { mandatory: true, immediate: false },
                         body,
-                        to_basic_properties(props),
+                        self.properties(props),
                     )
                     .await
                     .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")))

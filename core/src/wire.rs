@@ -368,6 +368,63 @@ pub enum Payload {
     Checked,
 }
 
+/// A JSON document read through to the end and dropped: what
+/// [`Payload::Checked`] parses. Not `serde::de::IgnoredAny`, which skips a
+/// number's digits without reading its value: `1e400` passed it, while a
+/// `Value` refuses it (out of range), and so does the adapter that builds
+/// the payload later. Each value is read as a `Value` would read it
+/// (`deserialize_any`), so the same bodies are refused for the same reasons,
+/// nesting included; nothing is built (strings are borrowed where they can be).
+struct Syntax;
+
+impl<'de> serde::Deserialize<'de> for Syntax {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Syntax, D::Error> {
+        d.deserialize_any(Syntax)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Syntax {
+    type Value = Syntax;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> std::result::Result<Syntax, E> {
+        Ok(Syntax)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> std::result::Result<Syntax, E> {
+        Ok(Syntax)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> std::result::Result<Syntax, E> {
+        Ok(Syntax)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> std::result::Result<Syntax, E> {
+        Ok(Syntax)
+    }
+
+    fn visit_str<E>(self, _: &str) -> std::result::Result<Syntax, E> {
+        Ok(Syntax)
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<Syntax, E> {
+        Ok(Syntax)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Syntax, A::Error> {
+        while seq.next_element::<Syntax>()?.is_some() {}
+        Ok(Syntax)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> std::result::Result<Syntax, A::Error> {
+        while map.next_entry::<Syntax, Syntax>()?.is_some() {}
+        Ok(Syntax)
+    }
+}
+
 /// `bytes` as text when they are UTF-8. Bodies are nearly always ASCII,
 /// which is told a machine word at a time; `str::from_utf8` checks byte by
 /// byte, and on a 1 KiB body that was a sixth of decoding it.
@@ -422,8 +479,9 @@ pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Mes
     let payload: Value = match payload {
         Payload::Parsed => serde_json::from_str(text).map_err(|e| not_json(&e))?,
         Payload::Checked => {
-            // The syntax, without building anything.
-            serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| not_json(&e))?;
+            // The syntax, without building anything, and every number in
+            // range, as Parsed reads them.
+            serde_json::from_str::<Syntax>(text).map_err(|e| not_json(&e))?;
             Value::Null
         }
     };
@@ -479,6 +537,23 @@ mod tests {
         assert!(decode("q", &raw("{}", Some("application/json; charset=utf-8"))).is_ok());
         assert!(decode("q", &raw("{}", Some("application/octet-stream"))).is_ok());
         assert!(decode("q", &raw("nope", Some("application/octet-stream"))).is_err());
+    }
+
+    #[test]
+    fn checked_refuses_numbers_out_of_range_and_nesting_past_the_limit_as_parsed_does() {
+        // Found by the body fuzz target (fuzz/, issue 30): IgnoredAny took
+        // 1e400, which Parsed and the Ruby adapter's payload refuse.
+        let deep = format!("{}1{}", "[".repeat(200), "]".repeat(200));
+        for body in ["1e400", "[1, -1e309]", "{\"a\": 1e400}", deep.as_str()] {
+            let r = raw(body, Some("application/json"));
+            let parsed = decode("q", &r).unwrap_err().reason;
+            let checked = decode_as("q", &r, Payload::Checked).unwrap_err().reason;
+            assert_eq!(parsed, checked, "{body}");
+            assert!(checked.contains("not JSON"), "{checked}");
+        }
+        for body in ["1e308", "-0.0", "18446744073709551615", "-9223372036854775808", "{\"a\":[\"\\u00e9\",null,true]}"] {
+            assert!(decode_as("q", &raw(body, Some("application/json")), Payload::Checked).is_ok(), "{body}");
+        }
     }
 
     #[test]

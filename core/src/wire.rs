@@ -233,10 +233,10 @@ pub fn copy_props(props: &mut Props) {
     crate::limits::fit_copy(props);
 }
 
-/// The most a compressed body may grow to when it is read: larger than any
-/// message RabbitMQ accepts (`max_message_size` is 128 MiB at most), so a
-/// real message always fits, and a few hundred bytes of gzip that claim
-/// gigabytes (a compression bomb) are refused instead of filling memory.
+/// The most a compressed body may grow to when it is read: RabbitMQ 3.x's
+/// default `max_message_size` (4.x's is 16 MiB), so a real message fits,
+/// and a few hundred kilobytes of gzip that expand to gigabytes (a
+/// compression bomb) are refused instead of filling memory.
 pub const MAX_DECOMPRESSED: usize = 128 << 20;
 
 /// The compression a `content_encoding` names, when acemq reads it: `gzip`

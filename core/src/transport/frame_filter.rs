@@ -74,6 +74,8 @@ const HOLD_AT_LEAST: usize = 128 * 1024;
 /// The longest marker text. A marker is for a person reading the DLQ and
 /// must leave room in the frame for the headers it describes.
 const MAX_MARKER: usize = 2048;
+/// The most an incomplete frame's buffer grows by in one read.
+const READ_AHEAD: usize = 64 * 1024;
 /// Bit 13 of the basic property flags: a header table follows.
 const HEADERS_FLAG: u16 = 1 << 13;
 
@@ -254,7 +256,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Filtered<S> {
             if !this.input.is_empty() {
                 // A frame is incomplete: read exactly what it lacks into our
                 // own buffer, so the next read goes straight to lapin again.
-                let want = this.frames.missing(&this.input).max(1);
+                // At most READ_AHEAD at a time: the size is the broker's
+                // claim, up to the frame_max it proposed (4 GiB), and a
+                // buffer that large was zeroed before a byte of it came.
+                let want = this.frames.missing(&this.input).clamp(1, READ_AHEAD);
                 let old = this.input.len();
                 this.input.resize(old + want, 0);
                 match Pin::new(&mut this.inner).poll_read(cx, &mut this.input[old..]) {
@@ -1533,6 +1538,35 @@ mod tests {
         assert!(m.len() <= MAX_MARKER, "{}", m.len());
         assert!(m.contains("more"), "{m}");
         assert_eq!(p.headers().as_ref().unwrap().inner().len(), 401);
+    }
+
+    #[test]
+    fn a_frame_is_buffered_as_its_bytes_arrive_not_as_large_as_it_claims() {
+        // Found by the frame_filter fuzz target (fuzz/, issue 30): a tune
+        // proposing a 4 GiB frame_max, then a method frame claiming 1.5 GiB
+        // whose bytes never came, had the filter allocate and zero 1.5 GiB
+        // (200 MB here). lapin refuses such a frame; the filter must not
+        // have paid for it first.
+        let mut data = tune(u32::MAX);
+        let mut huge = method(1, 60, 60, b"");
+        huge[3..7].copy_from_slice(&200_000_000u32.to_be_bytes());
+        huge.truncate(20);
+        data.extend_from_slice(&huge);
+        let script = Script { data: data.clone(), pos: 0, chunk: 8, pending: false, owed: false, last_was_pending: false };
+        let mut filtered = Filtered::new(script, 0);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut buf = vec![0u8; 1 << 16];
+        let mut out = Vec::new();
+        loop {
+            match Pin::new(&mut filtered).poll_read(&mut cx, &mut buf) {
+                Poll::Ready(Ok(0)) => break,
+                Poll::Ready(Ok(n)) => out.extend_from_slice(&buf[..n]),
+                other => panic!("{other:?}"),
+            }
+            let buffered = filtered.input.capacity() + filtered.output.capacity();
+            assert!(buffered <= 4 * READ_AHEAD, "buffered {buffered} bytes");
+        }
+        assert_eq!(out, data, "passed on as it came at the end of the stream");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 pub use crate::wire::{
-    decode_as, envelope_of, props_for, Payload, Props, RawDelivery, Undecodable, MALFORMED_HEADER, MALFORMED_RAW_HEADER,
+    copy_props, decode_as, envelope_of, props_for, Payload, Props, RawDelivery, Undecodable, MALFORMED_HEADER, MALFORMED_RAW_HEADER,
 };
 
 /// The broker's side of a socket: hands out `data` in reads of the sizes

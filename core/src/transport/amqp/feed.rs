@@ -26,6 +26,9 @@ use tokio::sync::Notify;
 struct State {
     /// The current generation's stream, when no reader holds it.
     stream: Option<lapin::Consumer>,
+    /// The state of the current generation's channel, looked at before each
+    /// delivery is handed out (see [`Feed::took`]).
+    channel: Option<lapin::ChannelStatus>,
     /// The current generation's id (tags carry it).
     generation: u64,
     /// The current generation's stream ended under a reader.
@@ -85,14 +88,16 @@ impl Feed {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new generation's stream: readers take it from here.
-    pub(super) fn install(&self, generation: u64, stream: lapin::Consumer) {
+    /// A new generation's stream, and its channel's state: readers take it
+    /// from here.
+    pub(super) fn install(&self, generation: u64, stream: lapin::Consumer, channel: lapin::ChannelStatus) {
         let mut st = self.lock();
         if st.closed {
             return;
         }
         st.generation = generation;
         st.stream = Some(stream);
+        st.channel = Some(channel);
         st.ended = false;
         self.hand_on(&st);
     }
@@ -120,9 +125,13 @@ impl Feed {
         };
         drop(st);
         self.interrupt.notify_waiters();
-        let mut stream = stream?;
-        // What lapin still buffers: deliveries that can never be
-        // acknowledged (dropped), then the error, if it has one.
+        self.discard(stream?)
+    }
+
+    /// Drop what lapin still buffers of a lost channel's stream: deliveries
+    /// that can never be acknowledged. Returns the error that ends it, if
+    /// lapin has queued one yet.
+    fn discard(&self, mut stream: lapin::Consumer) -> Option<Error> {
         for _ in 0..=u16::MAX {
             match futures_lite::future::block_on(futures_lite::future::poll_once(stream.next())) {
                 Some(Some(Ok(_))) => continue,
@@ -179,24 +188,44 @@ impl Feed {
 
     /// What a turn read: a delivery of the current generation, or nothing
     /// (the stream ended, which the supervisor is told; or the delivery is
-    /// from a generation already lost, which the broker delivers again).
+    /// from a channel already lost, which the broker delivers again).
+    ///
+    /// The channel's state is looked at here, for every delivery, because
+    /// the stream does not end when the channel does: lapin queues the end
+    /// (or the error) behind whatever it had already read off the socket,
+    /// and that is a whole prefetch window when the consumer is busy. Those
+    /// deliveries can never be acknowledged, and the broker has already
+    /// taken them back to deliver again; handed out, every one of them runs
+    /// twice (issue 30: 64 of 64 with a prefetch of 64). lapin marks the
+    /// channel closed before it queues the end, so from the moment it reads
+    /// the broker's close, nothing more of that channel reaches a handler.
     fn took(&self, generation: u64, stream: lapin::Consumer, item: Option<lapin::Result<lapin::message::Delivery>>) -> Option<RawDelivery> {
         match item {
             Some(Ok(d)) => {
                 // One lock per delivery: the stream goes back and the
-                // generation is checked together.
-                let current = {
-                    let mut st = self.lock();
-                    let current = st.generation == generation && !st.closed;
-                    self.give_back_locked(&mut st, generation, stream);
-                    current
-                };
+                // generation and its channel are checked together.
+                let mut st = self.lock();
+                let current = st.generation == generation && !st.closed;
+                if current && !st.channel.as_ref().is_some_and(lapin::ChannelStatus::connected) {
+                    // Lost under a reader: the generation is over, as if
+                    // the stream had ended here, and nothing it buffers is
+                    // handed out.
+                    st.ended = true;
+                    drop(st);
+                    drop(d);
+                    if let Some(e) = self.discard(stream) {
+                        self.record(e);
+                    }
+                    self.ended.notify_one();
+                    return None;
+                }
+                self.give_back_locked(&mut st, generation, stream);
+                drop(st);
                 current.then(|| super::supervisor::raw_delivery(d, generation, self.shift, self.mask))
             }
             end => {
                 if let Some(Err(e)) = end {
-                    *self.failure.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(super::map_error(&e, &format!("consuming from queue '{}'", self.queue)));
+                    self.record(super::map_error(&e, &format!("consuming from queue '{}'", self.queue)));
                 }
                 let mut st = self.lock();
                 if st.generation == generation {
@@ -207,6 +236,11 @@ impl Feed {
                 None
             }
         }
+    }
+
+    /// Why the stream ended, as its reader saw it.
+    fn record(&self, e: Error) {
+        *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }
 
     /// Wait at most `timeout` on this thread (never a runtime thread) for

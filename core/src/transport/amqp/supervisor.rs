@@ -26,7 +26,7 @@ impl AmqpBackend {
         let (generation, stream) = subscribe(self, queue, prefetch, 1).await?;
         let failure = Arc::new(Mutex::new(None));
         let feed = Arc::new(Feed::new(queue, failure.clone(), GENERATION_SHIFT));
-        feed.install(generation.id, stream);
+        feed.install(generation.id, stream, generation.channel.status().clone());
         let consumer = AmqpConsumer {
             generation: Arc::new(Mutex::new(generation.clone())),
             feed: feed.clone(),
@@ -190,8 +190,9 @@ pub(super) async fn supervise(
             match subscribe(&backend, &queue, prefetch, generation.id + 1).await {
                 Ok((fresh, stream)) => {
                     let id = fresh.id;
+                    let fresh_status = fresh.channel.status().clone();
                     *current.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
-                    feed.install(id, stream);
+                    feed.install(id, stream, fresh_status);
                     *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     resubscribed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     crate::events::subscription("resubscribed", &queue, None);

@@ -1,9 +1,10 @@
 //! Acknowledgements coalesced: acceptances settled in order go out as one
 //! `multiple` ack per batch (or after a short delay), not a frame each.
 //!
-//! The thread that settles the delivery which fills a batch puts the ack on
-//! the wire itself; a task on the runtime only keeps the clock for a batch
-//! that does not fill. A flusher task that sent every batch cost two or
+//! The thread that settles the delivery which fills a batch, or finds the
+//! oldest pending acceptance MAX_ACK_DELAY old, puts the ack on the wire
+//! itself; a task on the runtime only keeps the clock for a batch that does
+//! not fill while nothing else is settled. A flusher task that sent every batch cost two or
 //! three wake-ups of a runtime thread per batch (the first acceptance, the
 //! full batch, lapin's answer), each a context switch on a machine whose
 //! cores the broker needs: about 1.5 µs of CPU a message for the Rust
@@ -15,7 +16,7 @@ use lapin::Channel;
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 /// The longest an acceptance waits before it is acknowledged on the wire,
@@ -38,6 +39,11 @@ pub(super) struct AckInner {
     /// The flusher's clock is running: whatever is pending when it runs out
     /// goes on the wire then, so an acceptance need not wake it.
     armed: bool,
+    /// When the oldest acceptance still pending was made (None: nothing
+    /// pending). The clock runs from here, not from the moment the flusher
+    /// task gets to run, which on a busy machine is later and would stretch
+    /// what a lost connection repeats past [`MAX_ACK_DELAY`].
+    oldest: Option<Instant>,
 }
 
 impl AckInner {
@@ -102,6 +108,7 @@ impl AckState {
     /// frames, since a `multiple` ack below one already sent names a tag
     /// the broker no longer knows, and it closes the channel for that.
     fn flush(&self, g: &mut AckInner) {
+        g.oldest = None;
         let floor = g.floor;
         let mut multiple = None;
         while let Some(&t) = g.pending.first() {
@@ -119,8 +126,11 @@ impl AckState {
         }
     }
 
-    /// Settle `tag` by acceptance: on the wire now when it fills a batch,
-    /// else within [`MAX_ACK_DELAY`].
+    /// Settle `tag` by acceptance: on the wire now when it fills a batch
+    /// or the oldest pending one is [`MAX_ACK_DELAY`] old, else within
+    /// that. The acceptances look at the clock themselves: while handlers
+    /// keep settling, the delay holds even when the flusher task is late
+    /// (a runtime starved of CPU).
     pub(super) fn accept(&self, tag: u64) {
         let mut g = self.lock();
         if g.closing {
@@ -128,7 +138,9 @@ impl AckState {
         }
         g.settle(tag);
         g.pending.insert(tag);
-        if g.pending.len() >= self.batch {
+        let now = Instant::now();
+        let oldest = *g.oldest.get_or_insert(now);
+        if g.pending.len() >= self.batch || now.duration_since(oldest) >= MAX_ACK_DELAY {
             self.flush(&mut g);
         } else if !g.armed {
             // The first of a batch starts the clock; the rest find it running.
@@ -174,12 +186,11 @@ impl AckState {
 /// waits for it.
 pub(super) fn spawn_flusher(acks: Arc<AckState>) -> tokio::task::JoinHandle<()> {
     crate::runtime::handle().spawn(async move {
-        let mut due: Option<tokio::time::Instant> = None;
         loop {
             let notified = acks.notify.notified();
-            let (armed, closing) = {
+            let (armed, closing, oldest) = {
                 let g = acks.lock();
-                (g.armed, g.closing)
+                (g.armed, g.closing, g.oldest)
             };
             if closing {
                 return;
@@ -188,16 +199,20 @@ pub(super) fn spawn_flusher(acks: Arc<AckState>) -> tokio::task::JoinHandle<()> 
                 notified.await;
                 continue;
             }
-            let until = *due.get_or_insert_with(|| tokio::time::Instant::now() + MAX_ACK_DELAY);
+            let until = tokio::time::Instant::from_std(oldest.unwrap_or_else(Instant::now) + MAX_ACK_DELAY);
             tokio::select! {
                 () = tokio::time::sleep_until(until) => {}
                 // Closing, or the wake-up that started the clock: look again.
                 () = notified => continue,
             }
-            due = None;
             let mut g = acks.lock();
             if g.closing {
                 return;
+            }
+            // An acceptance flushed what was due meanwhile and the clock
+            // runs for younger ones: wait for theirs.
+            if g.oldest.is_some_and(|t| t.elapsed() < MAX_ACK_DELAY) {
+                continue;
             }
             // Disarmed under the same lock the acceptances look at it
             // under: one arriving after this starts the clock again.

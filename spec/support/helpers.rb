@@ -105,13 +105,20 @@ module AceMQSpecHelpers
 
   # The shared broker closes every connection whose name starts with origin
   # (its origin): how the specs make the broker go away without stopping it.
-  def broker_closes_connections(origin)
+  # pids: listed beforehand, for a close that must land at a chosen moment
+  # (each rabbitmqctl takes a second or two on a loaded machine).
+  def broker_closes_connections(origin, pids: broker_connection_pids(origin))
+    pids.each { |pid| system("rabbitmqctl", "close_connection", pid, "spec: the broker went away", out: File::NULL) }
+    pids.size
+  end
+
+  # The broker's pids of the connections whose name starts with origin.
+  def broker_connection_pids(origin)
     listing = `rabbitmqctl list_connections pid client_properties 2>/dev/null`
     pids = listing.lines.select { |l| l.include?(%({"connection_name","#{origin})) }.map { |l| l.split("\t").first }
     raise "no connection named #{origin}*" if pids.empty?
 
-    pids.each { |pid| system("rabbitmqctl", "close_connection", pid, "spec: the broker went away", out: File::NULL) }
-    pids.size
+    pids
   end
 end
 

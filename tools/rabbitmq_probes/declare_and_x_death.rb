@@ -3,16 +3,9 @@
 # Order after a give-back, x-delivery-limit on redeclaration, and x-death when a replayed copy is dead-lettered again.
 # Measured on RabbitMQ 3.10.8, 4.0.5 and 4.3.6 for docs/production.md ("RabbitMQ 3.10, 4.0
 # and 4.3"). Usage: ruby tools/rabbitmq_probes/declare_and_x_death.rb AMQP_URL. Makes its own probe.* queues and deletes them.
-require "bunny"
-require "securerandom"
-URL = ARGV[0] || "amqp://guest:guest@127.0.0.1:5672"
-$b = Bunny.new(URL, logger: Logger.new(nil)).tap(&:start)
-puts "server: #{$b.server_properties["version"]}"
-$made = []
-def ch = $b.create_channel
+require_relative "probe"
 def q!(name, args) = (c = ch; r = c.queue(name, durable: true, arguments: args); $made << name; c.close; :ok) rescue (puts "  declare #{name} #{args}: #{$!.class} #{$!.message[0, 160]}"; :err)
 def qn(t) = "probe.#{t}.#{SecureRandom.hex(3)}"
-def hdr(p) = (p.is_a?(Hash) ? p[:headers] : p.headers) || {}
 def getall(c, q) = (out = []; loop { d, p, body = c.basic_get(q, manual_ack: true); break unless d; out << [d, p, body] }; out)
 begin
   # order after nack multiple / close

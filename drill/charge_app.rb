@@ -78,6 +78,9 @@ AceMQ::Rails.configure do |c|
   c.check_interval = 0.2
   c.shutdown_timeout = 5
   c.connect_timeout = 2
+  # The network drill (drill/net.rb) asks for a short heartbeat: how a
+  # half-open connection is found.
+  c.heartbeat = Float(ENV["HEARTBEAT"]) if ENV["HEARTBEAT"]
   c.health_port = 0
   c.health_host = "127.0.0.1"
   c.health_file = ENV["HEALTH_FILE"]

@@ -20,7 +20,9 @@ $stdout.sync = true
 wake_r, wake_w = IO.pipe
 %w[TERM INT].each { |sig| trap(sig) { wake_w.write_nonblock(".", exception: false) } }
 
-db = PG.connect(args.fetch(:db)).tap { |c| c.set_notice_processor { |_| } }
+# Per thread (the relay's own), so a connection the server dropped (a
+# restart, pg_terminate_backend) is replaced at the next sweep.
+db = AceMQ::AMQP::SQL.per_thread { PG.connect(args.fetch(:db)).tap { |c| c.set_notice_processor { |_| } } }
 mq = AceMQ::AMQP::Connection.open(args.fetch(:amqp), origin: "drill-relay-#{args.fetch(:worker)}", connect_timeout: 2)
 store = AceMQ::AMQP::Patterns::SQLOutboxStore.new(connection: db, table: args.fetch(:table), worker: args.fetch(:worker),
                                                   lease: Float(args.fetch(:lease, "1")), backoff: 0.2, max_backoff: 1)

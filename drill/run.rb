@@ -13,6 +13,7 @@
 require_relative "support"
 require_relative "node"
 require_relative "phases"
+require_relative "database_phases"
 
 module Drill
   # How long a dead runner's claim holds its message back. Short, so the
@@ -28,7 +29,7 @@ module Drill
   # carry on.
   class Overrun < Exception; end # rubocop:disable Lint/InheritException
   PHASES = { "kill" => KillRunners, "close" => CloseConnections, "restart" => RestartBroker,
-             "relays" => KillRelays, "poison" => PoisonFlood }.freeze
+             "relays" => KillRelays, "poison" => PoisonFlood, "db" => DatabaseOutage }.freeze
 
   def self.main
     $stdout.sync = true

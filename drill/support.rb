@@ -140,8 +140,9 @@ module Drill
 
   # PostgreSQL through the pg gem: the drill's own tables, dropped at the end.
   class Database
-    def initialize
-      @conn = PG.connect(DATABASE_URL)
+    # url: the shared server, or the database phase's own.
+    def initialize(url = DATABASE_URL)
+      @conn = PG.connect(url)
       @conn.set_notice_processor { |_| }
       @tables = []
     end

@@ -65,8 +65,24 @@ module AceMQ
       # What wraps each handler call: the Rails executor (the reloader when
       # code reloading is on), so connections go back to the pool and
       # per-request state is reset after every message. nil without Rails.
+      #
+      # ActiveRecord without a Rails application (`acemq run -r app.rb`):
+      # the thread's connections go back to the pool after every message,
+      # as the Rails executor would give them back. Kept instead, a
+      # connection that broke (the database restarted, its backend
+      # terminated) stays the thread's, and ActiveRecord 6.1 and 7.0 do not
+      # reconnect a connection in use: every message after fails. Checked out
+      # again, it is verified and reconnected first.
       def executor
-        return nil unless defined?(::Rails.application) && ::Rails.application
+        unless defined?(::Rails.application) && ::Rails.application
+          return nil unless defined?(::ActiveRecord::Base)
+
+          return lambda do |&block|
+            block.call
+          ensure
+            ::ActiveRecord::Base.clear_active_connections!
+          end
+        end
 
         app = ::Rails.application
         wrapper = app.config.cache_classes ? app.executor : app.reloader

@@ -284,7 +284,7 @@ module SQLConnectionSourcesSpec
       guarded = Patterns.idempotent(store) { Ack.accept }
 
       results = guarded.call_many([SQLConnectionSourcesSpec.message("a"), SQLConnectionSourcesSpec.message("boom")])
-      expect(results.map { |r| r.kind.to_s }).to eq(%w[retry retry])
+      expect(results.map { |r| r.kind.to_s }).to eq(%w[wait wait])
       expect(results[0].reason).to match(/idempotency store failed.*boom/m)
       expect(busy).to eq(0)
       expect(store.first_time?("a")).to be(true) # "a" was in the statement that failed

@@ -147,14 +147,15 @@ module IdempotencySpec
         expect(ran).to be(false)
       end
 
-      it "retries without running the handler when the store raises" do
+      it "waits without spending an attempt, handler not run, when the store raises" do
         broken = Object.new
         def broken.first_time?(_key) = raise(IOError, "database is locked")
         ran = false
         handler = Patterns.idempotent(broken) { ran = true }
 
         ack = handler.call(message)
-        expect(ack).to be_retry
+        expect(ack).to be_wait
+        expect(ack.up_to).to eq(AceMQ::AMQP::SQL::OUTAGE_WAIT) # the engine's STORE_OUTAGE_WAIT
         expect(ack.reason).to include("idempotency store failed", "IOError", "database is locked")
         expect(ran).to be(false)
         expect(handler.stats[:store_errors]).to eq(1)

@@ -28,6 +28,26 @@ pub const MISSING_KEY_MESSAGE: &str = "idempotency key is missing: give the guar
      or publish the message with an id \
      (a message from another client without message_id has no envelope id)";
 
+/// How long a delivery waits, without spending attempts, while the
+/// idempotency store fails: long enough to outlast a database restart or a
+/// managed failover (usually well under a minute), short enough that a store
+/// that stays broken (a table that was never migrated) still ends in the DLQ,
+/// through the attempts the ladder has left, within the hour.
+pub const STORE_OUTAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The decision when the store fails: the handler does not run (carrying on
+/// could be the duplicate the store exists to prevent), and the message
+/// waits round the ladder without spending attempts for up to
+/// [`STORE_OUTAGE_WAIT`]: the database is what is away, not the message, so
+/// a valid message is never dead-lettered because its store was down for a
+/// while. Past that it is an ordinary retry.
+fn store_failed(e: &crate::error::Error) -> Before {
+    Before::Settle(Outcome::Wait {
+        reason: format!("idempotency store failed, so the handler was not run: {e}"),
+        up_to: STORE_OUTAGE_WAIT,
+    })
+}
+
 /// What to do with a delivery, decided before the handler runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Before {
@@ -54,7 +74,7 @@ pub enum Before {
         wait: Option<std::time::Duration>,
     },
     /// Settle with this outcome without running the handler: a missing key
-    /// (a fatal reject) or a failing store (a retry).
+    /// (a fatal reject) or a failing store (a wait, see [`STORE_OUTAGE_WAIT`]).
     Settle(Outcome),
 }
 
@@ -83,7 +103,7 @@ pub struct GuardStats {
     pub runs: u64,
     /// Messages settled as a fatal reject because they had no key.
     pub missing_keys: u64,
-    /// Times `first_time` failed, so the message was retried unhandled.
+    /// Times `first_time` failed, so the message waited unhandled.
     pub store_errors: u64,
     /// Keys confirmed after an accepting handler.
     pub confirmed: u64,
@@ -141,9 +161,10 @@ impl Guard {
     ///   message with no id): [`Before::Settle`] with a fatal
     ///   [`MISSING_KEY_CLASS`], because retrying produces the same
     ///   nothing and a guard that cannot key a message is not guarding it;
-    /// - the store fails: [`Before::Settle`] with a retry, because the store
-    ///   is what is broken, not the message, and carrying on could be the
-    ///   duplicate the store exists to prevent;
+    /// - the store fails: [`Before::Settle`] with a wait that spends no
+    ///   attempts (up to [`STORE_OUTAGE_WAIT`]), because the store is what is
+    ///   broken, not the message, and carrying on could be the duplicate the
+    ///   store exists to prevent;
     /// - not the first time: [`Before::Duplicate`];
     /// - the first time: [`Before::Run`], and the key is now claimed.
     ///
@@ -174,9 +195,7 @@ impl Guard {
             Err(e) => {
                 bump(&self.store_errors);
                 crate::events::idempotency("store_error", Some(key), Some(e.to_string()));
-                Before::Settle(Outcome::Ack(Ack::retry(format!(
-                    "idempotency store failed, so the handler was not run: {e}"
-                ))))
+store_failed(&e)
             }
         }
     }
@@ -216,9 +235,7 @@ impl Guard {
             Err(e) => {
                 bump(&self.store_errors);
                 crate::events::idempotency("store_error", Some(key), Some(e.to_string()));
-                Before::Settle(Outcome::Ack(Ack::retry(format!(
-                    "idempotency store failed, so the handler was not run: {e}"
-                ))))
+store_failed(&e)
             }
         }
     }
@@ -262,9 +279,7 @@ impl Guard {
                 for (i, key) in &present {
                     bump(&self.store_errors);
                     crate::events::idempotency("store_error", Some(key), Some(e.to_string()));
-                    out[*i] = Some(Before::Settle(Outcome::Ack(Ack::retry(format!(
-                        "idempotency store failed, so the handler was not run: {e}"
-                    )))));
+                    out[*i] = Some(store_failed(&e));
                 }
             }
         }

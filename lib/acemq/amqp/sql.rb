@@ -25,10 +25,46 @@ module AceMQ
       # SQLite3::Database a process carried across fork() in the child.
       class ClosedConnection < StoreError; end
 
+      # How long a delivery whose handler found the database away waits
+      # round the ladder without spending attempts: the engine's
+      # STORE_OUTAGE_WAIT, the same wait the idempotent guard gives a
+      # delivery whose store failed (10 minutes: longer than a restart or a
+      # failover, short enough that a database that stays away still ends in
+      # the DLQ within the hour).
+      OUTAGE_WAIT = 600.0
+
+      # Errors that say the database is away (down, restarting, the
+      # connection killed, the file locked by another process or its disk
+      # full), not that the message is bad. By name, because this gem loads
+      # no driver.
+      UNAVAILABLE = %w[
+        PG::ConnectionBad PG::UnableToSend PG::AdminShutdown PG::CrashShutdown PG::CannotConnectNow
+        ActiveRecord::ConnectionNotEstablished ActiveRecord::ConnectionFailed
+        SQLite3::BusyException SQLite3::LockedException SQLite3::FullException
+        Mysql2::Error::ConnectionError AceMQ::AMQP::SQL::ClosedConnection
+      ].freeze
+
+      # Is error (or what caused it: ActiveRecord wraps the driver's error,
+      # a store wraps ActiveRecord's) one of UNAVAILABLE? A handler that
+      # raised one is not retried but waits (see Subscription): retrying
+      # would spend the attempts of valid messages while the database is
+      # away and dead-letter them.
+      def self.unavailable?(error)
+        seen = 0
+        while error && seen < 8
+          return true if error.class.ancestors.any? { |a| UNAVAILABLE.include?(a.name) }
+
+          error = error.cause
+          seen += 1
+        end
+        false
+      end
+
       # A Ruby driver object as the seam's adapter.
       def self.connect(connection)
         if adapter?(connection) then connection
         elsif connection.respond_to?(:exec_params) then Postgres.new(connection)
+        elsif MySQL.client?(connection) then MySQL.new(connection)
         elsif connection.respond_to?(:execute) && connection.respond_to?(:changes) then SQLite.new(connection)
         elsif ConnectionPool.pool?(connection) then ConnectionPool.new(connection)
         elsif connection.respond_to?(:raw_connection) then RawConnection.new(connection)
@@ -36,7 +72,7 @@ module AceMQ
         else
           raise UnsupportedConnection,
                 "cannot use #{connection.class} as a SQL connection: give an object answering exec_params " \
-                "(a PG::Connection), execute and changes (a SQLite3::Database, also an ActiveRecord raw_connection), " \
+                "(a PG::Connection), escape, affected_rows and query (a Mysql2::Client), execute and changes (a SQLite3::Database, also an ActiveRecord raw_connection), " \
                 "with_connection (an ActiveRecord connection pool), raw_connection (ActiveRecord::Base.connection), " \
                 "call (a callable returning an open connection per call), SQL.per_thread { open a connection }, " \
                 "or dialect, execute(sql, params) and query(sql, params) (an adapter of your own)"
@@ -232,7 +268,7 @@ module AceMQ
           if conn.is_a?(PerCall) || (!SQL.adapter?(conn) && conn.respond_to?(:call) &&
                                      !conn.respond_to?(:exec_params) && !conn.respond_to?(:changes))
             raise UnsupportedConnection, "the connection: callable returned #{conn.inspect}: it must return an open " \
-                                         "database connection (a SQLite3::Database, a PG::Connection)"
+                                         "database connection (a SQLite3::Database, a PG::Connection, a Mysql2::Client)"
           end
 
           SQL.connect(conn)
@@ -249,3 +285,4 @@ require "acemq/amqp/sql/per_thread"
 require "acemq/amqp/sql/connection_pool"
 require "acemq/amqp/sql/pool_lease"
 require "acemq/amqp/sql/raw_connection"
+require "acemq/amqp/sql/mysql"

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "acemq/amqp/sql"
+
 module AceMQ
   module AMQP
     # A running consumer: `concurrency` Ruby threads, each taking the next
@@ -234,7 +236,19 @@ module AceMQ
         # Only a StandardError is a handler failure. Anything else (Interrupt,
         # SystemExit, a Thread#kill) passes through untouched; the delivery
         # stays unsettled and goes back to the queue when the consumer closes.
-        e
+        outage(e)
+      end
+
+      # A handler that found the database away (SQL.unavailable?) waits
+      # round the ladder without spending an attempt, for up to
+      # SQL::OUTAGE_WAIT: retried, the valid messages that arrive during an
+      # outage would use up their attempts and be dead-lettered. Any other
+      # error is itself (a retry).
+      def outage(error)
+        return error unless SQL.unavailable?(error)
+
+        Ack.wait("the database is unavailable (#{error.class}: #{error.message.to_s.strip[0, 300]}); waiting " \
+                 "without spending an attempt", up_to: SQL::OUTAGE_WAIT)
       end
 
       # call_many returns one result per message: an Ack, or the
@@ -248,7 +262,7 @@ module AceMQ
           # messages: each is retried, none is left unsettled.
           Array.new(deliveries.size, e)
         end
-        deliveries.each_with_index { |d, i| settle(d, results[i]) }
+        deliveries.each_with_index { |d, i| settle(d, results[i].is_a?(StandardError) ? outage(results[i]) : results[i]) }
       end
 
       # The engine reads the result itself (an Ack, the StandardError the

@@ -208,11 +208,14 @@ fn key_function_keys_the_business_event() {
 }
 
 #[test]
-fn failing_store_is_a_retry_and_the_handler_does_not_run() {
+fn failing_store_is_a_wait_that_spends_no_attempt_and_the_handler_does_not_run() {
     let runs = Arc::new(AtomicUsize::new(0));
     let h = wrapped(BrokenStore, runs.clone(), Outcome::Ack(Ack::Accept));
     match block_on(h.handle(message("m-1"))) {
-        Outcome::Ack(Ack::Retry { reason }) => assert!(reason.contains("connection refused"), "{reason}"),
+        Outcome::Wait { reason, up_to } => {
+            assert!(reason.contains("connection refused"), "{reason}");
+            assert_eq!(up_to, crate::idempotency::STORE_OUTAGE_WAIT);
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0);
@@ -388,9 +391,9 @@ fn after_many_confirms_the_accepted_and_forgets_the_rest() {
 }
 
 #[test]
-fn a_failing_store_retries_the_whole_batch_unrun() {
+fn a_failing_store_has_the_whole_batch_wait_unrun() {
     let guard = Guard::new();
     let decided = guard.before_many(&BrokenStore, &[Some("a"), Some("b")]);
-    assert!(decided.iter().all(|b| matches!(b, Before::Settle(Outcome::Ack(Ack::Retry { .. })))));
+    assert!(decided.iter().all(|b| matches!(b, Before::Settle(Outcome::Wait { .. }))));
     assert_eq!(guard.stats().store_errors, 2);
 }

@@ -38,15 +38,24 @@ module AceMQ
 
         # The calling thread's adapter, its connection opened now if it has
         # none yet.
+        #
+        # A PG connection that broke (the server restarted, its backend was
+        # terminated) is closed and a new one opened here, so a relay or a
+        # store on SQL.per_thread comes back by itself once the server is
+        # back. Not PG::Connection#reset: when the server is still away,
+        # ruby-pg 1.4 finishes the connection it failed to reset, and it can
+        # never be used again. The statement that found it broken has raised
+        # already (its transaction is gone); the next one gets the new one.
         def checkout
-          pid, adapter = Thread.current.thread_variable_get(@key)
+          pid, adapter, conn = Thread.current.thread_variable_get(@key)
           # A forked child inherits the forking thread's variables, and with
           # them the parent's connection: a SQLite handle or a PG socket used
           # from two processes corrupts both, so the child opens its own.
-          return adapter if adapter && pid == Process.pid
+          return adapter if adapter && pid == Process.pid && !broken?(conn)
 
-          adapter = open_for_thread
-          Thread.current.thread_variable_set(@key, [Process.pid, adapter])
+          forget(conn) if adapter && pid == Process.pid
+          adapter, conn = open_for_thread
+          Thread.current.thread_variable_set(@key, [Process.pid, adapter, conn])
           adapter
         end
 
@@ -74,7 +83,7 @@ module AceMQ
           conn = @open.call
           if conn.nil? || conn.is_a?(PerThread) || conn.is_a?(PerCall)
             raise UnsupportedConnection, "the SQL.per_thread block returned #{conn.inspect}: it must open and return " \
-                                         "a database connection (a SQLite3::Database, a PG::Connection)"
+                                         "a database connection (a SQLite3::Database, a PG::Connection, a Mysql2::Client)"
           end
 
           adapter = SQL.connect(conn)
@@ -82,7 +91,19 @@ module AceMQ
             prune
             @opened << [Process.pid, Thread.current, conn]
           end
-          adapter
+          [adapter, conn]
+        end
+
+        # libpq's own verdict (no round trip): CONNECTION_BAD once a
+        # statement found the socket gone.
+        def broken?(conn)
+          conn.respond_to?(:finished?) && conn.respond_to?(:status) &&
+            (conn.finished? || conn.status != PG::CONNECTION_OK)
+        end
+
+        def forget(conn)
+          @lock.synchronize { @opened.reject! { |_, _, c| c.equal?(conn) } }
+          close_connection(conn)
         end
 
         # A thread that ended took its thread variable with it, but not the
@@ -100,6 +121,8 @@ module AceMQ
         end
 
         def close_connection(conn)
+          return if conn.respond_to?(:finished?) && conn.finished?
+
           conn.close if conn.respond_to?(:close) && !(conn.respond_to?(:closed?) && conn.closed?)
         rescue StandardError
           nil

@@ -22,6 +22,7 @@ module OutboxSpec
 
     before do
       pg_tables_to_drop << orders_table
+      mysql_tables_to_drop << orders_table
       store.create_schema
     end
     after { mq.close }
@@ -229,6 +230,50 @@ module OutboxSpec
     after { db.close }
 
     it_behaves_like "an outbox in the caller's transaction"
+  end
+
+  RSpec.describe "the outbox on a Mysql2::Client (MariaDB)" do
+    let(:db) { outbox_mysql }
+    let(:table) { outbox_table }
+    let(:store) { Patterns::SQLOutboxStore.new(connection: db, table: table) }
+
+    before { mysql_tables_to_drop << table }
+    after { db.close }
+
+    it_behaves_like "an outbox in the caller's transaction"
+
+    it "stores a body past MySQL's 64 KiB TEXT, and four-byte UTF-8, and publishes them whole" do
+      mq = AceMQ::AMQP::Connection.open(AMQP_URL)
+      store.create_schema
+      exchange, queue = destination(mq)
+      big = { "note" => "\u{1F600}" + ("x" * 100_000) }
+      db.transaction { store.add(Patterns.record(mq, big, to: "order.placed", exchange: exchange), connection: db) }
+      expect(Patterns::OutboxRelay.new(mq, store).sweep).to eq(1)
+      got = drain(queue, expect: 1)
+      expect(JSON.parse(got.first.last)).to eq(big)
+    ensure
+      mq&.close
+    end
+
+    it "never hands one row to two relays claiming at once" do
+      store.create_schema
+      mq = AceMQ::AMQP::Connection.open(AMQP_URL)
+      exchange, queue = destination(mq)
+      db.transaction do
+        200.times { |i| store.add(Patterns.record(mq, { "n" => i }, to: "order.placed", exchange: exchange), connection: db) }
+      end
+      relays = Array.new(4) do
+        conn = mysql_client
+        Patterns::OutboxRelay.new(mq, Patterns::SQLOutboxStore.new(connection: conn, table: table), batch_size: 7)
+      end
+      go = Queue.new
+      threads = relays.map { |r| Thread.new { go.pop; n = 0; while (k = r.sweep).positive? do n += k end; n } }
+      4.times { go << true }
+      expect(threads.sum(&:value)).to eq(200)
+      expect(drain(queue, expect: 200).map { |_, body| JSON.parse(body)["n"] }.sort).to eq((0...200).to_a)
+    ensure
+      mq&.close
+    end
   end
 
   RSpec.describe "the outbox with a connection: callable over PostgreSQL" do

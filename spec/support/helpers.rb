@@ -3,6 +3,8 @@
 module AceMQSpecHelpers
   AMQP_URL = ENV.fetch("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
   DATABASE_URL = ENV.fetch("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+  # MariaDB 10.11 here; MySQL 8.0 is the other server the mysql dialect is for.
+  MYSQL_URL = ENV.fetch("MYSQL_URL", "mysql2://root@127.0.0.1:3306/test")
 
   # Poll until the block returns truthy; fail after timeout seconds with the
   # last value. Never a bare sleep.

@@ -28,6 +28,22 @@ module IdempotencySpecHelpers
     PG.connect(AceMQSpecHelpers::DATABASE_URL).tap { |c| c.set_notice_processor { |_| } }
   end
 
+  # A Mysql2::Client on MYSQL_URL, as an application opens one.
+  def mysql_client(encoding: "utf8mb4")
+    require "mysql2"
+    require "uri"
+    u = URI(AceMQSpecHelpers::MYSQL_URL)
+    Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password,
+                       database: u.path.delete_prefix("/"), encoding: encoding)
+  end
+
+  def drop_mysql_tables(*tables)
+    c = mysql_client
+    tables.each { |t| c.query("DROP TABLE IF EXISTS #{t}") }
+  ensure
+    c&.close
+  end
+
   def unique_table(prefix = "idem")
     "#{prefix}_#{SecureRandom.hex(5)}"
   end

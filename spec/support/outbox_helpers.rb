@@ -2,6 +2,7 @@
 
 require "tmpdir"
 require "rbconfig"
+require "delegate"
 
 # Databases, a stand-in `orders` table and relay processes for the outbox
 # specs: real SQLite files and the PostgreSQL database `test`, tables named
@@ -12,12 +13,19 @@ module OutboxSpecHelpers
     def initialize(db, table)
       @db = db
       @table = table
-      @db.execute("CREATE TABLE IF NOT EXISTS #{table} (id TEXT PRIMARY KEY, total INTEGER NOT NULL)") if sqlite?
-      @db.exec("CREATE TABLE IF NOT EXISTS #{table} (id TEXT PRIMARY KEY, total INTEGER NOT NULL)") unless sqlite?
+      if mysql?
+        @db.query("CREATE TABLE IF NOT EXISTS #{table} (id VARCHAR(64) PRIMARY KEY, total INTEGER NOT NULL)")
+      elsif sqlite?
+        @db.execute("CREATE TABLE IF NOT EXISTS #{table} (id TEXT PRIMARY KEY, total INTEGER NOT NULL)")
+      else
+        @db.exec("CREATE TABLE IF NOT EXISTS #{table} (id TEXT PRIMARY KEY, total INTEGER NOT NULL)")
+      end
     end
 
     def insert(order)
-      if sqlite?
+      if mysql?
+        @db.query("INSERT INTO #{@table} (id, total) VALUES ('#{@db.escape(order['id'])}', #{Integer(order['total'])})")
+      elsif sqlite?
         @db.execute("INSERT INTO #{@table} (id, total) VALUES (?, ?)", [order["id"], order["total"]])
       else
         @db.exec_params("INSERT INTO #{@table} (id, total) VALUES ($1, $2)", [order["id"], order["total"]])
@@ -25,6 +33,7 @@ module OutboxSpecHelpers
     end
 
     def count
+      return @db.query("SELECT COUNT(*) AS n FROM #{@table}").first["n"] if mysql?
       return @db.exec("SELECT COUNT(*) FROM #{@table}").getvalue(0, 0).to_i unless sqlite?
 
       row = @db.execute("SELECT COUNT(*) AS n FROM #{@table}").first
@@ -34,6 +43,38 @@ module OutboxSpecHelpers
     private
 
     def sqlite? = !@db.respond_to?(:exec_params)
+
+    def mysql? = @db.respond_to?(:affected_rows)
+  end
+
+  # A Mysql2::Client with the transaction block the other drivers have, so
+  # the shared examples read the same on every database.
+  class MysqlDb < SimpleDelegator
+    def transaction
+      query("BEGIN")
+      result = yield
+      query("COMMIT")
+      result
+    rescue Exception # rubocop:disable Lint/RescueException
+      query("ROLLBACK")
+      raise
+    end
+  end
+
+  def outbox_mysql
+    MysqlDb.new(mysql_client)
+  end
+
+  def mysql_tables_to_drop
+    @mysql_tables_to_drop ||= []
+  end
+
+  def drop_outbox_mysql_tables
+    return if mysql_tables_to_drop.empty?
+
+    c = mysql_client
+    mysql_tables_to_drop.each { |t| c.query("DROP TABLE IF EXISTS #{t}") }
+    c.close
   end
 
   def outbox_dir
@@ -171,6 +212,7 @@ RSpec.configure do |config|
   config.after do
     reap_relays
     drop_outbox_pg_tables
+    drop_outbox_mysql_tables
     cleanup_broker
   end
 end

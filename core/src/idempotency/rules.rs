@@ -8,7 +8,7 @@
 use super::clock::{Clock, SystemClock};
 use super::options::SqlIdempotencyOptions;
 use crate::error::{Error, Result};
-use super::statements::{Statements, CLAIM_ROWS, CONFIRMED, CONFIRM_ROWS};
+use super::statements::{Statements, CLAIM_ROWS, CONFIRMED, CONFIRM_ROWS, MYSQL_KEY_BYTES};
 use super::values;
 use crate::sql::time::millis;
 use crate::sql::{AsyncSqlConnection, Dialect, SqlValue, WorkerId};
@@ -22,6 +22,18 @@ pub(crate) struct Keys {
     clock: Arc<dyn Clock>,
     sqlite: Statements,
     postgres: Statements,
+    mysql: Statements,
+}
+
+/// A number under 1000 that differs from one claim to the next in this
+/// process: added to a MySQL claim's `expires_at` (milliseconds on a
+/// retention of days), so that claim can find its own rows again (see the
+/// statements' doc). Two claims of one worker id in one millisecond would
+/// both need the 1000th claim since to collide.
+fn claim_stamp() -> i64 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    i64::from(NEXT.fetch_add(1, Ordering::Relaxed) % 1000)
 }
 
 impl Keys {
@@ -31,6 +43,7 @@ impl Keys {
             worker: WorkerId::new("idempotency", options.worker.clone())?,
             sqlite: Statements::new(&options.table, Dialect::Sqlite),
             postgres: Statements::new(&options.table, Dialect::Postgres),
+            mysql: Statements::new(&options.table, Dialect::Mysql),
             options,
             clock: Arc::new(SystemClock),
         })
@@ -55,11 +68,16 @@ impl Keys {
 
     pub(crate) fn schema_sql(&self, dialect: Dialect) -> Vec<String> {
         let s = self.statements(dialect);
-        vec![s.create_table.clone(), s.create_index.clone()]
+        std::iter::once(s.create_table.clone()).chain(s.create_index.clone()).collect()
     }
 
     /// A store call that failed, saying which table and what to check.
     pub(crate) fn failed(&self, doing: &str, e: Error) -> Error {
+        // A key the table cannot hold (MySQL's 255 bytes) is the caller's to
+        // fix, not the database's: say so as it is.
+        if e.is_invalid_argument() {
+            return e;
+        }
         Error::store(format!(
             "cannot {doing} in table {}: {e} (check the database is reachable and create_schema has been run)",
             self.options.table
@@ -70,6 +88,7 @@ impl Keys {
         match dialect {
             Dialect::Sqlite => &self.sqlite,
             Dialect::Postgres => &self.postgres,
+            Dialect::Mysql => &self.mysql,
         }
     }
 
@@ -77,7 +96,9 @@ impl Keys {
         let s = self.statements(c.dialect());
         // One statement per call: drivers differ on multi-statement strings.
         c.execute(&s.create_table, &[]).await?;
-        c.execute(&s.create_index, &[]).await?;
+        if let Some(index) = &s.create_index {
+            c.execute(index, &[]).await?;
+        }
         Ok(())
     }
 
@@ -123,8 +144,26 @@ impl Keys {
         if distinct.is_empty() {
             return Ok(Vec::new());
         }
+        let mysql = c.dialect() == Dialect::Mysql;
+        if mysql {
+            if let Some(long) = distinct.iter().find(|k| k.len() > MYSQL_KEY_BYTES) {
+                return Err(Error::invalid(format!(
+                    "an idempotency key of {} bytes is longer than the {MYSQL_KEY_BYTES} a MySQL table's message_id \
+                     holds: derive a shorter key (a SHA-256 hex digest is 64), starting {:?}",
+                    long.len(),
+                    long.chars().take(40).collect::<String>()
+                )));
+            }
+        }
         let now = self.clock.now_millis();
-        let expires = SqlValue::Int(now.saturating_add(millis(self.options.retention)));
+        let mut expires = now.saturating_add(millis(self.options.retention));
+        if mysql {
+            // Added, so a key is still remembered at least for the
+            // retention; subtracted only from a retention of forever.
+            let stamp = claim_stamp();
+            expires = expires.checked_add(stamp).unwrap_or(expires - stamp);
+        }
+        let expires = SqlValue::Int(expires);
         let stale_before = SqlValue::Int(now.saturating_sub(millis(self.options.claim_timeout)));
         let worker = SqlValue::Text(self.worker());
         let now = SqlValue::Int(now);
@@ -132,11 +171,21 @@ impl Keys {
         let distinct: Vec<&str> = distinct.into_iter().collect();
         let mut mine: HashSet<String> = HashSet::with_capacity(distinct.len());
         for chunk in distinct.chunks(CLAIM_ROWS) {
-            let mut params = Vec::with_capacity(chunk.len() * 4 + 1);
+            let mut params = Vec::with_capacity(chunk.len() * 4 + 3);
             for key in chunk {
                 params.extend([SqlValue::Text((*key).to_owned()), worker.clone(), now.clone(), expires.clone()]);
             }
             params.push(stale_before.clone());
+            if mysql {
+                params.extend([stale_before.clone(), stale_before.clone()]);
+                c.execute(&s.claim(chunk.len()), &params).await?;
+                let mut check: Vec<SqlValue> = chunk.iter().map(|k| SqlValue::Text((*k).to_owned())).collect();
+                check.extend([worker.clone(), now.clone(), expires.clone()]);
+                for row in c.query(&s.claimed_mysql(chunk.len()), &check).await? {
+                    mine.insert(values::text(&row, 0, "message_id")?);
+                }
+                continue;
+            }
             for row in c.query(&s.claim(chunk.len()), &params).await? {
                 mine.insert(values::text(&row, 0, "message_id")?);
             }

@@ -22,6 +22,17 @@
 //! PostgreSQL the conflicting row is locked and its `WHERE` re-read after a
 //! concurrent writer commits, so two workers taking over at once cannot both
 //! win (the first moves `recorded_at` to now); SQLite serialises writers.
+//!
+//! MySQL and MariaDB have no `ON CONFLICT ... WHERE` and MySQL no
+//! `RETURNING`, so there the claim is two statements: the same rule as an
+//! `ON DUPLICATE KEY UPDATE` whose every assignment keeps the old value
+//! unless the row is a stale `CLAIMED` one (InnoDB locks the conflicting row
+//! and evaluates them on its latest version, so two takeovers cannot both
+//! win), then a `SELECT` of the rows that now hold exactly what this claim
+//! wrote. What makes "exactly" exact is `expires_at`: each claim writes its
+//! own (now + retention, plus a per-claim number of milliseconds under a
+//! second, see `rules.rs`), since two threads of one process share the
+//! worker id and may claim in the same millisecond.
 
 use crate::sql::placeholders::{marks, number, tuples, MAX_PARAMS};
 use crate::sql::Dialect;
@@ -32,8 +43,12 @@ pub(crate) const CONFIRMED: &str = "CONFIRMED";
 /// Parameters per claimed row: key, worker, now, expires.
 const CLAIM_PARAMS: usize = 4;
 
-/// Keys per claim statement: `CLAIM_PARAMS` each, plus the stale-before bound.
-pub(crate) const CLAIM_ROWS: usize = (MAX_PARAMS - 1) / CLAIM_PARAMS;
+/// Keys per claim statement: `CLAIM_PARAMS` each, plus the stale-before bound
+/// (three times on MySQL: 249 * 4 + 3 = 999).
+pub(crate) const CLAIM_ROWS: usize = (MAX_PARAMS - 3) / CLAIM_PARAMS;
+
+/// The longest key a MySQL table holds: `message_id VARBINARY(255)`.
+pub(crate) const MYSQL_KEY_BYTES: usize = 255;
 
 /// Keys per confirm statement.
 pub(crate) const CONFIRM_ROWS: usize = MAX_PARAMS;
@@ -44,7 +59,9 @@ pub(crate) struct Statements {
     table: String,
     dialect: Dialect,
     pub(crate) create_table: String,
-    pub(crate) create_index: String,
+    /// `None` for MySQL, whose table carries the index: MySQL 8 has no
+    /// `CREATE INDEX IF NOT EXISTS`.
+    pub(crate) create_index: Option<String>,
     pub(crate) forget: String,
     pub(crate) state: String,
     pub(crate) purge: String,
@@ -55,17 +72,37 @@ impl Statements {
     pub(crate) fn new(t: &str, dialect: Dialect) -> Self {
         let int = match dialect {
             Dialect::Sqlite => "INTEGER",
-            Dialect::Postgres => "BIGINT",
+            Dialect::Postgres | Dialect::Mysql => "BIGINT",
         };
         let p = |sql: String| number(dialect, &sql);
+        let (create_table, create_index) = match dialect {
+            // VARBINARY, not VARCHAR: a key is compared byte for byte. A
+            // VARCHAR takes the database's collation, which by default folds
+            // case ("ABC" = "abc") and pads ("a" = "a "): two different
+            // messages would share one key and the second would be dropped as
+            // a duplicate. 255 bytes is an AMQP message id's own limit;
+            // longer keys are refused before they reach the table.
+            Dialect::Mysql => (
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (message_id VARBINARY({MYSQL_KEY_BYTES}) NOT NULL PRIMARY KEY, \
+                     state VARCHAR(16) NOT NULL, claimed_by VARCHAR(255), recorded_at BIGINT NOT NULL, \
+                     expires_at BIGINT NOT NULL, INDEX {t}_expiry (expires_at)) ENGINE=InnoDB"
+                ),
+                None,
+            ),
+            _ => (
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {t} (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
+                     claimed_by TEXT, recorded_at {int} NOT NULL, expires_at {int} NOT NULL)"
+                ),
+                Some(format!("CREATE INDEX IF NOT EXISTS {t}_expiry ON {t} (expires_at)")),
+            ),
+        };
         Statements {
             table: t.to_owned(),
             dialect,
-            create_table: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
-                 claimed_by TEXT, recorded_at {int} NOT NULL, expires_at {int} NOT NULL)"
-            ),
-            create_index: format!("CREATE INDEX IF NOT EXISTS {t}_expiry ON {t} (expires_at)"),
+            create_table,
+            create_index,
             forget: p(format!("DELETE FROM {t} WHERE message_id = ? AND state = '{CLAIMED}' AND claimed_by = ?")),
             state: p(format!("SELECT state FROM {t} WHERE message_id = ?")),
             purge: p(format!("DELETE FROM {t} WHERE expires_at < ?")),
@@ -73,9 +110,23 @@ impl Statements {
     }
 
     /// The claim of `rows` distinct keys (see the module's doc). Parameters:
-    /// `rows` times (key, worker, now, expires), then stale-before.
+    /// `rows` times (key, worker, now, expires), then stale-before (three
+    /// times for MySQL, once per assignment).
     pub(crate) fn claim(&self, rows: usize) -> String {
         let t = &self.table;
+        if self.dialect == Dialect::Mysql {
+            // recorded_at last: MySQL assigns left to right and later
+            // conditions would read the new value.
+            let keep = |c: &str| format!("{c} = IF(state = '{CLAIMED}' AND recorded_at < ?, VALUES({c}), {c})");
+            return format!(
+                "INSERT INTO {t} (message_id, state, claimed_by, recorded_at, expires_at) VALUES {} \
+                 ON DUPLICATE KEY UPDATE {}, {}, {}",
+                tuples(&format!("?, '{CLAIMED}', ?, ?, ?"), rows),
+                keep("claimed_by"),
+                keep("expires_at"),
+                keep("recorded_at")
+            );
+        }
         number(
             self.dialect,
             &format!(
@@ -85,6 +136,17 @@ impl Statements {
                  WHERE {t}.state = '{CLAIMED}' AND {t}.recorded_at < ? RETURNING message_id",
                 tuples(&format!("?, '{CLAIMED}', ?, ?, ?"), rows)
             ),
+        )
+    }
+
+    /// MySQL's second half of a claim: which of `rows` keys hold what this
+    /// claim wrote. Parameters: the keys, then worker, now, expires.
+    pub(crate) fn claimed_mysql(&self, rows: usize) -> String {
+        format!(
+            "SELECT message_id FROM {} WHERE message_id IN ({}) AND state = '{CLAIMED}' AND claimed_by = ? \
+             AND recorded_at = ? AND expires_at = ?",
+            self.table,
+            marks(rows)
         )
     }
 

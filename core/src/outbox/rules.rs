@@ -108,6 +108,11 @@ impl Rules {
                 // Same connection, same transaction: this is our insert's id.
                 conn.query("SELECT last_insert_rowid()", &[]).await?
             }
+            Dialect::Mysql => {
+                conn.execute(&sql, &params).await.map_err(|e| context(e, no_table))?;
+                // Per connection: this insert's id whatever others insert.
+                conn.query("SELECT LAST_INSERT_ID()", &[]).await?
+            }
         };
         let row = rows.first().ok_or_else(|| Error::store("outbox insert returned no id"))?;
         int(column(row, 0, "id")?, "id")
@@ -120,12 +125,38 @@ impl Rules {
         if batch_size == 0 {
             return Ok(Vec::new());
         }
+        if conn.dialect() == Dialect::Mysql {
+            self.begin_mysql(conn).await?;
+            let rows = self.claim_locked_mysql(conn, batch_size).await;
+            let rows = finish(conn, rows).await?;
+            return self.read_claimed(conn, rows).await;
+        }
         let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
         let params = [SqlValue::Text(self.worker_id.current()), SqlValue::Int(millis(self.options.lease)), SqlValue::Int(limit)];
         let rows = conn.query(&self.statements.claim(conn.dialect()), &params).await.map_err(|e| {
             context(e, "cannot claim outbox rows; the store needs a connection of its own, not one inside a transaction")
         })?;
         self.read_claimed(conn, rows).await
+    }
+
+    /// MySQL's claim, inside a transaction `conn` has open: lock the due rows
+    /// (skipping what other relays hold), lease them, return them. The rows
+    /// stay locked until the commit, so no other relay can lease them in
+    /// between; after it, the lease keeps them out.
+    async fn claim_locked_mysql<C: AsyncSqlConnection>(&self, conn: &C, batch_size: usize) -> Result<Vec<crate::sql::Row>> {
+        let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
+        let rows = conn.query(&self.statements.select_due_mysql(), &[SqlValue::Int(limit)]).await.map_err(|e| {
+            context(e, "cannot claim outbox rows; the store needs a connection of its own, not one inside a transaction")
+        })?;
+        if rows.is_empty() {
+            return Ok(rows);
+        }
+        let mut params = vec![SqlValue::Text(self.worker_id.current()), SqlValue::Int(millis(self.options.lease))];
+        for row in &rows {
+            params.push(SqlValue::Int(int(column(row, 0, "id")?, "id")?));
+        }
+        conn.execute(&self.statements.lease_mysql(rows.len()), &params).await?;
+        Ok(rows)
     }
 
     /// The records of claimed rows, oldest first; a row that cannot be read
@@ -186,6 +217,16 @@ impl Rules {
                 }
                 .await;
                 finish(conn, result).await
+            }
+            Dialect::Mysql => {
+                self.begin_mysql(conn).await?;
+                let result = async {
+                    self.delete_ids(conn, done).await?;
+                    self.claim_locked_mysql(conn, batch_size).await
+                }
+                .await;
+                let rows = finish(conn, result).await?;
+                self.read_claimed(conn, rows).await
             }
         }
     }
@@ -301,6 +342,17 @@ impl Rules {
         }
         conn.execute(&self.statements.fail(conn.dialect(), owned), &params).await?;
         Ok(())
+    }
+
+    /// MySQL's claim transaction, READ COMMITTED (`SET TRANSACTION` without
+    /// `SESSION` is for the next transaction only). InnoDB's default,
+    /// REPEATABLE READ, makes the claim's `FOR UPDATE` take gap locks on the
+    /// due index, and concurrent relays then deadlocked on each other's
+    /// deletes (seen here with four relays on MariaDB 10.11); read committed
+    /// locks only the rows it returns, which is all the claim needs.
+    async fn begin_mysql<C: AsyncSqlConnection>(&self, conn: &C) -> Result<()> {
+        conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", &[]).await?;
+        self.begin(conn).await
     }
 
     async fn begin<C: AsyncSqlConnection>(&self, conn: &C) -> Result<()> {

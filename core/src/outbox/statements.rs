@@ -54,11 +54,19 @@ impl Statements {
             // delete or fail a new, unrelated message that got the old id.
             Dialect::Sqlite => "id INTEGER PRIMARY KEY AUTOINCREMENT",
             Dialect::Postgres => "id BIGSERIAL PRIMARY KEY",
+            // InnoDB keeps the counter past a deleted last row (and, from
+            // MySQL 8.0 and MariaDB 10.6, across a restart).
+            Dialect::Mysql => "id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY",
         };
         let int = match dialect {
             Dialect::Sqlite => "INTEGER",
-            Dialect::Postgres => "BIGINT",
+            Dialect::Postgres | Dialect::Mysql => "BIGINT",
         };
+        // MySQL's TEXT holds 64 KiB; a body or its headers may be larger
+        // (RabbitMQ's own limit is 128 MiB by default). The index goes in the
+        // table itself: MySQL 8 has no CREATE INDEX IF NOT EXISTS. utf8mb4
+        // whatever the database's default, so a body with an emoji is stored.
+        let big = if dialect == Dialect::Mysql { "LONGTEXT" } else { "TEXT" };
         // On PostgreSQL the claim rewrites every row it leases (a new row
         // version of about 1 KiB for two small columns). With room left on
         // the page the new version stays there: a heap-only update, no index
@@ -68,26 +76,35 @@ impl Statements {
         let storage = match dialect {
             Dialect::Sqlite => "",
             Dialect::Postgres => " WITH (fillfactor = 50)",
+            Dialect::Mysql => " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
         };
-        vec![
-            format!(
+        let index_inline = if dialect == Dialect::Mysql { format!(",\n  INDEX {t}_due (next_attempt_at, id)") } else { String::new() };
+        let table = number(
+            dialect,
+            &format!(
                 "CREATE TABLE IF NOT EXISTS {t} (\n  \
                  {id},\n  \
                  exchange TEXT NOT NULL,\n  \
                  routing_key TEXT NOT NULL,\n  \
-                 body TEXT NOT NULL,\n  \
+                 body {big} NOT NULL,\n  \
                  message_id TEXT NOT NULL,\n  \
                  message_type TEXT,\n  \
                  origin TEXT,\n  \
                  \"timestamp\" {int} NOT NULL,\n  \
-                 headers TEXT NOT NULL,\n  \
+                 headers {big} NOT NULL,\n  \
                  created_at {int} NOT NULL,\n  \
                  attempts INTEGER NOT NULL DEFAULT 0,\n  \
                  last_error TEXT,\n  \
                  next_attempt_at {int} NOT NULL,\n  \
                  claimed_by TEXT,\n  \
-                 claimed_until {int}\n){storage}"
+                 claimed_until {int}{index_inline}\n){storage}"
             ),
+        );
+        if dialect == Dialect::Mysql {
+            return vec![table];
+        }
+        vec![
+            table,
             // The sweep asks for due rows (next_attempt_at <= now), oldest id
             // first. This index answers that range, so rows waiting out a
             // backoff (a destination that keeps failing) are skipped by the
@@ -116,8 +133,10 @@ impl Statements {
         );
         match dialect {
             // SQLite reads the id back with last_insert_rowid() instead of
-            // RETURNING, which older libsqlite3 builds (before 3.35) lack.
+            // RETURNING, which older libsqlite3 builds (before 3.35) lack;
+            // MySQL with LAST_INSERT_ID(), which has no RETURNING at all.
             Dialect::Sqlite => insert,
+            Dialect::Mysql => number(dialect, &insert),
             // pg_notify returns void, which not every driver can read: cast.
             Dialect::Postgres => number(
                 dialect,
@@ -148,6 +167,10 @@ impl Statements {
     /// an `UPDATE` takes the write lock before it reads anything, so the
     /// subquery and the lease are one step for every other connection, as a
     /// `BEGIN IMMEDIATE` transaction would make them.
+    ///
+    /// MySQL has no `UPDATE ... RETURNING`: there the claim is
+    /// [`select_due_mysql`](Self::select_due_mysql) then
+    /// [`lease_mysql`](Self::lease_mysql) in one transaction.
     pub(crate) fn claim(&self, dialect: Dialect) -> String {
         let now = now_ms(dialect);
         let t = &self.table;
@@ -162,7 +185,34 @@ impl Statements {
                  (SELECT id AS due_id FROM {t} WHERE {due} ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) due \
                  WHERE id = due_id AND {ASYNC_COMMIT} RETURNING {RECORD_COLUMNS}"
             ),
+            Dialect::Mysql => unreachable!("the MySQL claim is select_due_mysql then lease_mysql"),
         }
+    }
+
+    /// MySQL, inside a transaction: lock up to `?` (the limit) due, unleased
+    /// rows, oldest first, skipping rows another relay has locked, and
+    /// return them. `FOR UPDATE SKIP LOCKED`: MySQL 8.0 and MariaDB 10.6.
+    pub(crate) fn select_due_mysql(&self) -> String {
+        let now = now_ms(Dialect::Mysql);
+        number(
+            Dialect::Mysql,
+            &format!(
+                "SELECT {RECORD_COLUMNS} FROM {} WHERE next_attempt_at <= {now} AND \
+                 (claimed_until IS NULL OR claimed_until < {now}) ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED",
+                self.table
+            ),
+        )
+    }
+
+    /// MySQL: lease the `n` rows [`select_due_mysql`](Self::select_due_mysql)
+    /// locked; params: worker id, lease in ms, then the ids.
+    pub(crate) fn lease_mysql(&self, n: usize) -> String {
+        format!(
+            "UPDATE {} SET claimed_by = ?, claimed_until = {} + ? WHERE id IN ({})",
+            self.table,
+            now_ms(Dialect::Mysql),
+            marks(n)
+        )
     }
 
     /// The claim with the deletion of `n` rows confirmed by the previous
@@ -185,7 +235,7 @@ impl Statements {
     /// that relay, which publishes it again: a duplicate, never a loss.
     pub(crate) fn delete_owned(&self, dialect: Dialect, n: usize) -> String {
         let fast = match dialect {
-            Dialect::Sqlite => String::new(),
+            Dialect::Sqlite | Dialect::Mysql => String::new(),
             Dialect::Postgres => format!(" AND {ASYNC_COMMIT}"),
         };
         number(dialect, &format!("DELETE FROM {} WHERE claimed_by = ? AND id IN ({}){fast}", self.table, marks(n)))

@@ -15,18 +15,25 @@ pub enum Dialect {
     Sqlite,
     /// PostgreSQL: `$1` placeholders.
     Postgres,
+    /// MySQL 8.0 and MariaDB 10.6 or later (InnoDB): `?` placeholders,
+    /// backquoted identifiers. Both, because the statements use only what the
+    /// two share: `ON DUPLICATE KEY UPDATE` and `FOR UPDATE SKIP LOCKED`,
+    /// never `RETURNING` (MariaDB's INSERT only; MySQL has none).
+    Mysql,
 }
 
 impl Dialect {
     /// The dialect a migration, a driver or a Ruby adapter names: `"sqlite"`
-    /// (or `"sqlite3"`, the gem's name) or `"postgres"` (or `"postgresql"`,
-    /// ActiveRecord's adapter name, or `"pg"`, the gem's).
+    /// (or `"sqlite3"`, the gem's name), `"postgres"` (or `"postgresql"`,
+    /// ActiveRecord's adapter name, or `"pg"`, the gem's) or `"mysql"` (or
+    /// `"mysql2"`, the gem and ActiveRecord adapter, `"mariadb"` or `"trilogy"`).
     pub fn parse(name: &str) -> Result<Self> {
         match name {
             "sqlite" | "sqlite3" => Ok(Dialect::Sqlite),
             "postgres" | "postgresql" | "pg" => Ok(Dialect::Postgres),
+            "mysql" | "mysql2" | "mariadb" | "trilogy" => Ok(Dialect::Mysql),
             other => Err(crate::error::Error::invalid(format!(
-                "SQL dialect {other:?} is not supported: a connection's dialect must be \"sqlite\" or \"postgres\""
+                "SQL dialect {other:?} is not supported: a connection's dialect must be \"sqlite\", \"postgres\" or \"mysql\""
             ))),
         }
     }
@@ -91,10 +98,10 @@ mod tests {
 
     #[test]
     fn dialect_names() {
-        for (name, d) in [("sqlite", Dialect::Sqlite), ("sqlite3", Dialect::Sqlite), ("postgres", Dialect::Postgres), ("postgresql", Dialect::Postgres), ("pg", Dialect::Postgres)] {
+        for (name, d) in [("sqlite", Dialect::Sqlite), ("sqlite3", Dialect::Sqlite), ("postgres", Dialect::Postgres), ("postgresql", Dialect::Postgres), ("pg", Dialect::Postgres), ("mysql", Dialect::Mysql), ("mysql2", Dialect::Mysql), ("mariadb", Dialect::Mysql), ("trilogy", Dialect::Mysql)] {
             assert_eq!(Dialect::parse(name).unwrap(), d);
         }
-        let e = Dialect::parse("mysql").unwrap_err();
-        assert!(e.is_invalid_argument() && e.message().contains("\"mysql\" is not supported"), "{e}");
+        let e = Dialect::parse("oracle").unwrap_err();
+        assert!(e.is_invalid_argument() && e.message().contains("\"oracle\" is not supported"), "{e}");
     }
 }

@@ -5,14 +5,18 @@
 use super::Dialect;
 
 /// `sql` with its `?` placeholders as `dialect` wants them: unchanged for
-/// SQLite, `$1`, `$2`, ... for PostgreSQL.
+/// SQLite, `$1`, `$2`, ... for PostgreSQL; for MySQL the placeholders stay
+/// and a double-quoted identifier (`"timestamp"`) is backquoted, because
+/// MySQL reads `"timestamp"` as a string literal unless the session has
+/// `ANSI_QUOTES`: a `SELECT` would return the word, not the column.
 ///
 /// A plain scan: the stores' statements have no string literal or quoted
-/// identifier containing `?`, which is what makes it exact. Do not pass SQL
-/// that does.
+/// identifier containing `?` and no string literal containing `"`, which is
+/// what makes it exact. Do not pass SQL that does.
 pub(crate) fn number(dialect: Dialect, sql: &str) -> String {
     match dialect {
         Dialect::Sqlite => sql.to_owned(),
+        Dialect::Mysql => sql.replace('"', "`"),
         Dialect::Postgres => {
             let mut out = String::with_capacity(sql.len() + 8);
             let mut n = 0usize;
@@ -72,6 +76,7 @@ mod tests {
         assert_eq!(number(Dialect::Postgres, "a = ? AND b IN (?, ?)"), "a = $1 AND b IN ($2, $3)");
         let many = marks(12);
         assert!(number(Dialect::Postgres, &many).ends_with("$11, $12"));
+        assert_eq!(number(Dialect::Mysql, "SELECT \"timestamp\" FROM t WHERE a = ?"), "SELECT `timestamp` FROM t WHERE a = ?");
     }
 
     #[test]

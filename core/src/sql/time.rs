@@ -20,6 +20,9 @@ pub(crate) fn now_ms(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
         Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM now()) * 1000 AS BIGINT)",
+        // Arithmetic on UTC_TIMESTAMP: UNIX_TIMESTAMP(NOW(3)) goes through
+        // the session's time zone and is an hour out in a DST fold.
+        Dialect::Mysql => "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)",
     }
 }
 

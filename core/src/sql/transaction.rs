@@ -10,11 +10,11 @@ use crate::error::Result;
 /// both read (two relays the same due rows) and then one fails with
 /// `SQLITE_BUSY` instead of waiting out the busy timeout. `IMMEDIATE` takes
 /// the write lock first, so the read and the write are one step for
-/// everyone else. PostgreSQL's `BEGIN` has row locks for that.
+/// everyone else. PostgreSQL's and InnoDB's `BEGIN` have row locks for that.
 fn begin_statement(dialect: Dialect) -> &'static str {
     match dialect {
         Dialect::Sqlite => "BEGIN IMMEDIATE",
-        Dialect::Postgres => "BEGIN",
+        Dialect::Postgres | Dialect::Mysql => "BEGIN",
     }
 }
 

@@ -281,7 +281,10 @@ fn postgres_sql_text() {
         "CREATE TABLE IF NOT EXISTS acemq_idempotency (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
          claimed_by TEXT, recorded_at BIGINT NOT NULL, expires_at BIGINT NOT NULL)"
     );
-    assert_eq!(s.create_index, "CREATE INDEX IF NOT EXISTS acemq_idempotency_expiry ON acemq_idempotency (expires_at)");
+    assert_eq!(
+        s.create_index.as_deref(),
+        Some("CREATE INDEX IF NOT EXISTS acemq_idempotency_expiry ON acemq_idempotency (expires_at)")
+    );
     assert_eq!(
         s.claim(2),
         "INSERT INTO acemq_idempotency (message_id, state, claimed_by, recorded_at, expires_at) \
@@ -308,6 +311,25 @@ fn sqlite_sql_text() {
     assert_eq!(s.claim(100).matches('?').count(), 401);
     assert_eq!(s.confirm(100).matches('?').count(), 100);
     assert!(!s.claim(3).contains('$'));
+}
+
+#[test]
+fn mysql_sql_text() {
+    let s = Statements::new("t", Dialect::Mysql);
+    assert!(s.create_table.contains("message_id VARBINARY(255) NOT NULL PRIMARY KEY"), "{}", s.create_table);
+    assert!(s.create_table.contains("INDEX t_expiry (expires_at)"), "{}", s.create_table);
+    assert!(s.create_index.is_none());
+    assert_eq!(
+        s.claim(1),
+        "INSERT INTO t (message_id, state, claimed_by, recorded_at, expires_at) VALUES (?, 'CLAIMED', ?, ?, ?) \
+         ON DUPLICATE KEY UPDATE claimed_by = IF(state = 'CLAIMED' AND recorded_at < ?, VALUES(claimed_by), claimed_by), \
+         expires_at = IF(state = 'CLAIMED' AND recorded_at < ?, VALUES(expires_at), expires_at), \
+         recorded_at = IF(state = 'CLAIMED' AND recorded_at < ?, VALUES(recorded_at), recorded_at)"
+    );
+    // The largest batch stays within the 999 parameters of every dialect.
+    assert_eq!(s.claim(crate::idempotency::statements::CLAIM_ROWS).matches('?').count(), 999);
+    assert_eq!(s.claimed_mysql(2).matches('?').count(), 5);
+    assert!(!s.claim(3).contains('$') && !s.forget.contains('$'));
 }
 
 /// A connection that says it is PostgreSQL and answers as `pg` does

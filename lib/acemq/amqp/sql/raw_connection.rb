@@ -26,7 +26,7 @@ module AceMQ
           raw = @owner.raw_connection
           if raw.nil? || raw.equal?(@owner) || raw.respond_to?(:raw_connection)
             raise UnsupportedConnection, "#{@owner.class}#raw_connection returned #{raw.class}: it must return the " \
-                                         "driver's connection (a SQLite3::Database, a PG::Connection)"
+                                         "driver's connection (a SQLite3::Database, a PG::Connection, a Mysql2::Client)"
           end
 
           SQL.connect(raw)

@@ -189,8 +189,10 @@ module Drill
         File.delete(@relay.log) if File.exist?(@relay.log.to_s)
       end
       super
-      @writer.close if @writer && !@writer.finished?
+    ensure
+      # The server goes whatever failed above: a leaked one outlives the drill.
       begin
+        @writer.close if @writer && !@writer.finished?
         @pdb&.drop_all
       rescue PG::Error
         nil

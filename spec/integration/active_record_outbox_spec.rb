@@ -155,6 +155,23 @@ module ActiveRecordOutboxSpec
     end
   end
 
+  RSpec.describe "the ActiveRecord outbox on MariaDB (mysql2)" do
+    before { @ar_config = establish_active_record(:mysql) }
+
+    def dedicated_source
+      source = AceMQ::Rails::ActiveRecordSource.dedicated
+      expect(source.keys).to eq([:connection])
+      relay_id = source[:connection].checkout.query("SELECT CONNECTION_ID(), DATABASE()", []).first
+      app_id = ActiveRecord::Base.connection.select_value("SELECT CONNECTION_ID()")
+      expect(relay_id.first).not_to eq(app_id)
+      expect(relay_id.last).to eq(@ar_config[:database])
+      source[:connection].close
+      source
+    end
+
+    it_behaves_like "an outbox under ActiveRecord"
+  end
+
   RSpec.describe "the ActiveRecord outbox on PostgreSQL", skip: (ActiveRecordSpecHelpers.postgres? ? false : "DATABASE_URL is not set") do
     before { @ar_config = establish_active_record(:postgres) }
 

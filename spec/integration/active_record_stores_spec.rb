@@ -104,11 +104,15 @@ module ActiveRecordStoresSpec
       store.confirm("ordre-é")
       expect(store.confirmed?(binary)).to be(true)
       expect(HandledMessage.where(message_id: "ordre-é").count).to eq(1)
+      mysql = respond_to?(:mysql?) && mysql?
+      type_sql = if mysql then "CHARSET(message_id)" # text in utf8mb4, not bytes
+                 elsif sqlite? then "typeof(message_id)"
+                 else "pg_typeof(message_id)::text"
+                 end
       typeof = HandledMessage.connection.select_value(
-        HandledMessage.sanitize_sql_array(["SELECT #{sqlite? ? 'typeof(message_id)' : 'pg_typeof(message_id)::text'} " \
-                                           "FROM acemq_idempotency WHERE message_id = ?", "ordre-é"])
+        HandledMessage.sanitize_sql_array(["SELECT #{type_sql} FROM acemq_idempotency WHERE message_id = ?", "ordre-é"])
       )
-      expect(typeof).to eq(sqlite? ? "text" : "character varying")
+      expect(typeof).to eq(mysql ? "utf8mb4" : sqlite? ? "text" : "character varying")
     end
 
     it "refuses what the column cannot hold, bytes that are not UTF-8, and nil — on SQLite as on PostgreSQL" do
@@ -408,5 +412,30 @@ module ActiveRecordStoresSpec
     it_behaves_like "the shipped ActiveRecord idempotency store"
     it_behaves_like "a consumer killed mid-handler"
     it_behaves_like "a RabbitMQ consumer killed mid-handler"
+  end
+
+  # The guide's migration as written (a VARCHAR key, DATETIME in seconds) on
+  # MariaDB through ActiveRecord's mysql2 adapter, which counts found rows:
+  # the shipped store claims with a plain INSERT there (see #insert).
+  RSpec.describe "ActiveRecord idempotency stores on MariaDB (mysql2)" do
+    before { @ar_config = establish_active_record(:mysql) }
+
+    def sqlite? = false
+    def mysql? = true
+
+    it_behaves_like "the shipped ActiveRecord idempotency store"
+    it_behaves_like "a consumer killed mid-handler"
+    it_behaves_like "a RabbitMQ consumer killed mid-handler"
+
+    it "claims inside the caller's transaction without undoing it when the key is taken" do
+      store = AceMQ::Rails::ActiveRecordIdempotencyStore.new(worker: "w-1")
+      store.first_time?("taken")
+      ActiveRecord::Base.transaction do
+        HandledMessage.create!(message_id: "work", state: "CONFIRMED", claimed_by: "x", recorded_at: Time.now.utc,
+                               expires_at: Time.now.utc + 60)
+        expect(store.first_time?("taken")).to be(false)
+      end
+      expect(HandledMessage.exists?("work")).to be(true)
+    end
   end
 end

@@ -99,7 +99,8 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
   # per group, then its specs, the guide's rake task and the Railtie's.
   [
     ["SQLite", ->(dir) { RailsAppHelpers::Database.sqlite(dir) }],
-    ["PostgreSQL", ->(_) { RailsAppHelpers::Database.postgres("acemq_dummy_#{SecureRandom.hex(4)}") }]
+    ["PostgreSQL", ->(_) { RailsAppHelpers::Database.postgres("acemq_dummy_#{SecureRandom.hex(4)}") }],
+    ["MariaDB", ->(_) { RailsAppHelpers::Database.mysql("acemq_dummy_#{SecureRandom.hex(4)}") }]
   ].each do |name, open|
     context "on #{name}" do
       before(:context) do
@@ -222,7 +223,8 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
 
     [
       ["SQLite", ->(dir) { RailsAppHelpers::Database.sqlite(dir) }],
-      ["PostgreSQL", ->(_) { RailsAppHelpers::Database.postgres("acemq_gen_#{SecureRandom.hex(4)}") }]
+      ["PostgreSQL", ->(_) { RailsAppHelpers::Database.postgres("acemq_gen_#{SecureRandom.hex(4)}") }],
+      ["MariaDB", ->(_) { RailsAppHelpers::Database.mysql("acemq_gen_#{SecureRandom.hex(4)}") }]
     ].each do |name, open|
       it "migrates on #{name}: the generated migrations run, and the outbox table is the one the engine's store uses" do
         db = open.call(@tmp)

@@ -37,6 +37,11 @@ module ActiveRecordSpecHelpers
                @ar_schema = "acemq_ar_#{SecureRandom.hex(5)}"
                pg_admin { |c| c.exec("CREATE SCHEMA #{@ar_schema}") }
                { url: ENV.fetch("DATABASE_URL"), schema_search_path: @ar_schema, pool: 10 }
+             when :mysql
+               @ar_mysql_db = "acemq_ar_#{SecureRandom.hex(5)}"
+               u = mysql_admin { |c| c.query("CREATE DATABASE #{@ar_mysql_db} CHARACTER SET utf8mb4") }
+               { adapter: "mysql2", host: u.host, port: u.port || 3306, username: u.user, password: u.password,
+                 database: @ar_mysql_db, encoding: "utf8mb4", pool: 10 }
              end
     ActiveRecordSpecHelpers.raise_on_deprecations
     ActiveRecord::Base.establish_connection(config)
@@ -50,8 +55,9 @@ module ActiveRecordSpecHelpers
 
     ActiveRecord::Base.remove_connection
     pg_admin { |c| c.exec("DROP SCHEMA IF EXISTS #{@ar_schema} CASCADE") } if @ar_schema
+    mysql_admin { |c| c.query("DROP DATABASE IF EXISTS #{@ar_mysql_db}") } if @ar_mysql_db
     FileUtils.rm_rf(@ar_dir) if @ar_dir
-    @ar_schema = @ar_dir = nil
+    @ar_schema = @ar_dir = @ar_mysql_db = nil
   end
 
   # Models keep the columns they first read; each example's database is new.
@@ -74,6 +80,18 @@ module ActiveRecordSpecHelpers
     HandledMessage.where(message_id: key).update_all(recorded_at: recorded_at - by)
   end
 
+  # A connection to the suite's MariaDB (MYSQL_URL) for the block; the URL.
+  def mysql_admin
+    require "mysql2"
+    require "uri"
+    u = URI(AceMQSpecHelpers::MYSQL_URL)
+    conn = Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password)
+    yield conn
+    u
+  ensure
+    conn&.close
+  end
+
   def pg_admin
     require "pg"
     conn = PG.connect(ENV.fetch("DATABASE_URL"))
@@ -86,5 +104,5 @@ end
 
 RSpec.configure do |config|
   config.include ActiveRecordSpecHelpers
-  config.after { teardown_active_record if defined?(@ar_schema) || defined?(@ar_dir) }
+  config.after { teardown_active_record if defined?(@ar_schema) || defined?(@ar_dir) || defined?(@ar_mysql_db) }
 end

@@ -43,17 +43,36 @@ module RailsAppHelpers
           pg: conn, schema: schema)
     end
 
-    def initialize(name, env, pg: nil, schema: nil)
+    # A database of its own on the suite's MariaDB (a MySQL schema is a
+    # database), dropped after.
+    def self.mysql(name)
+      require "mysql2"
+      require "uri"
+      u = URI(AceMQSpecHelpers::MYSQL_URL)
+      conn = Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password,
+                                encoding: "utf8mb4")
+      conn.query("CREATE DATABASE #{name} CHARACTER SET utf8mb4")
+      conn.select_db(name)
+      url = u.dup.tap { |x| x.path = "/#{name}" }.to_s
+      new("MariaDB", { "DATABASE_URL" => url }, mysql: conn, schema: name)
+    end
+
+    def initialize(name, env, pg: nil, schema: nil, mysql: nil)
       @name = name
       @env = env.freeze
       @pg = pg
+      @mysql = mysql
       @schema = schema
     end
+
+    def mysql? = !@mysql.nil?
 
     def postgres? = !@pg.nil?
 
     def execute(sql)
-      if @pg
+      if @mysql
+        @mysql.query(sql, as: :array)&.to_a || []
+      elsif @pg
         @pg.exec(sql).values
       else
         require "sqlite3"
@@ -68,6 +87,11 @@ module RailsAppHelpers
     end
 
     def drop
+      if @mysql
+        @mysql.query("DROP DATABASE IF EXISTS #{@schema}")
+        @mysql.close
+        return
+      end
       return unless @pg
 
       @pg.exec("DROP SCHEMA IF EXISTS #{@pg.quote_ident(@schema)} CASCADE")

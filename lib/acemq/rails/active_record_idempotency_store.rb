@@ -112,7 +112,7 @@ module AceMQ
         key = text(key)
         now = Time.now.utc
         operation("claim an idempotency key") do |conn|
-          inserted = conn.exec_update(claim_sql(key, now), "#{@model.name} Claim").positive?
+          inserted = insert(conn, key, now)
           # Somebody has it. Take it over only if their claim has gone stale,
           # and never from a CONFIRMED row: that message really was handled.
           # The UPDATE's own WHERE decides between two takers (the first
@@ -173,6 +173,32 @@ module AceMQ
                                 "acemq_idempotency migration has run on this database)"
       end
 
+      # Did this INSERT add the row? MySQL has no ON CONFLICT, and its
+      # ON DUPLICATE KEY UPDATE cannot answer: ActiveRecord's mysql2 connection
+      # counts found rows (CLIENT_FOUND_ROWS), so a no-op update of an existing
+      # key reports 1 like an insert. A plain INSERT's duplicate-key error is
+      # the answer there, and on MySQL it undoes only the statement, never the
+      # transaction around it.
+      def insert(conn, key, now)
+        return conn.exec_update(claim_sql(key, now), "#{@model.name} Claim").positive? unless mysql?(conn)
+
+        begin
+          conn.exec_update(plain_insert_sql(key, now), "#{@model.name} Claim")
+          true
+        rescue ::ActiveRecord::RecordNotUnique
+          false
+        end
+      end
+
+      def mysql?(conn) = conn.adapter_name.match?(/mysql|trilogy/i)
+
+      def plain_insert_sql(key, now)
+        @model.sanitize_sql_array(
+          ["INSERT INTO #{@model.quoted_table_name} (message_id, state, claimed_by, recorded_at, expires_at) " \
+           "VALUES (?, ?, ?, ?, ?)", key, CLAIMED, worker, now, now + @retention]
+        )
+      end
+
       def claim_sql(key, now)
         # ON CONFLICT (…) DO NOTHING is the same in SQLite (3.24+) and
         # PostgreSQL; the values are quoted by the connection, as
@@ -198,10 +224,11 @@ module AceMQ
           raise AMQP::EncodingError, "idempotency key #{s.inspect} is not UTF-8 text: give a key: that returns text " \
                                      "(hex-encode binary ids)"
         end
-        limit = key_limit
-        if limit && s.length > limit
-          raise ArgumentError, "idempotency key is #{s.length} characters and #{table}.message_id holds #{limit}: " \
-                               "key on something shorter (a digest of it, say)"
+        limit, unit = key_limit
+        size = unit == :bytes ? s.bytesize : s.length
+        if limit && size > limit
+          raise ArgumentError, "idempotency key is #{size} #{unit == :bytes ? 'bytes' : 'characters'} and " \
+                               "#{table}.message_id holds #{limit}: key on something shorter (a digest of it, say)"
         end
         s
       end
@@ -211,7 +238,11 @@ module AceMQ
       def key_limit
         return @key_limit if defined?(@key_limit)
 
-        @key_limit = operation("read the idempotency table") { @model.columns_hash["message_id"]&.limit }
+        @key_limit = operation("read the idempotency table") do
+          column = @model.columns_hash["message_id"]
+          # The generated migration's MySQL column is VARBINARY(255): bytes.
+          [column&.limit, column&.type == :binary ? :bytes : :characters]
+        end
       end
 
       def table_name(table)

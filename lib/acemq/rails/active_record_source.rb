@@ -18,8 +18,8 @@ module AceMQ
       class << self
         # A store's keywords: { path: } for SQLite — the file ActiveRecord
         # has open, which the library opens again (WAL, a busy timeout, no
-        # GVL held while it waits) — or { connection: } for PostgreSQL: a
-        # SQL.per_thread of new connections with ActiveRecord's parameters,
+        # GVL held while it waits) — or { connection: } for PostgreSQL and
+        # MySQL: a SQL.per_thread of new connections with ActiveRecord's parameters,
         # one for each thread that uses the store, so the relay's thread and
         # a rake task's never share one.
         def dedicated(model = ::ActiveRecord::Base)
@@ -28,10 +28,12 @@ module AceMQ
             { connection: postgres(raw, search_path(model)) }
           elsif raw.respond_to?(:execute) && raw.respond_to?(:changes)
             { path: sqlite_file(raw) }
+          elsif AMQP::SQL::MySQL.client?(raw) && raw.respond_to?(:query_options)
+            { connection: mysql(raw) }
           else
             raise AMQP::SQL::UnsupportedConnection,
                   "#{model.name}'s database is on #{raw.class}: a store's connection of its own is built for " \
-                  "SQLite and PostgreSQL; give the store connection: or path: yourself"
+                  "SQLite, PostgreSQL and MySQL (mysql2); give the store connection: or path: yourself"
           end
         end
 
@@ -55,6 +57,17 @@ module AceMQ
           # per database, not per schema).
           source.define_singleton_method(:pg_conninfo) { params }
           source
+        end
+
+        # A new Mysql2::Client per thread with the options ActiveRecord's was
+        # opened with (mysql2 keeps them in query_options: host, port,
+        # database, username, password, encoding, flags, ssl...). ActiveRecord
+        # sets the session's sql_mode and time zone after it connects; the
+        # stores need neither (their times are epoch-millisecond integers).
+        def mysql(raw)
+          options = raw.query_options.dup
+          driver = raw.class
+          AMQP::SQL.per_thread { driver.new(options) }
         end
 
         def search_path(model)

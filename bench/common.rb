@@ -145,6 +145,13 @@ module BenchCommon
     end
 
     # A PostgreSQL connection closed with the run.
+    # A Mysql2::Client on BENCH_MYSQL_URL, closed at the end of the run.
+    def mysql
+      conn = BenchCommon.mysql_client
+      @closers << conn
+      conn
+    end
+
     def pg
       conn = PG.connect(BenchCommon::PG_URL)
       conn.exec("SET client_min_messages = warning")
@@ -157,6 +164,11 @@ module BenchCommon
       # whatever this run named with its prefix goes.
       @queues.concat(BenchCommon.queues_named(@prefix)) if @prefix
       @admin = BenchCommon.delete_queues(@bunny, @admin, @queues.uniq)
+      unless @mysql_tables.to_a.empty?
+        admin = BenchCommon.mysql_client
+        @mysql_tables.uniq.each { |t| admin.query("DROP TABLE IF EXISTS #{t}") }
+        admin.close
+      end
       unless @pg_tables.to_a.empty?
         admin = PG.connect(BenchCommon::PG_URL)
         @pg_tables.uniq.each { |t| admin.exec("DROP TABLE IF EXISTS #{t}") }
@@ -246,13 +258,66 @@ module BenchCommon
 
   # The baseline's own SQL, straight through the Ruby driver: `?` for
   # SQLite, `$n` for PostgreSQL.
+  # MariaDB here (BENCH_MYSQL_URL, default the local server's `test`), in
+  # utf8mb4 as the stores require.
+  MYSQL_URL = ENV.fetch("BENCH_MYSQL_URL", "mysql2://root@127.0.0.1:3306/test")
+
+  def self.mysql_client
+    require "mysql2"
+    require "uri"
+    u = URI(MYSQL_URL)
+    Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password,
+                       database: u.path.delete_prefix("/"), encoding: "utf8mb4")
+  end
+
   class Raw
-    def self.for(conn) = conn.is_a?(PG::Connection) ? PgRaw.new(conn) : SqliteRaw.new(conn)
+    def self.for(conn)
+      if conn.is_a?(PG::Connection) then PgRaw.new(conn)
+      elsif conn.respond_to?(:affected_rows) then MysqlRaw.new(conn)
+      else SqliteRaw.new(conn)
+      end
+    end
+  end
+
+  # The one-statement claim a hand-written consumer runs: rows changed is 1
+  # when this INSERT added the key.
+  CLAIM_ONE = "INSERT INTO %s (message_id, state, claimed_by, recorded_at, expires_at) " \
+              "VALUES (?, 'CLAIMED', ?, ?, ?) ON CONFLICT (message_id) DO NOTHING"
+
+  # mysql2 through the same escape-and-query path the store's adapter uses.
+  class MysqlRaw
+    def initialize(conn)
+      @conn = conn
+      @adapter = AceMQ::AMQP::SQL::MySQL.new(conn)
+    end
+
+    def postgres? = false
+    def execute(sql, params = []) = @adapter.execute(sql, params)
+    def query(sql, params = []) = @adapter.query(sql, params)
+
+    # MySQL's form of CLAIM_ONE: a no-op update of a taken key changes no
+    # row (mysql2 does not count found rows unless asked), so 1 is still
+    # "added".
+    def claim_one(t)
+      "INSERT INTO #{t} (message_id, state, claimed_by, recorded_at, expires_at) " \
+        "VALUES (?, 'CLAIMED', ?, ?, ?) ON DUPLICATE KEY UPDATE message_id = message_id"
+    end
+
+    def transaction
+      @conn.query("BEGIN")
+      r = yield
+      @conn.query("COMMIT")
+      r
+    rescue Exception # rubocop:disable Lint/RescueException
+      @conn.query("ROLLBACK")
+      raise
+    end
   end
 
   class SqliteRaw
     def initialize(db) = @db = db
     def postgres? = false
+    def claim_one(t) = format(CLAIM_ONE, t)
 
     # Rows changed.
     def execute(sql, params = [])
@@ -267,6 +332,7 @@ module BenchCommon
   class PgRaw
     def initialize(conn) = @conn = conn
     def postgres? = true
+    def claim_one(t) = format(CLAIM_ONE, t)
 
     def execute(sql, params = [])
       r = @conn.exec_params(number(sql), params)

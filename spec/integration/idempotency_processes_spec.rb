@@ -61,6 +61,40 @@ module IdempotencyProcessesSpec
     end
   end
 
+  class MysqlBackend
+    include IdempotencySpecHelpers
+    attr_reader :table
+
+    def initialize(table)
+      @table = table
+    end
+
+    def connect = mysql_client
+
+    def transaction(conn)
+      conn.query("BEGIN")
+      yield
+      conn.query("COMMIT")
+    rescue Exception # rubocop:disable Lint/RescueException
+      conn.query("ROLLBACK")
+      raise
+    end
+
+    def charge(conn, key) = conn.query("INSERT INTO #{table}_charges (k, pid) VALUES ('#{conn.escape(key)}', #{Process.pid})")
+    def charges(conn) = conn.query("SELECT k, count(*) FROM #{table}_charges GROUP BY k", as: :array).to_a.to_h
+    def create_charges(conn) = conn.query("CREATE TABLE IF NOT EXISTS #{table}_charges (k VARCHAR(64) NOT NULL, pid INTEGER)")
+
+    def claimed_by(conn, worker)
+      conn.query("SELECT message_id FROM #{table} WHERE state = 'CLAIMED' AND claimed_by = '#{conn.escape(worker)}'",
+                 as: :array).to_a.flatten
+    end
+
+    def drop(conn)
+      conn.query("DROP TABLE IF EXISTS #{table}")
+      conn.query("DROP TABLE IF EXISTS #{table}_charges")
+    end
+  end
+
   RSpec.shared_examples "one winner, one charge, one takeover" do
     def store(conn, **options)
       Patterns::SQLIdempotencyStore.new(connection: conn, table: backend.table, **options)
@@ -187,6 +221,11 @@ module IdempotencyProcessesSpec
 
   RSpec.describe "the SQL idempotency store across processes, PostgreSQL" do
     let(:backend) { PostgresBackend.new(unique_table) }
+    it_behaves_like "one winner, one charge, one takeover"
+  end
+
+  RSpec.describe "the SQL idempotency store across processes, MariaDB (mysql2)" do
+    let(:backend) { MysqlBackend.new(unique_table) }
     it_behaves_like "one winner, one charge, one takeover"
   end
 

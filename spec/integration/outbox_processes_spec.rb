@@ -95,5 +95,16 @@ module OutboxProcessesSpec
 
       include_examples "relays sharing a table"
     end
+
+    context "on MariaDB (FOR UPDATE SKIP LOCKED, READ COMMITTED)" do
+      let(:db) { outbox_mysql }
+      let(:db_arg) { AceMQSpecHelpers::MYSQL_URL }
+      let(:store) { Patterns::SQLOutboxStore.new(connection: db, table: table).tap(&:create_schema) }
+
+      before { mysql_tables_to_drop << table }
+      after { db.close }
+
+      include_examples "relays sharing a table"
+    end
   end
 end

@@ -16,12 +16,21 @@ if $PROGRAM_NAME == __FILE__
   require "acemq/amqp/patterns"
 
   args = ARGV.each_slice(2).to_h { |k, v| [k.delete_prefix("--").to_sym, v] }
+  mysql = lambda do
+    require "mysql2"
+    require "uri"
+    u = URI(args[:db])
+    Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password,
+                       database: u.path.delete_prefix("/"), encoding: "utf8mb4")
+  end
   db = if args[:db].start_with?("sqlite:")
          require "sqlite3"
          SQLite3::Database.new(args[:db].delete_prefix("sqlite:")).tap do |d|
            d.busy_timeout = 10_000
            d.execute("PRAGMA journal_mode = WAL")
          end
+       elsif args[:db].start_with?("mysql2:")
+         mysql.call
        else
          require "pg"
          PG.connect(args[:db]).tap { |c| c.set_notice_processor { |_| } }
@@ -36,6 +45,9 @@ if $PROGRAM_NAME == __FILE__
     count = if args[:db].start_with?("sqlite:")
               counter = SQLite3::Database.new(args[:db].delete_prefix("sqlite:")).tap { |d| d.busy_timeout = 10_000 }
               -> { counter.get_first_value("SELECT COUNT(*) FROM #{args[:table]}") }
+            elsif args[:db].start_with?("mysql2:")
+              counter = mysql.call
+              -> { counter.query("SELECT COUNT(*) FROM #{args[:table]}", as: :array).first.first }
             else
               counter = PG.connect(args[:db])
               -> { Integer(counter.exec("SELECT COUNT(*) FROM #{args[:table]}").getvalue(0, 0)) }

@@ -72,6 +72,10 @@ pub(crate) mod blocking;
 mod postgres;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgConnection, PgSession};
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "mysql")]
+pub use mysql::{MysqlConnection, MysqlSession};
 mod sqlite;
 pub use sqlite::SqliteConnection;
 mod sqlite_async;

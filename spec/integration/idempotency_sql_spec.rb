@@ -334,6 +334,28 @@ module IdempotencySQLSpec
       expect(store.first_time?("k" * 255)).to be(true)
     end
 
+    [1, 10].each do |batch|
+      it "dead-letters a message whose key is too long for the table at once, with batch: #{batch}, and handles the rest" do
+        mq = AceMQ::AMQP::Connection.open("memory://long-keys-#{batch}")
+        AceMQ::AMQP::Topology.new.queue("long").apply(mq)
+        handled = Queue.new
+        key = ->(m) { m.payload["long"] ? "k" * 300 : "order:#{m.payload['n']}" }
+        sub = mq.consume("long", batch: batch, &Patterns.idempotent(store, key: key) do |m|
+          handled << m.payload["n"]
+          Ack.accept
+        end)
+        [{ "n" => 1 }, { "n" => 2, "long" => true }, { "n" => 3 }].each { |p| mq.publish(p, to: "long") }
+        eventually { sub.stats[:accepted] == 2 && sub.stats[:dead_lettered] == 1 }
+        expect(sub.stats[:retried]).to eq(0) # not a store outage: no wait, no climb
+        expect(Array.new(handled.size) { handled.pop }.sort).to eq([1, 3])
+        expect(mq.peek_dead_letters("long", limit: 5).map { |d| d[:reason] })
+          .to contain_exactly(a_string_including("300 bytes is longer than the 255"))
+        sub.cancel
+      ensure
+        mq&.close
+      end
+    end
+
     it "gives a key to one of several threads of one worker claiming in the same millisecond" do
       s = store(worker: "one-worker")
       keys = Array.new(300) { |i| "same-ms-#{i}" }

@@ -22,6 +22,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// example in the message.)
 pub const MISSING_KEY_CLASS: &str = "MissingIdempotencyKey";
 
+/// The error class of the outcome for a key the store refuses as such (a
+/// MySQL table's message_id holds 255 bytes): fatal, as a missing key is,
+/// since the same key comes back on every retry; the message is the store's.
+pub const INVALID_KEY_CLASS: &str = "InvalidIdempotencyKey";
+
 /// The message of that outcome: what happened and what to do about it.
 pub const MISSING_KEY_MESSAGE: &str = "idempotency key is missing: give the guard a key function that finds one \
      (for instance \"charge:\" followed by the payload's order_id, and none when the payload has no order_id), \
@@ -42,6 +47,11 @@ pub const STORE_OUTAGE_WAIT: std::time::Duration = std::time::Duration::from_sec
 /// a valid message is never dead-lettered because its store was down for a
 /// while. Past that it is an ordinary retry.
 fn store_failed(e: &crate::error::Error) -> Before {
+    // Not the store failing: the key. Waiting for it to get better would
+    // only delay the DLQ by STORE_OUTAGE_WAIT.
+    if e.is_invalid_argument() {
+        return Before::Settle(Outcome::Raised { class: INVALID_KEY_CLASS.to_string(), message: e.message().to_string(), fatal: true });
+    }
     Before::Settle(Outcome::Wait {
         reason: format!("idempotency store failed, so the handler was not run: {e}"),
         up_to: STORE_OUTAGE_WAIT,
@@ -273,6 +283,13 @@ store_failed(&e)
                     } else {
                         self.not_first(store, key).await
                     });
+                }
+            }
+            // One key the store refuses (too long for its table) must not
+            // hold back the batch: each is decided alone, that one rejected.
+            Err(e) if e.is_invalid_argument() => {
+                for (i, key) in &present {
+                    out[*i] = Some(self.before_async(store, Some(key)).await);
                 }
             }
             Err(e) => {

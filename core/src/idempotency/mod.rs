@@ -50,7 +50,7 @@ mod store;
 mod values;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use guard::{Before, Guard, GuardStats, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE, STORE_OUTAGE_WAIT};
+pub use guard::{Before, Guard, GuardStats, INVALID_KEY_CLASS, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE, STORE_OUTAGE_WAIT};
 pub use handler::{default_key, idempotent, Idempotent, KeyFn};
 pub use memory::InMemoryIdempotencyStore;
 pub use options::{

@@ -6,8 +6,8 @@
 //! holds a database lock across a network round trip. The outbox makes the
 //! message part of the transaction instead: [`SqlOutboxStore::add`] writes it
 //! with the caller's connection, so it commits or rolls back with the work,
-//! and [`OutboxRelay`] (or the store's `claim` / `complete` steps driven by
-//! the Ruby extension) publishes committed rows and deletes each only once
+//! and [`OutboxRelay`] (or the Ruby extension, driving the same [`Cycle`]
+//! on a Ruby thread) publishes committed rows and deletes each only once
 //! the broker has confirmed it.
 //!
 //! That is at least once, deliberately: a crash between a confirm and the
@@ -36,6 +36,7 @@
 mod async_store;
 mod backlog;
 mod completion;
+mod cycle;
 mod options;
 mod publisher;
 mod record;
@@ -53,6 +54,7 @@ mod tests;
 pub use async_store::AsyncSqlOutboxStore;
 pub use backlog::{Backlog, StuckRecord};
 pub use completion::Completion;
+pub use cycle::{Action, Cycle, Failure, Input, Report};
 pub use options::OutboxStoreOptions;
 pub use publisher::{Confirms, OutboxPublisher, PublishFuture, SendFuture};
 pub use record::OutboxRecord;

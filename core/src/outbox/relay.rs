@@ -1,6 +1,6 @@
 //! The relay for Rust services: claim, publish, complete, on a tokio task.
 
-use super::{settle, AsyncSqlOutboxStore, Completion, InFlight, LocalWake, OutboxPublisher, OutboxRecord, Settled, SqlOutboxStore, Swept};
+use super::{Action, AsyncSqlOutboxStore, Completion, Confirms, Cycle, Input, LocalWake, OutboxPublisher, OutboxRecord, SqlOutboxStore, Swept};
 use crate::error::{Error, Result};
 use crate::sql::blocking::off_runtime;
 use crate::sql::{AsyncConnectionSource, ConnectionSource};
@@ -75,7 +75,8 @@ impl std::fmt::Debug for RelayOptions {
 /// The two database steps of a sweep, as the relay awaits them: implemented
 /// by [`SqlOutboxStore`] (its blocking SQL on tokio's blocking pool) and by
 /// [`AsyncSqlOutboxStore`] (awaited on the runtime). The sweep itself (claim,
-/// publish, complete after the confirms) is the relay's, written once.
+/// publish, complete after the confirms) is core's [`Cycle`], written once
+/// for this relay and the Ruby one.
 pub trait RelayStore: Send + Sync + 'static {
     /// [`SqlOutboxStore::claim`].
     fn claim_for_relay(self: Arc<Self>, batch_size: usize) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send;
@@ -161,9 +162,8 @@ impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
 /// `Send + Sync`: its blocking SQL then runs on tokio's blocking pool
 /// (`spawn_blocking`) rather than stalling a runtime worker while SQLite
 /// waits for a lock. A connection that
-/// cannot leave its thread (a Ruby driver object) uses the store's three
-/// steps directly instead: [`SqlOutboxStore::claim`], publish,
-/// [`SqlOutboxStore::complete`].
+/// cannot leave its thread (a Ruby driver object) drives the same [`Cycle`]
+/// on that thread instead, as the Ruby extension does.
 ///
 /// Several relays, in one process or many, can run against one table: a
 /// claimed row is leased to one of them.
@@ -287,176 +287,89 @@ impl<T: RelayStore + std::fmt::Debug> std::fmt::Debug for OutboxRelay<T> {
     }
 }
 
-/// What one step of a started relay left: the ids whose delete is held for
-/// the next claim, and the batch still in flight.
-struct Step {
-    again: bool,
-    held: Vec<i64>,
-    in_flight: Option<InFlight>,
-}
-
 impl<T: RelayStore> Inner<T> {
     async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let wake = self.store.wake_for_relay().clone();
         // Rows committed by any process wake it too, where the store can
         // listen (PostgreSQL); it stops listening when the relay stops.
         self.store.listen_for_relay(stop.clone());
-        // Confirmed rows whose delete is held back for the next claim.
-        let mut held: Vec<i64> = Vec::new();
-        // A full batch sent, settled after the next claim.
-        let mut in_flight: Option<InFlight> = None;
-        loop {
-            if *stop.borrow() {
-                break;
-            }
-            // Read before the sweep: an add made while it runs moves the
-            // counter past this, and the wait below returns at once.
-            let seen = wake.seen();
-            let again = match self.sweep_holding(std::mem::take(&mut held), in_flight.take(), &wake, seen).await {
-                Ok(step) => {
-                    held = step.held;
-                    in_flight = step.in_flight;
-                    step.again
-                }
-                Err((e, kept)) => {
-                    held = kept;
-                    self.report(&e, "", "");
-                    false
-                }
-            };
-            if again {
-                // More is waiting: sweep again now rather than an interval later,
-                // but let the runtime breathe between batches.
-                tokio::task::yield_now().await;
-                continue;
-            }
-            tokio::select! {
-                _ = wake.wait_past(seen, self.options.interval) => {}
-                // Err: the relay was dropped; either way, stop.
-                _ = stop.changed() => {}
-            }
-        }
-        // Stopping: the batch in flight is settled like any other, then
-        // what is held is deleted.
-        if let Some(batch) = in_flight {
-            let (ids, result) = self.settled(batch.settle().await).await;
-            held.extend(ids);
-            if let Err(e) = result {
-                self.report(&e, "", "");
-            }
-        }
-        if !held.is_empty() {
-            // Not lost if this fails: they go out again after their lease.
-            if let Err(e) = self.store.clone().delete_for_relay(held).await {
-                self.report(&e, "", "");
-            }
-        }
-    }
-
-    /// A settled batch of the started relay: its failures reported, its
-    /// event emitted, and its confirmed ids back for a later claim to
-    /// delete when nothing failed; otherwise completed now (the failures
-    /// backed off, the confirmed deleted) and no ids back.
-    async fn settled(&self, settled: Settled) -> (Vec<i64>, Result<()>) {
-        for (e, exchange, routing_key) in &settled.failures {
-            self.report(e, exchange, routing_key);
-        }
-        let failures = crate::events::outbox_failures(&settled.completions);
-        crate::events::outbox_swept(settled.swept.claimed, settled.swept.confirmed, failures, None);
-        if settled.swept.failed == 0 {
-            return (settled.completions.iter().map(|c| c.id).collect(), Ok(()));
-        }
-        (Vec::new(), self.store.clone().complete_for_relay(settled.completions).await.map(|_| ()))
-    }
-
-    /// A step of the started relay: claim, deleting `done` in the claim's
-    /// commit; settle `previous` (the batch in flight, whose confirms came
-    /// back while the claim ran); send what was claimed. A full batch is
-    /// left in flight ([`InFlight::worth_it`]) and the next step comes at
-    /// once; otherwise its confirms are awaited here and its confirmed rows'
-    /// delete is held for the next claim when core's
-    /// [`Swept::defer_delete`] says that claim comes at once. On an error,
-    /// the ids still to delete (the claim failed, so `done` was not deleted).
-    async fn sweep_holding(
-        &self,
-        done: Vec<i64>,
-        previous: Option<InFlight>,
-        wake: &LocalWake,
-        seen: u64,
-    ) -> std::result::Result<Step, (Error, Vec<i64>)> {
-        let batch_size = self.options.batch_size;
-        let claimed = self.store.clone().delete_then_claim_for_relay(done.clone(), batch_size).await;
-        // The batch in flight is settled whatever the claim did.
-        let (mut held, prior, settled) = match previous {
-            Some(batch) => {
-                let settled = batch.settle().await;
-                let swept = settled.swept;
-                let (ids, result) = self.settled(settled).await;
-                (ids, swept, result)
-            }
-            None => (Vec::new(), Swept::default(), Ok(())),
-        };
-        // A failed completion of that batch leaves its rows leased, to be
-        // published again after the lease; it does not hold up this claim.
-        if let Err(e) = settled {
-            self.report(&e, "", "");
-        }
-        let records = match claimed {
-            Ok(records) => records,
-            Err(e) => {
-                held.extend(done);
-                return Err((e, held));
-            }
-        };
-        if records.is_empty() {
-            // The previous batch's rows are deleted by the next claim, now.
-            let again = !held.is_empty();
-            return Ok(Step { again, held, in_flight: None });
-        }
-        let confirms = self.publisher.send_batch(&records).await;
-        let batch = InFlight::new(records, confirms);
-        if InFlight::worth_it(batch.len(), batch_size, &prior) {
-            return Ok(Step { again: true, held, in_flight: Some(batch) });
-        }
-        let settled = batch.settle().await;
-        let swept = settled.swept;
-        // Completing after the confirms, never before: a crash in between
-        // publishes these again, where deleting first would lose them.
-        let (ids, completed) = self.settled(settled).await;
-        completed.map_err(|e| (e, held.clone()))?;
-        held.extend(ids);
-        if swept.defer_delete(batch_size, wake.seen() != seen) {
-            return Ok(Step { again: true, held, in_flight: None });
-        }
-        if !held.is_empty() {
-            self.store.clone().delete_for_relay(held.clone()).await.map_err(|e| (e, held))?;
-        }
-        Ok(Step { again: swept.again(batch_size), held: Vec::new(), in_flight: None })
+        let bs = self.options.batch_size;
+        // Errors are reported as they come; a started cycle finishes with none.
+        let _ = self.drive(Cycle::started(bs), Some(&mut stop)).await;
     }
 
     async fn sweep(&self) -> Result<Swept> {
-        let store = self.store.clone();
-        let records = store.claim_for_relay(self.options.batch_size).await?;
-        if records.is_empty() {
-            return Ok(Swept::default());
+        self.drive(Cycle::once(self.options.batch_size), None).await
+    }
+
+    /// The tokio driver of core's [`Cycle`]: the store's SQL awaited (on
+    /// the blocking pool for a blocking store), the publish and its
+    /// confirms awaited, waits between sweeps on the wake-up, the interval
+    /// or `stop`. A one-off sweep has no `stop` and never waits.
+    async fn drive(&self, mut cycle: Cycle, mut stop: Option<&mut watch::Receiver<bool>>) -> Result<Swept> {
+        let wake = self.store.wake_for_relay().clone();
+        let mut seen = wake.seen();
+        // The confirms of the batch sent last, until the cycle settles it.
+        let mut confirms: Option<Confirms> = None;
+        let mut input = next(&stop);
+        loop {
+            input = match cycle.step(input) {
+                Action::Claim { done, batch_size } => {
+                    // Read before the sweep: an add made while it runs moves
+                    // the counter past this, and the wait returns at once.
+                    seen = wake.seen();
+                    Input::Claimed(self.store.clone().delete_then_claim_for_relay(done, batch_size).await)
+                }
+                Action::Send(records) => {
+                    confirms = Some(self.publisher.send_batch(&records).await);
+                    Input::Sent(records)
+                }
+                // None only after a driver bug; no result is a failure, retried.
+                Action::Settle => Input::Confirmed(match confirms.take() {
+                    Some(c) => c.await,
+                    None => Vec::new(),
+                }),
+                Action::Complete(completions) => Input::Completed(self.store.clone().complete_for_relay(completions).await),
+                Action::Delete(ids) => Input::Deleted(self.store.clone().delete_for_relay(ids).await),
+                Action::Woken => Input::Woken(wake.seen() != seen),
+                Action::Report(mut report) => {
+                    for f in &report.failures {
+                        self.report(&f.error, f.exchange.as_deref().unwrap_or(""), f.routing_key.as_deref().unwrap_or(""));
+                    }
+                    report.emit(None);
+                    Input::Next
+                }
+                Action::Again => {
+                    // More is waiting: sweep again now rather than an
+                    // interval later, but let the runtime breathe between batches.
+                    tokio::task::yield_now().await;
+                    next(&stop)
+                }
+                Action::Wait => {
+                    if let Some(stop) = stop.as_deref_mut() {
+                        tokio::select! {
+                            _ = wake.wait_past(seen, self.options.interval) => {}
+                            // Err: the relay was dropped; either way, stop.
+                            _ = stop.changed() => {}
+                        }
+                    }
+                    next(&stop)
+                }
+                Action::Finished(result) => return result,
+            };
         }
-        let results = self.publisher.publish_batch(&records).await;
-        let settled = settle(&records, results);
-        for (e, exchange, routing_key) in &settled.failures {
-            self.report(e, exchange, routing_key);
-        }
-        let store = self.store.clone();
-        // Completing after the confirms, never before: a crash in between
-        // publishes these again, where deleting first would lose them.
-        let failures = crate::events::outbox_failures(&settled.completions);
-        store.complete_for_relay(settled.completions).await?;
-        crate::events::outbox_swept(records.len(), settled.swept.confirmed, failures, None);
-        Ok(settled.swept)
     }
 
     fn report(&self, error: &Error, exchange: &str, routing_key: &str) {
         if let Some(on_error) = &self.options.on_error {
             on_error(error, exchange, routing_key);
         }
+    }
+}
+
+/// The answer between sweeps: [`Input::Stop`] once the relay is closing.
+fn next(stop: &Option<&mut watch::Receiver<bool>>) -> Input {
+    match stop {
+        Some(stop) if *stop.borrow() => Input::Stop,
+        _ => Input::Next,
     }
 }

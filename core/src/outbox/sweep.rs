@@ -1,7 +1,6 @@
-//! One sweep's bookkeeping, written once for every relay: the Rust relay's
-//! task and the Ruby relay's thread (whose SQL must run on a Ruby thread, so
-//! it drives claim, publish and complete itself) both settle a published
-//! batch here and ask it whether to sweep again.
+//! One sweep's bookkeeping: how a published batch settles and the rules for
+//! sweeping again, holding a delete and keeping a batch in flight, which
+//! the relay's [`Cycle`](super::Cycle) applies for both of its drivers.
 
 use super::{Completion, Confirms, OutboxRecord};
 use crate::error::Error;
@@ -91,6 +90,11 @@ pub fn settle(records: &[OutboxRecord], results: Vec<crate::error::Result<()>>) 
 /// Dropped unsettled (the relay's task cancelled, its process killed), the
 /// rows stay leased and are published again once the lease runs out: a
 /// duplicate, never a loss.
+///
+/// The relays themselves keep their batch in flight in [`Cycle`](super::Cycle)
+/// (the records) and its driver (the confirms); this stays for code that
+/// drives the store's steps on its own, and its rule, [`InFlight::worth_it`],
+/// is the cycle's.
 pub struct InFlight {
     records: Vec<OutboxRecord>,
     confirms: Confirms,

@@ -20,12 +20,15 @@ module AceMQ
       # after the commit). interval is the fallback poll: for rows added by
       # other processes on SQLite, or when no wake-up is available.
       #
-      # The claim and the completion run on the calling Ruby thread through
-      # the store's connection (a Ruby driver can be used nowhere else); the
-      # publish waits for its confirms without the GVL. Several relays, in one
-      # process or many, can share one table: a claimed row is leased to one
-      # of them (BEGIN IMMEDIATE on SQLite, FOR UPDATE SKIP LOCKED on
-      # PostgreSQL).
+      # What a sweep does (claim, settle the batch before, send, keep in
+      # flight or settle, complete, hold or delete) is core's relay cycle, the
+      # one the Rust relay runs; Cycle drives it on the calling Ruby thread:
+      # the claim and the completion through the store's connection (a Ruby
+      # driver can be used nowhere else), the publish and its confirms
+      # without the GVL. This class keeps the thread, the waits between
+      # sweeps and on_error. Several relays, in one process or many, can
+      # share one table: a claimed row is leased to one of them (BEGIN
+      # IMMEDIATE on SQLite, FOR UPDATE SKIP LOCKED on PostgreSQL).
       #
       # At least once, deliberately: a row is deleted only after its confirm,
       # so a crash in between publishes it again. Patterns.idempotent is what
@@ -57,6 +60,7 @@ module AceMQ
           end
 
           @on_error = on_error
+          @cycle = Cycle._new(store, @batch_size)
           # One sweep at a time per relay: a sweep from the application
           # (flushing at the end of a request) and one from the relay's thread
           # would otherwise interleave statements on the store's connection.
@@ -73,7 +77,7 @@ module AceMQ
         # request. Rows that fail are reported to on_error and retried after
         # their backoff; a database error is raised.
         def sweep
-          sweep_once.first
+          locked { |failures| @cycle._sweep(@store, @mq, failures) }
         end
 
         # Sweep every interval on a thread the relay owns, and again at once
@@ -117,21 +121,14 @@ module AceMQ
 
         private
 
-        # [confirmed, again, claimed, failed, held ids, in flight]. again is
-        # core's rule (a full batch with no failure: more is waiting, sweep
-        # now). With hold (the relay's own thread), the confirmed rows are
-        # not deleted yet: their ids come back for _finish (core's
-        # Swept::defer_delete) to hold for the next claim, which deletes
-        # them in its own commit, or to delete now; and a full batch comes
-        # back in flight, sent but not settled, for the next sweep to settle
-        # after its claim (so the claim runs while the broker confirms).
-        # done: ids held by the previous sweep; in_flight: its batch.
-        def sweep_once(done = [], hold: false, in_flight: nil)
-          claimed, confirmed, failed, again, held, failures, in_flight = @sweeping.synchronize do
-            @store.__send__(:_sweep, @mq, @batch_size, done, hold, in_flight)
-          end
-          failures.each { |error, exchange, routing_key| report(error, exchange, routing_key) }
-          [confirmed, again, claimed, failed, held, in_flight]
+        # The cycle's calls, one at a time (see @sweeping). The failures it
+        # adds go to on_error once the lock is let go, so a slow on_error
+        # holds up no sweep, and those of a call that raised are told too.
+        def locked
+          failures = []
+          @sweeping.synchronize { yield failures }
+        ensure
+          failures.each { |f| report(f.error, f.exchange, f.routing_key) }
         end
 
         # How long one wait lasts at most before close is noticed. Not a
@@ -140,47 +137,37 @@ module AceMQ
 
         def run
           listener = nil
-          held = []
-          in_flight = nil
-          local = @store.__send__(:_wakes_on_add?)
           until @stopping
             listener ||= open_listener
             # Read before the sweep: what is added or committed while it runs
-            # ends the wait below at once.
-            seen = @store.__send__(:_wake_seen) if local
+            # ends the wait below at once. nil: this store is not woken by adds.
+            seen = @cycle.wake_seen
             listener = drain(listener)
-            again = false
-            previous, in_flight = in_flight, nil
-            begin
-              _, again, claimed, failed, ids, in_flight = sweep_once(held, hold: true, in_flight: previous)
-              held = []
-              woken = !ids.empty? && woken?(listener, seen)
-              held = @sweeping.synchronize do
-                @store.__send__(:_finish, ids, [claimed, ids.size, failed], @batch_size, woken)
-              end
-            rescue StandardError => e
-              report(e, nil, nil)
-              # A sweep that failed as a whole (the database) is tried again
-              # after the interval, as core's relay does, not at once: what
-              # it held and the batch still in flight go with that sweep.
-              in_flight ||= previous
-              listener = wait(listener, local ? seen : nil)
-              next
-            end
-            # Rows held back or in flight mean core expects the next claim at once.
-            next if again || !held.empty? || in_flight
+            woken = -> { woken?(listener, seen) }
+            # True: more is waiting, or a claim must come at once for what
+            # the cycle holds or has in flight.
+            next if sweep_again?(woken)
 
-            listener = wait(listener, local ? seen : nil)
+            listener = wait(listener, seen)
           end
         ensure
-          finish_held(held, in_flight)
+          stop_cycle
           listener&.close
+        end
+
+        # One sweep of the cycle. A sweep that failed as a whole (the
+        # database) was told to on_error and waits out the interval.
+        def sweep_again?(woken)
+          locked { |failures| @cycle._step(@store, @mq, woken, failures) }
+        rescue StandardError => e
+          report(e, nil, nil)
+          false
         end
 
         # Whether a wake-up came while the last sweep published.
         def woken?(listener, seen)
           return listener.pending? if listener
-          return @store.__send__(:_wake_seen) != seen if seen
+          return @cycle.wake_seen != seen if seen
 
           false
         rescue StandardError
@@ -188,15 +175,9 @@ module AceMQ
         end
 
         # Stopping: the batch in flight is settled like any other (its
-        # failures reported), then what is held is deleted.
-        def finish_held(held, in_flight)
-          held ||= []
-          if in_flight
-            failures = @sweeping.synchronize { @store.__send__(:_settle_in_flight, in_flight, held) }
-            failures.each { |error, exchange, routing_key| report(error, exchange, routing_key) }
-          elsif !held.empty?
-            @sweeping.synchronize { @store.__send__(:_delete_held, held) }
-          end
+        # failures told), then what is held is deleted.
+        def stop_cycle
+          locked { |failures| @cycle._stop(@store, @mq, failures) }
         rescue StandardError => e
           # Not lost: they are published again once their lease runs out.
           report(e, nil, nil)
@@ -216,7 +197,7 @@ module AceMQ
             break if left <= 0
 
             slice = [left, SLICE].min
-            break if listener ? listener.wait(slice) : @store.__send__(:_wait_for_add, seen, slice)
+            break if listener ? listener.wait(slice) : @cycle._wait_for_add(seen, slice)
           end
           listener
         rescue StandardError => e
@@ -237,7 +218,7 @@ module AceMQ
         def open_listener
           return nil unless @listen
 
-          OutboxListener.new(@listen, @store.__send__(:_channel))
+          OutboxListener.new(@listen, @store.channel)
         rescue StandardError => e
           # Without it the relay still sweeps every interval; say why it is slower.
           report(e, nil, nil)

@@ -92,17 +92,18 @@ module AceMQ
         # relay is not keeping up or not running; stuck above zero means a
         # destination keeps failing.
         def backlog
-          count, oldest_age, stuck = _backlog
-          { count: count, oldest_age: oldest_age, stuck: stuck }
+          b = _backlog
+          { count: b.count, oldest_age: b.oldest_age, stuck: b.stuck }
         end
 
         # Up to limit rows that have failed at least once, oldest first:
         # where each is going, how often it failed and why. Times are the
         # database's, as Time.
         def stuck(limit = 100)
-          _stuck(Integer(limit)).map do |id, exchange, routing_key, message_id, attempts, last_error, next_at, created|
-            { id: id, exchange: exchange, routing_key: routing_key, message_id: message_id, attempts: attempts,
-              last_error: last_error, next_attempt_at: Time.at(next_at / 1000.0), created_at: Time.at(created / 1000.0) }
+          _stuck(Integer(limit)).map do |r|
+            { id: r.id, exchange: r.exchange, routing_key: r.routing_key, message_id: r.message_id, attempts: r.attempts,
+              last_error: r.last_error, next_attempt_at: Time.at(r.next_attempt_at / 1000.0),
+              created_at: Time.at(r.created_at / 1000.0) }
           end
         end
 

@@ -1,0 +1,221 @@
+//! AceMQ::AMQP::Patterns::OutboxRelay::Cycle: the Ruby-thread driver of
+//! core's relay `Cycle`. The cycle decides; this does what it is told on the
+//! calling Ruby thread: the store's SQL there (GVL held for a Ruby
+//! connection, released for a `path:` file), the publish and its confirms
+//! without the GVL. lib/acemq/amqp/patterns/outbox_relay.rb keeps the
+//! thread, the waits between sweeps and `on_error`.
+
+use super::failure::RbFailure;
+use super::store::RbOutboxStore;
+use crate::connection::RbConnection;
+use crate::errors::IntoRuby;
+use crate::gvl;
+use acemq::outbox::{Action, Confirms, Cycle, Failure, Input, LocalWake, OutboxPublisher, RelayOptions, Swept};
+use magnus::{function, method, prelude::*, Error, RArray, RClass, RModule, Ruby, Value};
+use std::sync::Mutex;
+
+/// One relay's cycle, between its sweeps: what it holds and has in flight
+/// (core's) and the confirms of the batch in flight. Dropped (the relay's thread killed, the object
+/// collected), the rows in flight or held stay leased and are published
+/// again after their lease.
+#[magnus::wrap(class = "AceMQ::AMQP::Patterns::OutboxRelay::Cycle", free_immediately, size)]
+pub struct RbCycle {
+    state: Mutex<State>,
+    batch_size: usize,
+    wake: LocalWake,
+    wakes_on_add: bool,
+}
+
+struct State {
+    cycle: Cycle,
+    confirms: Option<Confirms>,
+}
+
+/// Where a drive stopped.
+enum Pause {
+    Again,
+    Wait,
+    Finished(acemq::Result<Swept>),
+}
+
+impl RbCycle {
+    fn new(store: &RbOutboxStore, batch_size: usize) -> Self {
+        RbCycle {
+            state: Mutex::new(State { cycle: Cycle::started(batch_size), confirms: None }),
+            batch_size,
+            wake: store.wake().clone(),
+            wakes_on_add: store.wakes_on_add(),
+        }
+    }
+
+    /// The state, or an error rather than a wait: the Ruby relay serialises
+    /// its calls, and a thread blocked here holding the GVL would deadlock
+    /// with the owner waiting for the GVL after a publish.
+    fn state(&self, ruby: &Ruby) -> Result<std::sync::MutexGuard<'_, State>, Error> {
+        match self.state.try_lock() {
+            Ok(s) => Ok(s),
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => Err(Error::new(
+                ruby.exception_thread_error(),
+                "this outbox relay's cycle is in use by another thread (call it under the relay's lock)",
+            )),
+        }
+    }
+
+    /// One sweep of the started cycle: true to sweep again at once, false
+    /// to wait. `woken` answers whether a wake-up came during the sweep;
+    /// each failure is added to `failures` (an Array of Failure) for the
+    /// relay to hand to `on_error` once its lock is let go.
+    fn step(
+        ruby: &Ruby,
+        rb_self: &Self,
+        store: &RbOutboxStore,
+        mq: &RbConnection,
+        woken: Value,
+        failures: RArray,
+    ) -> Result<bool, Error> {
+        let mut state = rb_self.state(ruby)?;
+        Ok(matches!(drive(ruby, &mut state, store, mq, Input::Next, Some(woken), failures)?, Pause::Again))
+    }
+
+    /// Stop: the batch in flight settled, what is held deleted.
+    fn stop(ruby: &Ruby, rb_self: &Self, store: &RbOutboxStore, mq: &RbConnection, failures: RArray) -> Result<(), Error> {
+        let mut state = rb_self.state(ruby)?;
+        loop {
+            match drive(ruby, &mut state, store, mq, Input::Stop, None, failures)? {
+                Pause::Finished(Ok(_)) => return Ok(()),
+                Pause::Finished(Err(e)) => {
+                    return failures.push(RbFailure(Failure { error: e, exchange: None, routing_key: None }));
+                }
+                Pause::Again | Pause::Wait => {}
+            }
+        }
+    }
+
+    /// One sweep on a cycle of its own (`OutboxRelay#sweep`): how many the
+    /// broker confirmed; a database error raised. Nothing is held or left
+    /// in flight.
+    fn sweep(ruby: &Ruby, rb_self: &Self, store: &RbOutboxStore, mq: &RbConnection, failures: RArray) -> Result<usize, Error> {
+        // Held so that this sweep and the relay's thread never run at once.
+        let _state = rb_self.state(ruby)?;
+        let mut once = State { cycle: Cycle::once(rb_self.batch_size), confirms: None };
+        match drive(ruby, &mut once, store, mq, Input::Next, None, failures)? {
+            Pause::Finished(r) => r.map(|s| s.confirmed).rb(ruby),
+            // A one-off cycle never pauses.
+            Pause::Again | Pause::Wait => Ok(0),
+        }
+    }
+
+    /// The wake-up counter now (read before a sweep), or nil when this
+    /// relay waits out its interval instead. Only a `path:` store wakes on
+    /// an add: its claim waits for the adder's commit on SQLite's write lock
+    /// without the GVL. A claim through the sqlite3 gem waits holding the
+    /// GVL, so the adding thread could never commit (a stall until the busy
+    /// timeout).
+    fn wake_seen(&self) -> Option<u64> {
+        self.wakes_on_add.then(|| self.wake.seen())
+    }
+
+    /// Wait without the GVL until an add in this process moves the counter
+    /// past `seen`, or `timeout` seconds; whether an add did. Interruptible
+    /// (Thread#kill, close) between slices.
+    fn wait_for_add(ruby: &Ruby, rb_self: &Self, seen: u64, timeout: f64) -> Result<bool, Error> {
+        let timeout = crate::connection::seconds(ruby, "interval", timeout)?;
+        let wake = rb_self.wake.clone();
+        gvl::block_on(ruby, async move { wake.wait_past(seen, timeout).await })
+    }
+}
+
+/// Drive the cycle from `input` to its next pause. A Ruby interrupt
+/// (Thread#kill, Ctrl-C) raised by a step is raised untouched, and the
+/// cycle forgets the batch in progress: its rows stay leased and go out
+/// again after their lease, never deleted unconfirmed.
+fn drive(
+    ruby: &Ruby,
+    state: &mut State,
+    store: &RbOutboxStore,
+    mq: &RbConnection,
+    input: Input,
+    woken: Option<Value>,
+    failures: RArray,
+) -> Result<Pause, Error> {
+    let r = drive_until_pause(ruby, state, store, mq, input, woken, failures);
+    if r.is_err() {
+        state.cycle.abandon();
+    }
+    r
+}
+
+fn drive_until_pause(
+    ruby: &Ruby,
+    state: &mut State,
+    store: &RbOutboxStore,
+    mq: &RbConnection,
+    mut input: Input,
+    woken: Option<Value>,
+    failures: RArray,
+) -> Result<Pause, Error> {
+    loop {
+        input = match state.cycle.step(input) {
+            Action::Claim { done, batch_size } => Input::Claimed(store.relay_claim(ruby, &done, batch_size)?),
+            Action::Send(records) => {
+                state.confirms = Some(gvl::block_on(ruby, mq.inner.send_batch(&records))?);
+                Input::Sent(records)
+            }
+            Action::Settle => Input::Confirmed(match state.confirms.take() {
+                Some(confirms) => gvl::block_on(ruby, confirms)?,
+                // None only after a driver bug; no result is a failure, retried.
+                None => Vec::new(),
+            }),
+            Action::Complete(completions) => Input::Completed(store.relay_complete(ruby, &completions)?),
+            Action::Delete(ids) => Input::Deleted(store.relay_delete(ruby, &ids)?),
+            Action::Woken => Input::Woken(match woken {
+                Some(woken) => woken.funcall::<_, _, Value>("call", ())?.to_bool(),
+                None => false,
+            }),
+            Action::Report(mut report) => {
+                // The event carries the backlog as it is now, read from the store.
+                let backlog = if acemq::events::enabled() { store.relay_backlog(ruby)? } else { None };
+                report.emit(backlog);
+                for failure in report.failures {
+                    failures.push(RbFailure(failure))?;
+                }
+                Input::Next
+            }
+            Action::Again => return Ok(Pause::Again),
+            Action::Wait => return Ok(Pause::Wait),
+            Action::Finished(r) => return Ok(Pause::Finished(r)),
+            _ => return Ok(Pause::Wait),
+        };
+    }
+}
+
+/// The Ruby relay's interval and batch size: nil is core's default, and
+/// core's RelayOptions::validate refuses what cannot work.
+fn relay_options(ruby: &Ruby, interval: Option<f64>, batch_size: Option<i64>) -> Result<(f64, usize), Error> {
+    let mut o = RelayOptions::default();
+    if let Some(s) = interval {
+        o.interval = crate::connection::seconds(ruby, "interval", s)?;
+    }
+    if let Some(n) = batch_size {
+        // A negative count is as unworkable as zero: let core say so.
+        o.batch_size = usize::try_from(n).unwrap_or(0);
+    }
+    o.validate().rb(ruby)?;
+    Ok((o.interval.as_secs_f64(), o.batch_size))
+}
+
+pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
+    let relay: RClass = patterns.define_class("OutboxRelay", ruby.class_object())?;
+    relay.define_singleton_method("_options", function!(relay_options, 2))?;
+    let class = relay.define_class("Cycle", ruby.class_object())?;
+    class.undef_default_alloc_func();
+    class.define_singleton_method("_new", function!(RbCycle::new, 2))?;
+    class.define_method("_step", method!(RbCycle::step, 4))?;
+    class.define_method("_stop", method!(RbCycle::stop, 3))?;
+    class.define_method("_sweep", method!(RbCycle::sweep, 3))?;
+    class.define_method("wake_seen", method!(RbCycle::wake_seen, 0))?;
+    class.define_method("_wait_for_add", method!(RbCycle::wait_for_add, 2))?;
+    super::failure::init(ruby, relay)?;
+    Ok(())
+}

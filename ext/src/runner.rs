@@ -2,13 +2,16 @@
 //! verdicts, the shutdown deadline, the health endpoint) for the Ruby runner
 //! in lib/acemq/runner.rb, which owns signals, threads and logging.
 
+mod verdict;
+
 use crate::connection::seconds;
 use crate::errors::IntoRuby;
 use crate::gvl;
-use acemq::runner::{serve_health, HealthServer, Observation, RestartPolicy, RunnerOptions, Supervisor, Verdict};
+use acemq::runner::{serve_health, HealthServer, Observation, RestartPolicy, RunnerOptions, Supervisor};
 use magnus::{function, method, prelude::*, Error, RModule, Ruby};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use verdict::RbVerdict;
 
 #[magnus::wrap(class = "AceMQ::AMQP::NativeSupervisor", free_immediately, size)]
 pub struct RbSupervisor {
@@ -51,7 +54,7 @@ impl RbSupervisor {
         self.inner.register(&name, &queue, concurrency, prefetch)
     }
 
-    /// [verdict, pause in seconds, reason]: "healthy", "restart" or "give_up".
+    /// What to do about the consumer: a Verdict.
     fn observe(
         &self,
         index: usize,
@@ -59,18 +62,14 @@ impl RbSupervisor {
         dead_workers: usize,
         down_for: Option<f64>,
         last_error: Option<String>,
-    ) -> (&'static str, f64, Option<String>) {
+    ) -> RbVerdict {
         let seen = Observation {
             ended,
             dead_workers,
             down_for: down_for.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))),
             last_error,
         };
-        match self.inner.observe(index, seen) {
-            Verdict::Healthy => ("healthy", 0.0, None),
-            Verdict::Restart { after, reason } => ("restart", after.as_secs_f64(), Some(reason)),
-            Verdict::GiveUp { reason } => ("give_up", 0.0, Some(reason)),
-        }
+        RbVerdict(self.inner.observe(index, seen))
     }
 
     fn restarted(&self, index: usize) {
@@ -166,5 +165,6 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("status_json", method!(RbSupervisor::status_json, 0))?;
     class.define_method("_serve_health", method!(RbSupervisor::serve_health, 2))?;
     class.define_method("_close_health", method!(RbSupervisor::close_health, 0))?;
+    verdict::init(ruby, class)?;
     Ok(())
 }

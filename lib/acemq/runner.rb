@@ -205,19 +205,17 @@ module AceMQ
         sub = slot[:subscription]
         down_for = sub.down_for
         say_channel(slot, sub, down_for)
-        verdict, after, reason = @supervisor._observe(slot[:index], sub.ended, sub.dead_workers, down_for,
-                                                      sub.failure)
-        case verdict
-        when "restart"
-          @logger.error("acemq: #{reason}; restarting in #{after.round(1)}s")
+        verdict = @supervisor._observe(slot[:index], sub.ended, sub.dead_workers, down_for, sub.failure)
+        if verdict.restart?
+          @logger.error("acemq: #{verdict.reason}; restarting in #{verdict.after.round(1)}s")
           # Closed on a thread of its own: closing waits for the handlers
           # still running on its other threads, and this loop must go on
           # beating meanwhile or the runner stops being live.
           sub.stop_taking
           Thread.new { close_quietly(sub) }
-          slot[:restart_at] = Time.now + after
-        when "give_up"
-          @logger.error("acemq: #{reason}")
+          slot[:restart_at] = Time.now + verdict.after
+        elsif verdict.give_up?
+          @logger.error("acemq: #{verdict.reason}")
           shutdown
           return 1
         end

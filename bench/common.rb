@@ -292,8 +292,10 @@ module BenchCommon
     end
 
     def postgres? = false
-    def execute(sql, params = []) = @adapter.execute(sql, params)
-    def query(sql, params = []) = @adapter.query(sql, params)
+    # The benches write "timestamp" as PostgreSQL and SQLite quote it; MySQL
+    # reads that as a string, so it is backquoted, as the engine does.
+    def execute(sql, params = []) = @adapter.execute(sql.tr('"', "`"), params)
+    def query(sql, params = []) = @adapter.query(sql.tr('"', "`"), params)
 
     # MySQL's form of CLAIM_ONE: a no-op update of a taken key changes no
     # row (mysql2 does not count found rows unless asked), so 1 is still

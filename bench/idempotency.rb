@@ -413,7 +413,7 @@ module IdempotencyBench
       backend("SQLite, sqlite3 gem, WAL, synchronous=NORMAL", "normal",
               ours_conn: sqlite("normal-acemq", "NORMAL"), base_conn: sqlite("normal-bunny", "NORMAL"),
               native_path: File.join(@dir, "native.db"), target: 3.0)
-      backend("PostgreSQL, ruby-pg", "pg", ours_conn: pg, base_conn: pg) unless ENV["BENCH_IDEMPOTENCY"] == "mysql"
+      backend("PostgreSQL, ruby-pg", "pg", ours_conn: pg, base_conn: pg)
       # The baseline claims with one ON DUPLICATE KEY UPDATE; the store's
       # MySQL claim is that and a SELECT of what it wrote (see
       # core/src/idempotency/statements.rs): the row says what that costs.

@@ -9,7 +9,9 @@
 #   ruby bench/outbox.rb       # this file alone (the extension must be built)
 #
 # AMQP_URL, BENCH_PG_URL (default postgres://postgres@127.0.0.1:5432/test),
-# BENCH_RUNS (default 3), BENCH_SCALE (default 1.0).
+# BENCH_MYSQL_URL (default mysql2://root@127.0.0.1:3306/test), BENCH_RUNS
+# (default 3), BENCH_SCALE (default 1.0); BENCH_OUTBOX=mysql runs the MariaDB
+# rows alone.
 #
 # Every run adds N rows with store.add in one transaction (not timed), then
 # times relay.sweep calls (or the Bunny loop) until all N are confirmed and
@@ -184,14 +186,18 @@ module OutboxBench
       end
     end
 
-    def backend(label, key, relay_conn:, adding_conn:, postgres:)
+    def backend(label, key, relay_conn:, adding_conn:, postgres:, mysql: false)
       t = "#{@table_prefix}_#{key}"
       @pg_tables << t if postgres
+      (@mysql_tables ||= []) << t if mysql
       store = Patterns::SQLOutboxStore.new(connection: relay_conn, table: t)
       store.create_schema
       raw = C::Raw.for(relay_conn)
       adding_raw = C::Raw.for(adding_conn)
-      poll = C::Raw.for(postgres ? pg : sqlite)
+      poll = C::Raw.for(if postgres then pg
+                        elsif mysql then self.mysql
+                        else sqlite
+                        end)
       SIZES.each do |batch, n|
         q = queue("#{key}-#{batch}")
         r = C.alternate(n, acemq: -> { acemq_run(store, adding_raw, adding_conn, q, n, batch) },
@@ -200,7 +206,7 @@ module OutboxBench
                            broker: -> { broker_alone(q, n, batch) })
         ratio = r[:acemq] / r[:bunny]
         @rows << [label, batch, n, r[:acemq], r[:bunny], ratio, r[:broker], postgres]
-        issue_rows(batch, r, postgres)
+        issue_rows(batch, r, postgres) unless mysql
         puts format("  %-44s batch %4d  acemq sweep %7.0f rows/s  start %7.0f rows/s  Bunny %6.0f rows/s  %5.2fx   " \
                     "broker alone %6.0f msg/s", label, batch, r[:acemq], r[:started], r[:bunny], ratio, r[:broker])
       end
@@ -233,9 +239,14 @@ module OutboxBench
     def run
       started = C.now
       C.banner("AceMQ outbox bench (rows per run: #{SIZES.map { |b, n| "#{n} at batch #{b}" }.join(', ')})")
-      backend("SQLite, sqlite3 gem, WAL, synchronous=FULL", "sqlite", relay_conn: sqlite,
-                                                                     adding_conn: sqlite, postgres: false)
-      backend("PostgreSQL, ruby-pg", "pg", relay_conn: pg, adding_conn: pg, postgres: true)
+      unless ENV["BENCH_OUTBOX"] == "mysql"
+        backend("SQLite, sqlite3 gem, WAL, synchronous=FULL", "sqlite", relay_conn: sqlite,
+                                                                       adding_conn: sqlite, postgres: false)
+        backend("PostgreSQL, ruby-pg", "pg", relay_conn: pg, adding_conn: pg, postgres: true)
+      end
+      # The relay's claim there is a SELECT ... FOR UPDATE SKIP LOCKED and an
+      # UPDATE in a transaction of its own (no UPDATE ... RETURNING).
+      backend("MariaDB, mysql2", "mysql", relay_conn: mysql, adding_conn: mysql, postgres: false, mysql: true)
       table
       puts format("(%.0f s)", C.now - started)
     ensure

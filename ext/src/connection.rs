@@ -9,7 +9,7 @@ use acemq::{BindingSpec, ExchangeSpec, QueueSpec};
 use acemq::{
     ConnectionOptions, ConsumeOptions, ExchangeKind, RetryPolicy, TlsOptions, Topology,
 };
-use magnus::{function, method, prelude::*, Error, RHash, RModule, Ruby};
+use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, Ruby, TryConvert};
 use std::time::Duration;
 
 #[magnus::wrap(class = "AceMQ::AMQP::Connection", free_immediately, size)]
@@ -86,7 +86,7 @@ impl RbConnection {
         ruby: &Ruby,
         rb_self: &Self,
         exchanges: Vec<(String, String)>,
-        queues: Vec<(String, Option<String>, Option<String>)>,
+        queues: RArray,
         bindings: Vec<(String, String, String)>,
     ) -> Result<(), Error> {
         let mut t = Topology::new();
@@ -94,15 +94,15 @@ impl RbConnection {
             let kind = ExchangeKind::parse(&kind).rb(ruby)?;
             t.exchanges.push(ExchangeSpec { name, kind });
         }
-        for (name, args, kind) in queues {
+        for row in queues {
+            let (name, args, kind): (String, Option<RHash>, Option<String>) = TryConvert::try_convert(row)?;
+            let what = format!("arguments of queue {name:?}");
             let mut spec = QueueSpec::new(name);
             if let Some(kind) = kind {
                 spec = spec.with_type(acemq::QueueType::parse(&kind).rb(ruby)?);
             }
-            if let Some(text) = args {
-                if let serde_json::Value::Object(map) = crate::json::parse(ruby, &text, "queue arguments")? {
-                    spec.arguments = map;
-                }
+            if let Some(args) = args {
+                spec.arguments = crate::table::from_ruby(ruby, args, &what)?;
             }
             t.queues.push(spec);
         }

@@ -15,6 +15,7 @@ mod outgoing;
 mod runner;
 mod sql;
 mod stream;
+mod table;
 
 use magnus::{function, prelude::*, Error, RModule, RString, Ruby, Value};
 

@@ -48,7 +48,12 @@ module AceMQ
           raise ConfigurationError, "unknown queue type #{type.inspect}: use :classic or :quorum"
         end
 
-        @queues << [name.to_s, arguments && JSON.generate(arguments.transform_keys(&:to_s)), type]
+        unless arguments.nil? || arguments.is_a?(Hash)
+          raise ConfigurationError, "arguments: must be a Hash of names to values, got #{arguments.class}"
+        end
+
+        # A copy of the top level: a Hash changed after this call must not change what apply declares.
+        @queues << [name.to_s, arguments&.transform_keys(&:to_s), type]
         self
       end
 

@@ -3,6 +3,7 @@
 //! run, confirm or forget) is core's `Guard`; lib/acemq/amqp/patterns/
 //! adds the keywords and the Proc.
 
+mod decision;
 mod guard;
 mod memory;
 mod ruby_store;

@@ -5,13 +5,14 @@
 //! The store is passed per call: the library's own stores are used directly
 //! (a SQLite file without the GVL), anything else through `RbStore`.
 
+use super::decision::{Decision, RbDecision};
 use super::memory::RbInMemoryStore;
 use super::ruby_store::RbStore;
 use super::sql_store::RbSqlStore;
 use crate::sql;
 use acemq::idempotency::{Before, Guard, IdempotencyStore, MISSING_KEY_CLASS};
 use acemq::Outcome;
-use magnus::{function, method, prelude::*, typed_data::Obj, Error, IntoValue, RArray, RHash, RModule, Ruby, Value};
+use magnus::{function, method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::NativeGuard", free_immediately, size)]
 pub struct RbGuard {
@@ -40,14 +41,13 @@ const MISSING_KEY_RUBY: &str = "idempotency key is missing: give Patterns.idempo
      or publish the message with an id \
      (a message from another client without message_id has no envelope id)";
 
-/// What `_before` hands back: the claimed key (a String) when the handler
-/// is to run, else `[ack, event]`: the Ack to settle with, unrun, and the
-/// idempotency event it is (`:duplicate`, `:in_progress`, `:store_error`,
-/// `:missing_key`). `why` replaces the reason of a missing key (the Ruby
-/// side knows why its key: function found none).
-fn decided(ruby: &Ruby, before: Before, why: Option<String>) -> Result<Value, Error> {
+/// What `_before` decided: run the handler with the claimed key, or settle
+/// unrun with the Ack and the idempotency event that is. `why` replaces the
+/// reason of a missing key (the Ruby side knows why its key: function found
+/// none).
+fn decided(ruby: &Ruby, before: Before, why: Option<String>) -> Result<RbDecision, Error> {
     let event = match &before {
-        Before::Run { key } => return Ok(ruby.str_new(key).into_value_with(ruby)),
+        Before::Run { key } => return Ok(RbDecision(Decision::Run { key: key.clone() })),
         Before::Duplicate => "duplicate",
         Before::InProgress { .. } => "in_progress",
         Before::Settle(Outcome::Raised { class, .. }) if class == MISSING_KEY_CLASS => "missing_key",
@@ -58,10 +58,7 @@ fn decided(ruby: &Ruby, before: Before, why: Option<String>) -> Result<Value, Er
         let fatal = crate::delivery::fatal_error_name(ruby)?;
         outcome = Outcome::Raised { class: fatal, message: why.unwrap_or_else(|| MISSING_KEY_RUBY.into()), fatal: true };
     }
-    let pair = ruby.ary_new_capa(2);
-    pair.push(crate::delivery::ack(ruby, outcome)?)?;
-    pair.push(ruby.to_symbol(event))?;
-    Ok(pair.into_value_with(ruby))
+    Ok(RbDecision(Decision::Settle { outcome, event }))
 }
 
 impl RbGuard {
@@ -69,8 +66,8 @@ impl RbGuard {
         RbGuard { inner: Guard::new() }
     }
 
-    /// The claimed key (run the handler), or `[ack, event]` (see `decided`).
-    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value, why: Option<String>) -> Result<Value, Error> {
+    /// The Decision: run the handler, or settle unrun (see `decided`).
+    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value, why: Option<String>) -> Result<RbDecision, Error> {
         let key = super::key(ruby, key)?;
         let before = with_store(ruby, store, |s| rb_self.inner.before(s, key.as_deref()))?;
         decided(ruby, before, why)
@@ -93,7 +90,7 @@ impl RbGuard {
     }
 
     /// `_before` for a batch: the keys claimed together (one transaction on
-    /// a SQL store), one decision each, in order; `whys` as `_before`'s why.
+    /// a SQL store), one Decision each, in order; `whys` as `_before`'s why.
     fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray, whys: Vec<Option<String>>) -> Result<RArray, Error> {
         let keys: Vec<Option<String>> = keys.into_iter().map(|k| super::key(ruby, k)).collect::<Result<_, _>>()?;
         let refs: Vec<Option<&str>> = keys.iter().map(|k| k.as_deref()).collect();
@@ -101,7 +98,7 @@ impl RbGuard {
         let out = ruby.ary_new_capa(decisions.len());
         let mut whys = whys.into_iter();
         for before in decisions {
-            out.push(decided(ruby, before, whys.next().flatten())?)?;
+            out.push(ruby.obj_wrap(decided(ruby, before, whys.next().flatten())?))?;
         }
         Ok(out)
     }
@@ -162,5 +159,6 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_method("_before_many", method!(RbGuard::before_many, 3))?;
     class.define_method("_after_many", method!(RbGuard::after_many, 3))?;
     class.define_method("stats", method!(RbGuard::stats, 0))?;
+    super::decision::init(ruby, class)?;
     Ok(())
 }

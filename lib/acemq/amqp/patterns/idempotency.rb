@@ -45,12 +45,11 @@ module AceMQ
         end
 
         # The middleware: app is the guarded handler. The engine's guard
-        # answers with the claimed key (run the handler) or with the Ack to
-        # settle with unrun and the event that is.
+        # decides whether it runs (NativeGuard::Decision).
         def call(message, app)
           key, why = key_of(message)
-          decided = @guard._before(@store, key, why)
-          decided.is_a?(String) ? run(message, app, decided) : without_running(message, key, *decided)
+          decision = @guard._before(@store, key, why)
+          decision.run? ? run(message, app, decision.key) : without_running(message, key, decision)
         end
 
         # The same for a batch: the keys are claimed together and the
@@ -65,11 +64,11 @@ module AceMQ
           decisions = @guard._before_many(@store, found.map(&:first), found.map(&:last))
           results = Array.new(messages.size)
           settled = []
-          pending = decisions.select { |d| d.is_a?(String) }
+          pending = decisions.select(&:run?).map(&:key)
           begin
             messages.each_with_index do |message, i|
-              decided = decisions[i]
-              next results[i] = without_running(message, found[i][0], *decided) unless decided.is_a?(String)
+              decision = decisions[i]
+              next results[i] = without_running(message, found[i][0], decision) unless decision.run?
 
               results[i] = begin
                 app.call(message)
@@ -77,7 +76,7 @@ module AceMQ
                 e
               end
               pending.shift
-              settled << [decided, results[i]]
+              settled << [decision.key, results[i]]
             end
           ensure
             # A handler that never finished (Thread#kill, Interrupt, throw),
@@ -165,7 +164,9 @@ module AceMQ
         end
 
         # The guard's Ack for a message it does not run, with its event.
-        def without_running(message, key, ack, event)
+        def without_running(message, key, decision)
+          ack = decision.ack
+          event = decision.event
           error = event == :store_error || event == :missing_key ? ack.reason : nil
           Patterns.instrument(event, key: event == :missing_key ? nil : key, message: message, error: error)
           ack

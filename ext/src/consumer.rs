@@ -16,6 +16,12 @@ use std::time::Instant;
 /// builds the Ruby payload from the bytes, once, when a handler reads it.
 const PAYLOAD: Payload = Payload::Checked;
 
+/// What `_next` raises once the consumer is closed: Ruby's own word for a
+/// source with nothing more to give (`loop` ends on it).
+fn closed(ruby: &Ruby) -> Error {
+    Error::new(ruby.exception_stop_iteration(), "the consumer is closed")
+}
+
 #[magnus::wrap(class = "AceMQ::AMQP::NativeConsumer", free_immediately, size)]
 pub struct RbConsumer {
     inner: Arc<Consumer>,
@@ -39,28 +45,29 @@ impl RbConsumer {
     }
 
     /// The next delivery (a NativeDelivery), nil when nothing arrived within
-    /// `timeout` seconds, false once the consumer is closed.
-    fn next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Value, Error> {
+    /// `timeout` seconds. Raises StopIteration once the consumer is closed:
+    /// there will be no more.
+    fn next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Option<Value>, Error> {
         // The fast path keeps the GVL: a delivery already buffered is handed
         // out without a thread switch.
         match rb_self.inner.try_next_as(PAYLOAD) {
-            Next::Delivery(d) => return rb_self.hand_out(ruby, *d),
-            Next::Closed => return Ok(false.into_value_with(ruby)),
+            Next::Delivery(d) => return rb_self.hand_out(ruby, *d).map(Some),
+            Next::Closed => return Err(closed(ruby)),
             Next::Empty => {}
         }
         let deadline = Instant::now() + crate::connection::seconds(ruby, "timeout", timeout)?;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
-                return Ok(ruby.qnil().into_value_with(ruby));
+                return Ok(None);
             }
             let consumer = rb_self.inner.clone();
             let waker = rb_self.inner.clone();
             let slice = remaining.min(gvl::SLICE);
             let next = gvl::without_gvl(ruby, move || consumer.next_blocking_as(slice, PAYLOAD), move || waker.wake())?;
             match next {
-                Next::Delivery(d) => return rb_self.hand_out(ruby, *d),
-                Next::Closed => return Ok(false.into_value_with(ruby)),
+                Next::Delivery(d) => return rb_self.hand_out(ruby, *d).map(Some),
+                Next::Closed => return Err(closed(ruby)),
                 Next::Empty => ruby.thread_check_ints()?,
             }
         }
@@ -68,12 +75,9 @@ impl RbConsumer {
 
     /// Up to `max` deliveries: waits (like `_next`) for the first, then takes
     /// what is already buffered without waiting. An array of deliveries, nil
-    /// when nothing arrived within `timeout`, false once closed.
-    fn next_many(ruby: &Ruby, rb_self: &Self, max: usize, timeout: f64) -> Result<Value, Error> {
-        let first = Self::next(ruby, rb_self, timeout)?;
-        if first.is_nil() || first.is_kind_of(ruby.class_false_class()) {
-            return Ok(first);
-        }
+    /// when nothing arrived within `timeout`; StopIteration once closed.
+    fn next_many(ruby: &Ruby, rb_self: &Self, max: usize, timeout: f64) -> Result<Option<RArray>, Error> {
+        let Some(first) = Self::next(ruby, rb_self, timeout)? else { return Ok(None) };
         let batch = ruby.ary_new_capa(max.max(1));
         batch.push(first)?;
         while batch.len() < max {
@@ -82,7 +86,7 @@ impl RbConsumer {
                 Next::Empty | Next::Closed => break,
             }
         }
-        Ok(batch.into_value_with(ruby))
+        Ok(Some(batch))
     }
 
     /// Settle `delivery` with what its handler produced: an Ack, the

@@ -184,8 +184,11 @@ module AceMQ
 
       def work(me)
         loop do
-          deliveries = @batch > 1 ? @native._next_many(@batch, POLL) : @native._next(POLL)
-          break if deliveries == false
+          deliveries = begin
+            @batch > 1 ? @native._next_many(@batch, POLL) : @native._next(POLL)
+          rescue StopIteration # the consumer is closed
+            break
+          end
           if deliveries.nil?
             report(@native._errors)
             note_resubscriptions

@@ -67,11 +67,11 @@ fn listening() -> bool {
 }
 
 /// Up to BATCH events as `[[name, payload], …]`, waiting (without the GVL)
-/// at most `timeout` seconds for the first; nil when none came, false when
-/// not listening.
+/// at most `timeout` seconds for the first; nil when none came. Raises
+/// StopIteration when not listening: there will be no more.
 fn next(ruby: &Ruby, timeout: f64) -> Result<Value, Error> {
     let Some(rx) = BRIDGE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|b| b.rx.clone()) else {
-        return Ok(false.into_value_with(ruby));
+        return Err(Error::new(ruby.exception_stop_iteration(), "nobody listens to AceMQ's events"));
     };
     let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
     let mut got: Vec<Event> = Vec::new();

@@ -139,8 +139,11 @@ module AceMQ
 
       def dispatch_loop
         loop do
-          batch = _next(POLL)
-          break if batch == false # nobody listens any more
+          batch = begin
+            _next(POLL)
+          rescue StopIteration # nobody listens any more
+            break
+          end
 
           batch&.each { |name, payload| deliver(name, payload) }
         end

@@ -36,6 +36,10 @@ module Drill
     names = ENV.fetch("DRILL_PHASES", PHASES.keys.join(",")).split(",").map(&:strip)
     unknown = names - PHASES.keys
     abort "drill: unknown phase(s) #{unknown.join(', ')}: choose from #{PHASES.keys.join(', ')}" unless unknown.empty?
+    if DATABASE_URL.start_with?("mysql2:") && !(names - MYSQL_PHASES).empty?
+      abort "drill: on MySQL (DATABASE_URL=#{DATABASE_URL}) only #{MYSQL_PHASES.join(', ')} run: " \
+            "#{(names - MYSQL_PHASES).join(', ')} use PostgreSQL; choose with DRILL_PHASES"
+    end
 
     seed = Integer(ENV.fetch("DRILL_SEED", Random.new_seed % 100_000))
     limit = Float(ENV.fetch("DRILL_LIMIT", "300"))
@@ -53,11 +57,12 @@ module Drill
     trap("TERM") { main.raise(Interrupt) }
     begin
       node = Node.new
-      say "drill: seed #{seed}; private node #{node.name} on 127.0.0.1:#{node.port}; PostgreSQL " \
+      say "drill: seed #{seed}; private node #{node.name} on 127.0.0.1:#{node.port}; " \
+          "#{DATABASE_URL.start_with?('mysql2:') ? 'MySQL' : 'PostgreSQL'} " \
           "#{DATABASE_URL.sub(%r{//[^@]*@}, '//')}; claim timeout #{CLAIM_TIMEOUT}s"
       up = node.start
       say format("drill: node up in %.1fs", up)
-      db = Database.new
+      db = Drill.database
       rng = Random.new(seed)
       tag = "#{Process.pid}#{SecureRandom.hex(2)}"
       names.each do |name|
@@ -73,7 +78,7 @@ module Drill
       Children.reap_all
       begin
         db&.drop_all
-      rescue PG::Error => e
+      rescue StandardError => e # PG::Error, Mysql2::Error
         warn "drill: dropping tables: #{e.message}"
       end
       node&.destroy

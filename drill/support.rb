@@ -8,6 +8,7 @@ require "logger"
 require "pg"
 require "rbconfig"
 require "securerandom"
+require "uri"
 require_relative "../spec/support/runner_helpers"
 
 # What the drill's phases share: bounded polling, child processes reaped by
@@ -182,6 +183,62 @@ module Drill
 
     def drop_all
       @tables.uniq.each { |t| exec("DROP TABLE IF EXISTS #{t}") }
+    ensure
+      @conn.close
+    end
+  end
+
+  # The drill's database for DATABASE_URL: PostgreSQL, or MySQL/MariaDB
+  # for a mysql2:// URL (the phases that use only the charge tables: kill,
+  # close, restart, poison; see MYSQL_PHASES).
+  def self.database(url = DATABASE_URL)
+    url.start_with?("mysql2:") ? MysqlDatabase.new(url) : Database.new(url)
+  end
+
+  # The phases whose SQL is only MysqlDatabase's methods.
+  MYSQL_PHASES = %w[kill close restart poison].freeze
+
+  # MySQL or MariaDB through mysql2: the same tables and answers as
+  # Database. The key is VARBINARY, as acemq:install's migration makes it
+  # there (docs/mysql.md), and the charge time is the server's, to the
+  # microsecond.
+  class MysqlDatabase
+    def initialize(url)
+      require "mysql2"
+      u = URI(url)
+      @conn = Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password,
+                                 database: u.path.delete_prefix("/"), encoding: "utf8mb4")
+      @tables = []
+    end
+
+    def charge_tables(prefix)
+      charges = "#{prefix}_charges"
+      keys = "#{prefix}_idem"
+      @conn.query("CREATE TABLE #{charges} (id BIGINT AUTO_INCREMENT PRIMARY KEY, order_id VARCHAR(64) NOT NULL, " \
+                  "pid INTEGER, charged_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))")
+      @conn.query("CREATE TABLE #{keys} (message_id VARBINARY(255) PRIMARY KEY, state VARCHAR(16) NOT NULL, " \
+                  "claimed_by VARCHAR(64), recorded_at DATETIME(6) NOT NULL, expires_at DATETIME(6) NOT NULL)")
+      @tables.push(charges, keys)
+      [charges, keys]
+    end
+
+    def track(table) = @tables << table
+
+    def charge_counts(charges)
+      @conn.query("SELECT order_id, COUNT(*) FROM #{charges} GROUP BY order_id", as: :array).to_a.to_h
+    end
+
+    def charged(charges) = @conn.query("SELECT COUNT(DISTINCT order_id) FROM #{charges}", as: :array).first.first
+
+    # { order_id => epoch seconds of its first charge }: UNIX_TIMESTAMP of
+    # a DATETIME reads it in the session's zone, the one it was written in.
+    def charge_times(charges)
+      @conn.query("SELECT order_id, UNIX_TIMESTAMP(MIN(charged_at)) FROM #{charges} GROUP BY order_id", as: :array)
+           .to_a.to_h { |o, t| [o, Float(t)] }
+    end
+
+    def drop_all
+      @tables.uniq.each { |t| @conn.query("DROP TABLE IF EXISTS #{t}") }
     ensure
       @conn.close
     end

@@ -2,6 +2,7 @@
 //! adds the keywords, defaults and the consume loop.
 
 use crate::consumer::RbConsumer;
+use crate::dead_letter::RbDeadLetter;
 use crate::errors::IntoRuby;
 use crate::outgoing::RbOutgoing;
 use crate::gvl;
@@ -155,22 +156,13 @@ impl RbConnection {
         Ok((report.replayed, report.skipped))
     }
 
-    /// Up to `limit` dead letters, left in place: [id, type, attempt,
-    /// reason, error_class, failed_at, body] each.
+    /// Up to `limit` dead letters, left in place, oldest first.
     fn peek(ruby: &Ruby, rb_self: &Self, queue: String, limit: usize) -> Result<magnus::RArray, Error> {
         let conn = &rb_self.inner;
         let seen = gvl::block_on(ruby, conn.peek_dead_letters(&queue, limit))?.rb(ruby)?;
         let out = ruby.ary_new_capa(seen.len());
         for d in seen {
-            let row = ruby.ary_new_capa(7);
-            row.push(d.id)?;
-            row.push(d.kind)?;
-            row.push(d.attempt)?;
-            row.push(d.reason)?;
-            row.push(d.error_class)?;
-            row.push(d.failed_at)?;
-            row.push(ruby.str_from_slice(&d.body))?;
-            out.push(row)?;
+            out.push(RbDeadLetter(d))?;
         }
         Ok(out)
     }
@@ -287,5 +279,6 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("origin", method!(RbConnection::origin, 0))?;
     class.define_method("memory?", method!(RbConnection::is_memory, 0))?;
     class.define_method("server_version", method!(RbConnection::server_version, 0))?;
+    crate::dead_letter::init(ruby, class)?;
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 mod connection;
 mod consumer;
+mod dead_letter;
 mod delivery;
 mod errors;
 mod events;

@@ -60,6 +60,24 @@ RSpec.describe "memory:// transport" do
     expect(AceMQ::AMQP::Connection.open(memory_url).queue_depth(q)).to be_nil
   end
 
+  it "shows every field of a dead letter it peeks at, leaving it in place" do
+    mq = AceMQ::AMQP::Connection.open(url)
+    q = unique("peek")
+    AceMQ::AMQP::Topology.new.queue(q).apply(mq)
+    sent = mq.publish({ "order_id" => "A-1" }, to: q, type: "order.placed.v1")
+    sub = mq.consume(q) { |_m| raise AceMQ::AMQP::FatalError, "no such order" }
+    before = Time.now.to_i
+    letter = eventually { mq.peek_dead_letters(q, limit: 1).first }
+    sub.cancel
+    expect(letter).to include(id: sent.id, type: "order.placed.v1", attempt: 1,
+                              error_class: "AceMQ::AMQP::FatalError", body: '{"order_id":"A-1"}')
+    expect(letter[:reason]).to include("no such order")
+    expect(letter[:failed_at]).to be_a(Time).and(be_within(5).of(Time.at(before)))
+    expect(letter[:body].encoding).to eq(Encoding::BINARY)
+    expect(mq.peek_dead_letters(q, limit: 5).map { |d| d[:id] }).to eq([sent.id])
+    mq.close
+  end
+
   it "refuses advance_clock on RabbitMQ-only calls with a clear error" do
     mq = AceMQ::AMQP::Connection.open(url)
     expect { mq.advance_clock(-1) }.to raise_error(AceMQ::AMQP::ConfigurationError, /seconds/)

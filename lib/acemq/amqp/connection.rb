@@ -183,9 +183,9 @@ module AceMQ
       # they are: each a Hash of id, type, attempt, reason, error_class,
       # failed_at (a Time) and body (the bytes as they arrived).
       def peek_dead_letters(queue, limit: 10)
-        _peek(queue.to_s, Connection.count(:limit, limit) || 0).map do |id, type, attempt, reason, error_class, failed_at, body|
-          { id: id, type: type, attempt: attempt, reason: reason, error_class: error_class,
-            failed_at: failed_at && Time.at(failed_at), body: body }
+        _peek(queue.to_s, Connection.count(:limit, limit) || 0).map do |d|
+          { id: d.id, type: d.type, attempt: d.attempt, reason: d.reason, error_class: d.error_class,
+            failed_at: d.failed_at && Time.at(d.failed_at), body: d.body }
         end
       end
 

@@ -180,10 +180,10 @@ module AceMQ
       # the answer there, and on MySQL it undoes only the statement, never the
       # transaction around it.
       def insert(conn, key, now)
-        return conn.exec_update(claim_sql(key, now), "#{@model.name} Claim").positive? unless mysql?(conn)
+        return conn.exec_update(claim_sql(conn, key, now), "#{@model.name} Claim").positive? unless mysql?(conn)
 
         begin
-          conn.exec_update(plain_insert_sql(key, now), "#{@model.name} Claim")
+          conn.exec_update(plain_insert_sql(conn, key, now), "#{@model.name} Claim")
           true
         rescue ::ActiveRecord::RecordNotUnique
           false
@@ -192,20 +192,26 @@ module AceMQ
 
       def mysql?(conn) = conn.adapter_name.match?(/mysql|trilogy/i)
 
-      def plain_insert_sql(key, now)
+      def plain_insert_sql(conn, key, now)
         @model.sanitize_sql_array(
-          ["INSERT INTO #{@model.quoted_table_name} (message_id, state, claimed_by, recorded_at, expires_at) " \
+          ["INSERT INTO #{quoted_table(conn)} (message_id, state, claimed_by, recorded_at, expires_at) " \
            "VALUES (?, ?, ?, ?, ?)", key, CLAIMED, worker, now, now + @retention]
         )
       end
 
-      def claim_sql(key, now)
+      # Quoted by the connection the statement runs on, not the model's
+      # memoized quoted_table_name, which keeps the first adapter's quotes
+      # (`t` or "t") for the life of the class even when ActiveRecord::Base
+      # is connected to another kind of database later in the process.
+      def quoted_table(conn) = conn.quote_table_name(@model.table_name)
+
+      def claim_sql(conn, key, now)
         # ON CONFLICT (…) DO NOTHING is the same in SQLite (3.24+) and
         # PostgreSQL; the values are quoted by the connection, as
         # ActiveRecord would write them, so the times compare with the ones
         # update_all and where write.
         @model.sanitize_sql_array(
-          ["INSERT INTO #{@model.quoted_table_name} (message_id, state, claimed_by, recorded_at, expires_at) " \
+          ["INSERT INTO #{quoted_table(conn)} (message_id, state, claimed_by, recorded_at, expires_at) " \
            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING",
            key, CLAIMED, worker, now, now + @retention]
         )

@@ -17,11 +17,13 @@ pub(crate) struct AmqpConfirm {
     timeout: Duration,
     /// To tell a confirm held back by a broker alarm from one that is lost.
     conn: Arc<lapin::Connection>,
-    /// The publishing channel it was sent on, retired on a nack.
+    /// The publishing channel it was sent on, retired on a nack or a lost
+    /// confirm.
     retire: Retire,
 }
 
-/// What a nack needs to retire the channel it came on.
+/// What a nack (or a confirm that never came) needs to retire the channel
+/// it came on.
 #[derive(Clone)]
 pub(super) struct Retire {
     publish: Arc<tokio::sync::Mutex<Option<Channel>>>,
@@ -214,10 +216,21 @@ impl AmqpConfirm {
     pub(crate) async fn wait(self) -> Result<()> {
         match tokio::time::timeout(self.timeout, self.confirm).await {
             Err(_) if self.conn.status().blocked() => Err(blocked_error(self.timeout, true)),
-            Err(_) => Err(Error::new(
-                ErrorKind::Timeout,
-                format!("the broker did not confirm the publish within {:?}; it may or may not have been stored", self.timeout),
-            )),
+            Err(_) => {
+                // Retired as after a nack: on RabbitMQ 3.10 a channel that
+                // first published to a quorum queue whose leader's node had
+                // been cut off by the network (not killed) went on getting
+                // no confirms at all, 14 timeouts in a row over 70 s, while
+                // another connection's channel published (drill/net_cluster.rb).
+                self.retire.now(self.timeout).await;
+                Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the broker did not confirm the publish within {:?}; it may or may not have been stored (the next publish goes on a fresh channel)",
+                        self.timeout
+                    ),
+                ))
+            }
             Ok(Err(e)) => Err(map_error(&e, "waiting for the publish confirm")),
             Ok(Ok(Confirmation::Ack(None))) | Ok(Ok(Confirmation::NotRequested)) => Ok(()),
             Ok(Ok(Confirmation::Ack(Some(returned)))) | Ok(Ok(Confirmation::Nack(Some(returned)))) => Err(Error::new(

@@ -67,13 +67,50 @@ pub(super) const MAX_RESUBSCRIBE_PAUSE: Duration = Duration::from_secs(5);
 /// died young: the next one waits, and the pause keeps growing.
 pub(super) const STABLE_SUBSCRIPTION: Duration = Duration::from_secs(5);
 
+/// The longest subscribing waits for each of the broker's answers (the
+/// channel, then the prefetch and the consume together; at most the
+/// confirm timeout). Without a limit a consume the broker never answers
+/// leaves the subscription with no deliveries and no error: seen on
+/// RabbitMQ 3.10 when a quorum queue's leader was cut off by the network
+/// (no FIN, no RST) and the consume went to another node. The runner gave
+/// up after its recovery bound (60 s); with this limit each try fails and
+/// the next one is made, and the consume was answered once the cluster had
+/// given up on the lost node (drill/net_cluster.rb).
+pub(super) const SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
+
 pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16, id: u64) -> Result<(Arc<Generation>, lapin::Consumer)> {
-    let ch = backend.open_channel(false).await?;
-    ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
-    let stream = ch
-        .basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())
+    // Dialling has its own limits (connect_timeout a node).
+    let conn = backend.connection().await?;
+    let wait = SUBSCRIBE_WAIT.min(backend.confirm_timeout);
+    let late = |what: &str| {
+        Error::new(
+            ErrorKind::Timeout,
+            format!("{what}: no answer from {} within {}ms; subscribing again", backend.endpoint(), wait.as_millis()),
+        )
+    };
+    let ch = tokio::time::timeout(wait, conn.create_channel())
         .await
-        .map_err(|e| map_error(&e, &format!("consuming from queue '{queue}'")))?;
+        .map_err(|_| late("opening a channel"))?
+        .map_err(|e| map_error(&e, "opening a channel"))?;
+    let consumed = tokio::time::timeout(wait, async {
+        ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
+        ch.basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())
+            .await
+            .map_err(|e| map_error(&e, &format!("consuming from queue '{queue}'")))
+    })
+    .await;
+    let stream = match consumed {
+        Ok(result) => result?,
+        Err(_) => {
+            // A consume the broker answers later would hold deliveries
+            // nobody reads: the channel goes, and with it the consumer.
+            let stale = ch.clone();
+            crate::runtime::handle().spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(5), stale.close(200, ShortString::from("OK"))).await;
+            });
+            return Err(late(&format!("consuming from queue '{queue}'")));
+        }
+    };
     let acks = Arc::new(AckState::new(ch.clone(), prefetch));
     let flusher = spawn_flusher(acks.clone());
     let generation =

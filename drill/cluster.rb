@@ -112,6 +112,7 @@ module Drill
     PUBLISHERS = 2
     RUNNERS = 3
     # Per publisher: RATE a second, so publishing spans the kill at KILL_AT
+    # (self.class:: below: drill/net_cluster.rb's LeaderCut sets its own)
     # seconds and the failover after it.
     MESSAGES = 700
     RATE = 40
@@ -157,12 +158,12 @@ module Drill
       # Publishers dial the first and second nodes first (the leader is
       # wherever the declaring connection was: the first node).
       @publishers = Array.new(PUBLISHERS) { |i| ClusterPublisher.new(node.urls(i), "#{origin}-publisher-#{i + 1}") }
-      batches = Array.new(PUBLISHERS) { |i| orders("P#{i + 1}", MESSAGES) }
+      batches = Array.new(PUBLISHERS) { |i| orders("P#{i + 1}", self.class::MESSAGES) }
       all = batches.flatten
       result.messages = all.size
       t0 = Drill.now
       feeds = @publishers.zip(batches).map do |p, batch|
-        p.pace(batch, to: "order", exchange: exchange, rate: RATE, deadline: Drill.now + 90)
+        p.pace(batch, to: "order", exchange: exchange, rate: self.class::RATE, deadline: Drill.now + 90)
       end
 
       at(t0, KILL_AT, feeds.first)
@@ -176,7 +177,7 @@ module Drill
       result.faults = 1
       figures.resume_first = await_resumed(wall, @runners)
       figures.resume_all = @runners.map { |r| await_resumed(wall, [r]) }.max
-      figures.new_leader = Drill.eventually(RESUME_LIMIT, "a new leader for #{queue}", interval: 0.5) do
+      figures.new_leader = Drill.eventually(self.class::RESUME_LIMIT, "a new leader for #{queue}", interval: 0.5) do
         n = node.leader(queue)
         n if n && n != leader
       end
@@ -219,7 +220,7 @@ module Drill
     end
 
     def await_resumed(t, runners)
-      Drill.eventually(RESUME_LIMIT, "a charge of an order published after the leader's kill") { resumed(t, runners) }
+      Drill.eventually(self.class::RESUME_LIMIT, "a charge of an order published after the leader's kill") { resumed(t, runners) }
     rescue Failure => e
       said = runners.map { |r| "runner #{r.pid}: #{r.text.lines.last(6).map(&:strip).join(' / ')}" }
       fail!("#{e.message}; #{said.join('; ')}")
@@ -318,7 +319,7 @@ module Drill
         ["connections on it at the kill", f.on_leader&.join(", ")],
         ["new leader", name.call(f.new_leader) + (f.leader_seen ? format(" (seen by quorum_status %.1fs after the kill)", f.leader_seen) : "")],
         ["kill to first charge of a message sent after it", f.resume_first && format("%.2fs", f.resume_first)],
-        ["kill to every runner charging one", f.resume_all && format("%.2fs (bound #{LeaderKill::RESUME_LIMIT}s)", f.resume_all)],
+        ["kill to every runner charging one", f.resume_all && format("%.2fs (bound #{result.phase == LeaderKill::TITLE ? LeaderKill::RESUME_LIMIT : LeaderCut::RESUME_LIMIT}s)", f.resume_all)],
         ["kill to nothing unacknowledged on the queue", f.settled ? format("%.1fs", f.settled) : "-"],
         ["killed node back as a follower", f.rejoin ? format("%.1fs after its restart", f.rejoin) : "-"]
       ]

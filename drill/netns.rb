@@ -115,6 +115,7 @@ module Drill
       @ip = ip
       @longname = longname
       super(name: name, cookie: cookie, tag: tag, config: ["listeners.tcp.veth = #{ip}:#{PORT}", "loopback_users = none", *config])
+      File.write(File.join(@dir, "rabbitmq-env.conf"), "")
       @port = PORT
     end
 
@@ -122,6 +123,11 @@ module Drill
 
     def env
       e = super
+      # Not the system's rabbitmq-env.conf: the host's binds epmd and
+      # Erlang distribution to 127.0.0.1 (ERL_EPMD_ADDRESS, ERL_FLAGS
+      # inet_dist_use_interface), which no node in another namespace can
+      # reach; an empty one of the node's own.
+      e["RABBITMQ_CONF_ENV_FILE"] = File.join(@dir, "rabbitmq-env.conf")
       # Erlang distribution across namespaces: nodes named by address.
       e["RABBITMQ_USE_LONGNAME"] = "true" if @longname
       e

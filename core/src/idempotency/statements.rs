@@ -86,7 +86,7 @@ impl Statements {
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (message_id VARBINARY({MYSQL_KEY_BYTES}) NOT NULL PRIMARY KEY, \
                      state VARCHAR(16) NOT NULL, claimed_by VARCHAR(255), recorded_at BIGINT NOT NULL, \
-                     expires_at BIGINT NOT NULL, INDEX {t}_expiry (expires_at)) ENGINE=InnoDB"
+                     expires_at BIGINT NOT NULL, INDEX {t}_expiry (expires_at)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 ),
                 None,
             ),

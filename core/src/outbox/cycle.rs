@@ -121,6 +121,13 @@ impl Report {
         }
     }
 
+    /// Whether `emit` sends an event: only then is a backlog worth
+    /// reading. A sweep that failed as a whole has none, and reading the
+    /// backlog from the database that just failed would only fail again.
+    pub fn has_event(&self) -> bool {
+        self.swept.is_some()
+    }
+
     fn of(error: Error) -> Self {
         Report { failures: vec![Failure::whole(error)], ..Report::default() }
     }

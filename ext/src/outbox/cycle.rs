@@ -174,8 +174,10 @@ fn drive_until_pause(
                 None => false,
             }),
             Action::Report(mut report) => {
-                // The event carries the backlog as it is now, read from the store.
-                let backlog = if acemq::events::enabled() { store.relay_backlog(ruby)? } else { None };
+                // The event carries the backlog as it is now, read from the
+                // store; no event (nobody listens, or the sweep failed as a
+                // whole), no read.
+                let backlog = if report.has_event() && acemq::events::enabled() { store.relay_backlog(ruby)? } else { None };
                 report.emit(backlog);
                 for failure in report.failures {
                     failures.push(RbFailure(failure))?;

@@ -65,13 +65,17 @@ module Drill
       end
 
       def exec!(*cmd)
-        out, status = Open3.capture2e("ip", "netns", "exec", @name, *cmd)
+        out, status = Open3.capture2e(*prefix, *cmd)
         raise Error, "in #{@name}: #{cmd.join(' ')}: #{out.strip}" unless status.success?
 
         out
       end
 
-      def prefix = ["ip", "netns", "exec", @name]
+      # nsenter, not `ip netns exec`: that one also makes / a slave mount,
+      # which fails where / is not a mount point (bin/stack's chroots:
+      # "mount --make-rslave /" failed: Invalid argument). Only the network
+      # namespace is needed.
+      def prefix = ["nsenter", "--net=/run/netns/#{@name}"]
 
       # Kill what still runs inside (the drill started all of it: a node,
       # its epmd), then delete the namespace.
@@ -101,7 +105,8 @@ module Drill
 
   # A Drill::Node run inside a network namespace, reached at its address
   # there. rabbitmq-server and every rabbitmqctl call are started through
-  # `ip netns exec`, so the node, its epmd and the CLI meet inside.
+  # nsenter into its namespace, so the node, its epmd and the CLI meet
+  # inside.
   class NetNode < Node
     # Each node has its namespace's address to itself: the usual port.
     PORT = 5672

@@ -80,7 +80,9 @@ module AceMQ
           return lambda do |&block|
             block.call
           ensure
-            ::ActiveRecord::Base.clear_active_connections!
+            # Through the handler: ActiveRecord::Base.clear_active_connections!
+            # is gone in 7.2 (NoMethodError on every message there).
+            ::ActiveRecord::Base.connection_handler.clear_active_connections!
           end
         end
 

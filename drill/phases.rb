@@ -195,7 +195,7 @@ module Drill
       charges, keys = db.charge_tables("drill_#{tag}_outbox")
       declare(AceMQ::AMQP::Topology.new.exchange(exchange, type: :direct).queue(queue).queue(audit)
                 .bind(queue, to: exchange, routing_key: "order.placed").bind(audit, to: exchange, routing_key: "order.placed"))
-      writer = PG.connect(DATABASE_URL).tap { |c| c.set_notice_processor { |_| } }
+      writer = Drill.sql_connect(DATABASE_URL)
       @writer = writer
       store = AceMQ::AMQP::Patterns::SQLOutboxStore.new(connection: writer, table: table)
       store.create_schema
@@ -210,7 +210,7 @@ module Drill
       inserting = Thread.new do
         Thread.current.report_on_exception = false
         all.each_slice(BURST) do |slice|
-          writer.transaction do
+          db.transaction(writer) do
             slice.each do |o|
               store.add(AceMQ::AMQP::Patterns.record(publisher.mq, { "order_id" => o }, to: "order.placed", exchange: exchange,
                                                                                          type: "drill.order.v1"),
@@ -240,7 +240,7 @@ module Drill
         next if ids.empty?
 
         Drill.eventually(15, "the rows #{victim.worker} held to be relayed by another", interval: 0.02) do
-          Integer(db.value("SELECT COUNT(*) FROM #{@table} WHERE id = ANY($1::bigint[])", ["{#{ids.join(',')}}"])).zero?
+          db.rows_left(@table, ids).zero?
         end
         recoveries << Drill.now - killed_at
       end
@@ -263,17 +263,13 @@ module Drill
       stop_runners
     end
 
-    def now_ms = "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::bigint"
-
     # The live relays holding a lease right now.
     def sweeping
-      workers = db.exec("SELECT DISTINCT claimed_by FROM #{@table} WHERE claimed_until > #{now_ms}").values.flatten
+      workers = db.leasing_workers(@table)
       @relays.select { |r| workers.include?(r.worker) }
     end
 
-    def leased_ids(worker)
-      db.exec("SELECT id FROM #{@table} WHERE claimed_by = $1 AND claimed_until > #{now_ms}", [worker]).values.flatten
-    end
+    def leased_ids(worker) = db.leased_ids(@table, worker)
 
     def start_relay(table, worker)
       out = File.join(Dir.tmpdir, "acemq-drill-#{tag}-#{worker}.out")

@@ -11,7 +11,7 @@
 # relay does, on its own thread, for as long as it lives.
 require "acemq/amqp"
 require "acemq/amqp/patterns"
-require "pg"
+require_relative "sql_connect"
 
 args = ARGV.each_slice(2).to_h { |k, v| [k.delete_prefix("--").to_sym, v] }
 $stdout.sync = true
@@ -22,7 +22,8 @@ wake_r, wake_w = IO.pipe
 
 # Per thread (the relay's own), so a connection the server dropped (a
 # restart, pg_terminate_backend) is replaced at the next sweep.
-db = AceMQ::AMQP::SQL.per_thread { PG.connect(args.fetch(:db)).tap { |c| c.set_notice_processor { |_| } } }
+# --db is PostgreSQL, or MySQL/MariaDB for a mysql2:// URL.
+db = AceMQ::AMQP::SQL.per_thread { Drill.sql_connect(args.fetch(:db)) }
 mq = AceMQ::AMQP::Connection.open(args.fetch(:amqp), origin: "drill-relay-#{args.fetch(:worker)}", connect_timeout: 2)
 store = AceMQ::AMQP::Patterns::SQLOutboxStore.new(connection: db, table: args.fetch(:table), worker: args.fetch(:worker),
                                                   lease: Float(args.fetch(:lease, "1")), backoff: 0.2, max_backoff: 1)

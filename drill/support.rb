@@ -10,6 +10,7 @@ require "rbconfig"
 require "securerandom"
 require "uri"
 require_relative "../spec/support/runner_helpers"
+require_relative "sql_connect"
 
 # What the drill's phases share: bounded polling, child processes reaped by
 # pid, PostgreSQL tables named per run, a publisher that survives a broker
@@ -181,6 +182,25 @@ module Drill
         .values.to_h { |o, t| [o, Float(t)] }
     end
 
+    # The relay phase's outbox queries. claimed_until is epoch ms, written
+    # on the server's clock.
+    def now_ms = "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)"
+
+    def leasing_workers(table)
+      exec("SELECT DISTINCT claimed_by FROM #{table} WHERE claimed_until > #{now_ms}").values.flatten
+    end
+
+    def leased_ids(table, worker)
+      exec("SELECT id FROM #{table} WHERE claimed_by = $1 AND claimed_until > #{now_ms}", [worker]).values.flatten
+    end
+
+    def rows_left(table, ids)
+      Integer(value("SELECT COUNT(*) FROM #{table} WHERE id = ANY($1::bigint[])", ["{#{ids.join(',')}}"]))
+    end
+
+    # A transaction on a connection of the phase's own (Drill.sql_connect).
+    def transaction(conn, &) = conn.transaction(&)
+
     def drop_all
       @tables.uniq.each { |t| exec("DROP TABLE IF EXISTS #{t}") }
     ensure
@@ -196,7 +216,7 @@ module Drill
   end
 
   # The phases whose SQL is only MysqlDatabase's methods.
-  MYSQL_PHASES = %w[kill close restart poison].freeze
+  MYSQL_PHASES = %w[kill close restart relays poison].freeze
 
   # MySQL or MariaDB through mysql2: the same tables and answers as
   # Database. The key is VARBINARY, as acemq:install's migration makes it
@@ -204,10 +224,7 @@ module Drill
   # microsecond.
   class MysqlDatabase
     def initialize(url)
-      require "mysql2"
-      u = URI(url)
-      @conn = Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password,
-                                 database: u.path.delete_prefix("/"), encoding: "utf8mb4")
+      @conn = Drill.sql_connect(url)
       @tables = []
     end
 
@@ -235,6 +252,34 @@ module Drill
     def charge_times(charges)
       @conn.query("SELECT order_id, UNIX_TIMESTAMP(MIN(charged_at)) FROM #{charges} GROUP BY order_id", as: :array)
            .to_a.to_h { |o, t| [o, Float(t)] }
+    end
+
+    # The same time core's MySQL dialect writes claimed_until in (UTC).
+    def now_ms = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)"
+
+    def leasing_workers(table)
+      @conn.query("SELECT DISTINCT claimed_by FROM #{table} WHERE claimed_until > #{now_ms}", as: :array).to_a.flatten
+    end
+
+    def leased_ids(table, worker)
+      @conn.query("SELECT id FROM #{table} WHERE claimed_by = '#{@conn.escape(worker)}' AND claimed_until > #{now_ms}",
+                  as: :array).to_a.flatten
+    end
+
+    def rows_left(table, ids)
+      @conn.query("SELECT COUNT(*) FROM #{table} WHERE id IN (#{ids.map { |i| Integer(i) }.join(',')})", as: :array)
+           .first.first
+    end
+
+    # mysql2 has no transaction block: BEGIN, then COMMIT or ROLLBACK.
+    def transaction(conn)
+      conn.query("BEGIN")
+      r = yield
+      conn.query("COMMIT")
+      r
+    rescue Exception # rubocop:disable Lint/RescueException
+      conn.query("ROLLBACK") rescue nil # rubocop:disable Style/RescueModifier
+      raise
     end
 
     def drop_all

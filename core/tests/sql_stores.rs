@@ -1,9 +1,9 @@
 //! The async stores against real databases, as a Rust service uses them:
 //! SQLite files always, PostgreSQL when `DATABASE_URL` is set (bin/test and
 //! CI set it; the crate must be built with `--features postgres`), MySQL or
-//! MariaDB when `MYSQL_URL` is (`mysql://root@127.0.0.1:3306/test`, with
-//! `--features mysql`). Every
-//! scenario runs on each, with a table of its own, dropped afterwards.
+//! MariaDB when `MYSQL_URL` is (`mysql://root@127.0.0.1:3306/test`, or the
+//! `mysql2://` form bin/test sets; with `--features mysql`). Every scenario
+//! runs on each, with a table of its own, dropped afterwards.
 //!
 //! The properties about several processes run in several processes: the
 //! test binary starts copies of itself (`child_process`, below) the way the

@@ -45,14 +45,20 @@ impl std::fmt::Debug for MysqlConnection {
 }
 
 impl MysqlConnection {
-    /// Connect to `url` (`mysql://user:password@host:3306/database`).
+    /// Connect to `url` (`mysql://user:password@host:3306/database`). The
+    /// `mysql2://` form a Rails application's DATABASE_URL has is read the
+    /// same, so a Ruby and a Rust service can share one setting.
     ///
     /// # Cancel safety
     ///
     /// Cancel safe: dropped before it returns, the half-made connection is
     /// dropped with it and nothing has been written.
     pub async fn connect(url: &str) -> Result<Self> {
-        let opts = Opts::from_url(url).map_err(|e| Error::invalid(format!("cannot parse the MySQL URL {url:?}: {e}")))?;
+        let plain = match url.strip_prefix("mysql2://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_string(),
+        };
+        let opts = Opts::from_url(&plain).map_err(|e| Error::invalid(format!("cannot parse the MySQL URL {url:?}: {e}")))?;
         let conn = open(&opts).await?;
         Ok(MysqlConnection { opts: Some(opts), state: tokio::sync::Mutex::new(MysqlState { conn: Some(conn), in_transaction: false }) })
     }

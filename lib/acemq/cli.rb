@@ -24,7 +24,10 @@ module AceMQ
       AceMQ::Rails.configure.
 
       Signals: TERM/INT drain and exit (a second one exits at once), TSTP quiet,
-      TTIN thread backtraces to the log.
+      TTIN thread backtraces to the log. With --processes N the parent forks N
+      runners after booting, restarts one that dies, sends signals on, and
+      exits 0 clean, 1 handlers abandoned, 2 restart budget spent, 3 a process
+      killed at the deadline (docs/lifecycle.md).
 
       status: what the broker, the outbox and the runner's metrics say now
       about the same consumers (or about --queue NAME, without booting an
@@ -51,6 +54,9 @@ module AceMQ
         o.separator ""
         o.on("-r", "--require FILE", "Require FILE instead of ./config/environment.rb (repeatable)") { |f| options[:require] << f }
         o.on("-C", "--chdir DIR", "Change to DIR first") { |d| options[:dir] = d }
+        o.on("--processes N", Integer, "Fork N worker processes, each running the consumers (default: config.processes, else 1)") do |n|
+          options[:processes] = n
+        end
         o.on("--only NAMES", "Run (or show) only these consumer classes (comma-separated)") { |n| options[:only] = n }
         o.separator ""
         o.separator "status:"
@@ -84,7 +90,7 @@ module AceMQ
       return status(options) if command == "status"
 
       boot(options[:require])
-      AceMQ::Rails.runner(only: options[:only]).run
+      AceMQ::Rails.runner(only: options[:only], processes: options[:processes]).run
     rescue OptionParser::ParseError, AceMQ::AMQP::ConfigurationError => e
       @err.puts("acemq: #{e.message}")
       64

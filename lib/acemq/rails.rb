@@ -58,8 +58,14 @@ module AceMQ
       def consumers(only: nil) = select_consumers(only)
 
       # A Runner for the configured consumers (`only:` names some of them).
-      def runner(only: nil)
-        Runner.new(consumers: select_consumers(only), config: config, executor: executor)
+      # With `processes:` (or config.processes) above 1, an AceMQ::Swarm
+      # that forks that many runners; both answer #run with the exit status.
+      def runner(only: nil, processes: nil)
+        n = Integer(processes || config.processes || 1)
+        return Runner.new(consumers: select_consumers(only), config: config, executor: executor) if n == 1
+
+        require "acemq/swarm"
+        Swarm.new(processes: n, consumers: select_consumers(only), config: config, executor: executor)
       end
 
       # What wraps each handler call: the Rails executor (the reloader when

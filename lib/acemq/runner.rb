@@ -23,8 +23,12 @@ module AceMQ
 
     attr_reader :consumers, :supervisor, :health_port
 
-    def initialize(consumers:, config: AceMQ::Rails.config, executor: nil)
+    # booted: is called with the runner once it is running (every consumer
+    # subscribed, the health endpoint up): how a forked child of
+    # `acemq run --processes N` tells its parent its health port.
+    def initialize(consumers:, config: AceMQ::Rails.config, executor: nil, booted: nil)
       @consumers = consumers
+      @booted = booted
       @config = config
       @executor = executor
       @logger = config.logger
@@ -99,6 +103,7 @@ module AceMQ
       start_relay
       start_health
       @supervisor._running
+      @booted&.call(self)
       @logger.info("acemq: running #{@slots.size} consumer#{@slots.size == 1 ? '' : 's'} (pid #{Process.pid}, " \
                    "shutdown_timeout #{@config.shutdown_timeout}s#{@health_port ? ", health on :#{@health_port}" : ''})")
     end

@@ -44,6 +44,20 @@ module AceMQ
       # connection: a store (or a callable building one), nil for none.
       attr_accessor :outbox, :outbox_interval
       attr_writer :logger
+      # Worker processes `acemq run` forks (default 1: no fork, the runner
+      # runs in the process itself). `acemq run --processes N` overrides it.
+      # Each process runs every consumer with its concurrency, so the
+      # threads (and the database pool they need) are per process.
+      attr_accessor :processes
+
+      # A block run in each forked worker process (`--processes` above 1),
+      # after the fork and before its runner connects, with the process's
+      # index (0...processes): reopen there what the application opened
+      # while booting in the parent.
+      def on_worker_boot(&block)
+        @on_worker_boot = block if block
+        @on_worker_boot
+      end
 
       def initialize
         @shutdown_timeout = 25

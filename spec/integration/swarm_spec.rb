@@ -1,0 +1,181 @@
+# frozen_string_literal: true
+
+require "json"
+require "tmpdir"
+
+# `acemq run --processes 2` as an operator meets it: a parent and its forked
+# children against RabbitMQ (and PostgreSQL for what the parent holds),
+# judged by which process handled what, what the parent's one health
+# endpoint says, and how the parent exits.
+RSpec.describe "acemq run --processes (a supervisor of forked runners)" do
+  include RunnerHelpers
+  include ActiveRecordSpecHelpers
+
+  SWARM_APP = File.join(RunnerHelpers::ROOT, "spec", "fixtures", "swarm_app.rb")
+  let(:queue) { unique("swarm") }
+  let(:beats) { unique("swarm-beat") }
+  let(:origin) { unique("swarm-app") }
+  let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL, origin: unique("swarm-spec")) }
+  let(:env) { { "QUEUE" => queue, "ORIGIN" => origin, "BEAT_QUEUE" => beats } }
+
+  before { AceMQ::AMQP::Topology.new.queue(queue).queue(beats).apply(mq) }
+
+  after do
+    # The parent and its children are one process group of the spec's own.
+    (@runners || []).each do |r|
+      Process.kill("KILL", -r.pid)
+    rescue Errno::ESRCH
+      nil
+    end
+    reap_runners
+    close_bunny
+    mq.close
+  end
+
+  def start_swarm(extra = {})
+    runner = start_runner(env.merge(extra), app: SWARM_APP, args: %w[--processes 2])
+    eventually(timeout: 20) { runner.health("/ready").code == "200" }
+    runner
+  end
+
+  def publish(*payloads) = payloads.each { |p| mq.publish(p, to: queue) }
+  def lines(runner, word) = runner.handled.grep(/\A#{word} /)
+  def pid_of(line) = Integer(line[/pid=(\d+)/, 1])
+  def status_of(runner) = JSON.parse(runner.health("/status").body)
+  def child_pids(runner) = status_of(runner)["children"].map { |c| c["pid"] }
+
+  it "runs the consumers in two forked processes, each after on_worker_boot, and lists them on /status and /metrics" do
+    runner = start_swarm
+    publish(*(1..20).map { |n| { "n" => n, "sleep" => 0.05 } })
+    eventually(timeout: 10) { lines(runner, "done").size == 20 }
+
+    children = child_pids(runner)
+    expect(children.compact.size).to eq(2)
+    expect(children).not_to include(runner.pid)
+    expect(lines(runner, "done").map { |l| pid_of(l) }.uniq).to match_array(children) # both took work
+    boots = lines(runner, "worker_boot")
+    expect(boots.map { |l| l.split[1] }).to match_array(%w[0 1])
+    expect(boots.map { |l| Integer(l[/parent=(\d+)/, 1]) }.uniq).to eq([runner.pid])
+
+    status = status_of(runner)
+    expect(status["state"]).to eq("running")
+    expect(status["children"].map { |c| [c["index"], c["state"], c["runner"]["ready"]] })
+      .to eq([[0, "running", true], [1, "running", true]])
+    metrics = runner.health("/metrics").body
+    expect(metrics).to include('acemq_runner_state{process="0",state="running"} 1',
+                               'acemq_runner_state{process="1",state="running"} 1',
+                               'acemq_processes{state="running"} 2')
+    expect(metrics.scan(/^# TYPE acemq_runner_state /).size).to eq(1) # one family, both children's samples
+  end
+
+  it "forks a child killed with KILL again: /ready is 503 for the gap, and nothing is lost" do
+    runner = start_swarm("CONCURRENCY" => "1", "PREFETCH" => "1")
+    publish(*(1..30).map { |n| { "n" => n, "sleep" => 0.1 } })
+    eventually { lines(runner, "done").size >= 4 }
+    victim = child_pids(runner).first
+
+    Process.kill("KILL", victim)
+    eventually(timeout: 3) { runner.health("/ready").code == "503" }
+    eventually(timeout: 10) { runner.health("/ready").code == "200" }
+    status = status_of(runner)
+    expect(status["children"][0]).to include("restarts" => 1, "state" => "running", "last_exit" => "killed by SIGKILL")
+    expect(status["children"][0]["pid"]).not_to eq(victim)
+    expect(runner.text).to include("acemq: process 0 killed by SIGKILL; forking it again")
+
+    eventually(timeout: 15) { lines(runner, "done").map { |l| Integer(l.split[1]) }.uniq.size == 30 }
+    expect(eventually { ready_count(queue).zero? }).to be(true)
+    runner.signal("TERM")
+    expect(runner.wait(15)).to eq(0)
+  end
+
+  it "on TERM drains every child's running handler and exits 0" do
+    runner = start_swarm("CONCURRENCY" => "1", "PREFETCH" => "1")
+    publish({ "n" => 1, "sleep" => 1.5 }, { "n" => 2, "sleep" => 1.5 })
+    eventually { lines(runner, "start").map { |l| pid_of(l) }.uniq.size == 2 }
+
+    runner.signal("TERM")
+    expect(runner.wait(15)).to eq(0)
+    expect(lines(runner, "done").map { |l| l.split[1] }).to match_array(%w[1 2])
+    expect(ready_count(queue)).to eq(0)
+    expect(runner.text).to include("acemq: stopped (exit 0)")
+  end
+
+  it "exits 1 when a child had to give a handler back at shutdown_timeout" do
+    runner = start_swarm("SHUTDOWN_TIMEOUT" => "1", "CONCURRENCY" => "1", "PREFETCH" => "1")
+    publish({ "n" => 1, "sleep" => 30 })
+    eventually { lines(runner, "start").size == 1 }
+
+    runner.signal("TERM")
+    expect(runner.wait(10)).to eq(1)
+    expect(eventually { ready_count(queue) == 1 }).to be(true) # back on the queue, not acknowledged
+  end
+
+  it "exits 2 once a child has died more often than max_restarts allows" do
+    runner = start_swarm("MAX_RESTARTS" => "1")
+    first = child_pids(runner).first
+    Process.kill("KILL", first)
+    eventually(timeout: 10) { (pid = child_pids(runner).first) && pid != first && runner.health("/ready").code == "200" }
+
+    Process.kill("KILL", child_pids(runner).first)
+    expect(runner.wait(15)).to eq(2)
+    expect(runner.text).to include("restarted 1 times within 300s, giving up")
+  end
+
+  it "sends TSTP on: no child takes a new delivery, /ready is 503, and TERM still stops them" do
+    runner = start_swarm
+    runner.signal("TSTP")
+    eventually { runner.text.scan("quiet: taking no new deliveries").size == 2 }
+    expect(runner.health("/ready").code).to eq("503")
+    expect(runner.health("/live").code).to eq("200")
+    publish({ "n" => 1 }, { "n" => 2 })
+    expect(eventually { ready_count(queue) == 2 }).to be(true)
+    expect(lines(runner, "start")).to eq([])
+
+    runner.signal("TERM")
+    expect(runner.wait(15)).to eq(0)
+  end
+
+  # Part 2 of issue 34: what the parent opened while booting is never used
+  # by a child, and a child's use, exit or death never touches it.
+  it "keeps the parent's AMQP and PostgreSQL connections its own through a child's use, clean exit and KILL",
+     if: ActiveRecordSpecHelpers.postgres? do
+    runner = start_swarm("PARENT_HOLDS" => "1", "CONCURRENCY" => "1", "PREFETCH" => "1")
+    parent_backend = Integer(lines(runner, "parent_backend").first.split[1])
+    publish(*(1..6).map { |n| { "n" => n, "use_parent" => true, "sleep" => 0.05 } })
+    eventually(timeout: 10) { lines(runner, "done").size == 6 }
+
+    # Each child used a PostgreSQL session of its own, and was refused the
+    # parent's AMQP connection rather than writing on its socket.
+    backends = lines(runner, "backend").map { |l| [pid_of(l), Integer(l.split[2])] }.uniq
+    expect(backends.map(&:first).uniq.size).to eq(2)
+    expect(backends.map(&:last).uniq.size).to eq(2)
+    expect(backends.map(&:last)).not_to include(parent_backend)
+    expect(lines(runner, "parent_connection_used")).to eq([])
+    expect(lines(runner, "parent_connection_refused").size).to eq(6)
+
+    # One child exits cleanly (TERM to it alone: the parent forks it again),
+    # the other is killed.
+    first, second = child_pids(runner)
+    Process.kill("TERM", first)
+    eventually(timeout: 10) { status_of(runner)["children"][0]["restarts"] == 1 && runner.health("/ready").code == "200" }
+    Process.kill("KILL", second)
+    eventually(timeout: 10) { status_of(runner)["children"][1]["restarts"] == 1 && runner.health("/ready").code == "200" }
+    seen = lines(runner, "beat").size
+    eventually(timeout: 5) { lines(runner, "beat").size >= seen + 10 }
+
+    # The parent went on publishing and querying on what it opened, on the
+    # same PostgreSQL session, without one error.
+    expect(lines(runner, "beat_error")).to eq([])
+    # (The beat thread's session is its own ActiveRecord connection, not the
+    # main thread's.)
+    beat_backends = lines(runner, "beat").map { |l| Integer(l[/backend=(\d+)/, 1]) }.uniq
+    expect(beat_backends.size).to eq(1)
+    expect(lines(runner, "beat").map { |l| pid_of(l) }.uniq).to eq([runner.pid])
+    expect(lines(runner, "backend").map { |l| Integer(l.split[2]) }).not_to include(*beat_backends)
+    sessions = [parent_backend, *beat_backends]
+    live = pg_admin { |c| c.exec_params("SELECT count(*) FROM pg_stat_activity WHERE pid IN ($1, $2)", sessions).getvalue(0, 0) }
+    expect(Integer(live)).to eq(2)
+    runner.signal("TERM")
+    expect(runner.wait(15)).to eq(0)
+  end
+end

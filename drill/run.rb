@@ -14,6 +14,7 @@ require_relative "support"
 require_relative "node"
 require_relative "phases"
 require_relative "database_phases"
+require_relative "swarm"
 
 module Drill
   # How long a dead runner's claim holds its message back. Short, so the
@@ -29,7 +30,8 @@ module Drill
   # carry on.
   class Overrun < Exception; end # rubocop:disable Lint/InheritException
   PHASES = { "kill" => KillRunners, "close" => CloseConnections, "restart" => RestartBroker,
-             "relays" => KillRelays, "poison" => PoisonFlood, "db" => DatabaseOutage }.freeze
+             "relays" => KillRelays, "poison" => PoisonFlood, "db" => DatabaseOutage,
+             "swarm" => KillSwarmChild }.freeze
 
   def self.main
     $stdout.sync = true

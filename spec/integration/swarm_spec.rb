@@ -110,6 +110,35 @@ RSpec.describe "acemq run --processes (a supervisor of forked runners)" do
     expect(eventually { ready_count(queue) == 1 }).to be(true) # back on the queue, not acknowledged
   end
 
+  it "kills a child that ignores TERM at shutdown_timeout + 3 s and exits 3" do
+    runner = start_swarm("SHUTDOWN_TIMEOUT" => "1", "CONCURRENCY" => "1", "PREFETCH" => "1")
+    publish({ "n" => 1, "ignore_term" => true, "sleep" => 30 })
+    eventually { lines(runner, "start").size == 1 }
+    stuck = pid_of(lines(runner, "start").first)
+
+    t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    runner.signal("TERM")
+    expect(runner.wait(15)).to eq(3)
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be_between(1 + 3 - 0.5, 1 + 3 + 3)
+    expect(runner.text).to include("(pid #{stuck}) did not stop within shutdown_timeout; killing it")
+    expect(eventually { ready_count(queue) == 1 }).to be(true)
+  end
+
+  it "stops its children when the parent itself is killed with KILL" do
+    runner = start_swarm
+    children = child_pids(runner)
+    Process.kill("KILL", runner.pid)
+    expect(runner.wait(5)).to eq(128 + 9)
+    gone = lambda do |pid|
+      Process.kill(0, pid)
+      File.read("/proc/#{pid}/stat").split[2] == "Z"
+    rescue Errno::ESRCH, Errno::ENOENT
+      true
+    end
+    expect(eventually(timeout: 10) { children.all?(&gone) }).to be(true)
+    expect(runner.text.scan(/the parent \(pid #{runner.pid}\) is gone; stopping/).size).to eq(2)
+  end
+
   it "exits 2 once a child has died more often than max_restarts allows" do
     runner = start_swarm("MAX_RESTARTS" => "1")
     first = child_pids(runner).first
@@ -130,6 +159,8 @@ RSpec.describe "acemq run --processes (a supervisor of forked runners)" do
     publish({ "n" => 1 }, { "n" => 2 })
     expect(eventually { ready_count(queue) == 2 }).to be(true)
     expect(lines(runner, "start")).to eq([])
+    runner.signal("TTIN")
+    eventually { runner.text.scan(/acemq: thread .* run/).size >= 2 } # both children's main threads
 
     runner.signal("TERM")
     expect(runner.wait(15)).to eq(0)

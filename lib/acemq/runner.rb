@@ -118,7 +118,12 @@ module AceMQ
     # Every handler thread that touches ActiveRecord holds a connection for
     # its call; a pool smaller than the threads is a handler that waits for
     # a connection and times out under load, so it is refused at boot.
-    def check_pool
+    def check_pool = Runner.check_pool(@consumers)
+
+    # Also what `--processes N`'s parent asks before it forks: a pool too
+    # small is refused once, not by every worker in a restart loop. Reading
+    # the pool's size opens no connection.
+    def self.check_pool(consumers)
       return unless defined?(::ActiveRecord::Base) && ::ActiveRecord::Base.respond_to?(:connection_pool)
 
       pool = begin
@@ -126,12 +131,12 @@ module AceMQ
       rescue StandardError
         return
       end
-      threads = @consumers.sum(&:concurrency)
+      threads = consumers.sum(&:concurrency)
       return if pool.size >= threads
 
       raise AMQP::ConfigurationError,
             "the ActiveRecord pool has #{pool.size} connections and the consumers run #{threads} threads " \
-            "(#{@consumers.map { |k| "#{k.name} #{k.concurrency}" }.join(', ')}): set pool: #{threads} (or more) " \
+            "(#{consumers.map { |k| "#{k.name} #{k.concurrency}" }.join(', ')}): set pool: #{threads} (or more) " \
             "in config/database.yml, e.g. RAILS_MAX_THREADS=#{threads}, or lower a consumer's concurrency"
     end
 

@@ -75,6 +75,7 @@ module AceMQ
         raise AMQP::ConfigurationError, "no consumers to run: define a subclass of AceMQ::Rails::Consumer with a queue (in app/consumers)"
       end
 
+      Runner.check_pool(@consumers)
       compact
       trap_signals
       start_health

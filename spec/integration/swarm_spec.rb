@@ -139,6 +139,19 @@ RSpec.describe "acemq run --processes (a supervisor of forked runners)" do
     expect(runner.text.scan(/the parent \(pid #{runner.pid}\) is gone; stopping/).size).to eq(2)
   end
 
+  it "refuses a pool smaller than one process's threads in the parent, before forking (exit 64)",
+     if: ActiveRecordSpecHelpers.postgres? do
+    out = File.join(Dir.mktmpdir("acemq-swarm"), "out")
+    pid = spawn({ "AMQP_URL" => AMQP_URL, "LOG" => File.join(File.dirname(out), "log"), "PARENT_HOLDS" => "1",
+                  "CONCURRENCY" => "10" }.merge(env), # ActiveRecord's default pool is 5
+                RbConfig.ruby, "-I", File.join(RunnerHelpers::ROOT, "lib"), RunnerHelpers::EXE, "run", "-r", SWARM_APP,
+                "--processes", "2", out: out, err: %i[child out])
+    _, status = Process.wait2(pid)
+    expect(status.exitstatus).to eq(64)
+    expect(File.read(out)).to include("the ActiveRecord pool has 5 connections and the consumers run 10 threads")
+    expect(File.read(out)).not_to include("forked")
+  end
+
   it "exits 2 once a child has died more often than max_restarts allows" do
     runner = start_swarm("MAX_RESTARTS" => "1")
     first = child_pids(runner).first

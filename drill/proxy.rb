@@ -33,7 +33,7 @@ module Drill
         @id = id
         @client = client
         @upstream = upstream
-        @opened_at = Drill.now
+        @opened_at = FaultProxy.now
         @last_down = 0.0
         @closed = false
         @flushed = 0
@@ -43,6 +43,10 @@ module Drill
     end
 
     attr_reader :port, :links
+
+    # Monotonic seconds (not Drill.now: the proxy loads without the rest of
+    # the drill, as its spec does).
+    def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
     def initialize(upstream_host, upstream_port, listen: "127.0.0.1")
       @upstream = [upstream_host, upstream_port]
@@ -84,7 +88,7 @@ module Drill
     # nothing, no FIN, no RST, whatever either end does: to each end the
     # other has vanished. New connections pass. Returns the links held.
     def blackhole!
-      t = Drill.now
+      t = FaultProxy.now
       live.reject(&:held?).each { |l| l.held_at = t }
     end
 
@@ -92,7 +96,7 @@ module Drill
     # broker in the last second (else any live one), or nil.
     def busy(rng: Random.new)
       open = live.reject(&:held?)
-      recent = open.select { |l| Drill.now - l.last_down < 1 }
+      recent = open.select { |l| FaultProxy.now - l.last_down < 1 }
       (recent.empty? ? open : recent).sample(random: rng)
     end
 
@@ -101,7 +105,7 @@ module Drill
     def reset!(link = busy)
       return nil unless link
 
-      link.reset_at = Drill.now
+      link.reset_at = FaultProxy.now
       link.closed = true
       [link.client, link.upstream].each { |s| abort_socket(s) }
       link
@@ -141,10 +145,10 @@ module Drill
         due = 0.0
         loop do
           data = from.readpartial(65_536)
-          link.last_down = Drill.now if direction == :down
+          link.last_down = FaultProxy.now if direction == :down
           next if link.held?
 
-          due = [Drill.now + delay, due].max
+          due = [FaultProxy.now + delay, due].max
           queue << [due, data]
         end
       rescue IOError, SystemCallError
@@ -155,7 +159,7 @@ module Drill
         Thread.current.report_on_exception = false
         while (item = queue.pop)
           due, data = item
-          wait = due - Drill.now
+          wait = due - FaultProxy.now
           sleep wait if wait.positive?
           to.write(data) unless link.held? || link.closed
         end
@@ -179,16 +183,16 @@ module Drill
 
       if link.held?
         if direction == :up
-          link.client_gone ||= Drill.now
+          link.client_gone ||= FaultProxy.now
         else
-          link.broker_gone ||= Drill.now
+          link.broker_gone ||= FaultProxy.now
         end
         # Both ends gave up on it: nothing left to hold.
         finish(link) if link.client_gone && link.broker_gone
       elsif direction == :up
-        link.client_gone ||= Drill.now
+        link.client_gone ||= FaultProxy.now
       else
-        link.broker_gone ||= Drill.now
+        link.broker_gone ||= FaultProxy.now
       end
     end
 

@@ -265,38 +265,20 @@ module Drill
 
   def self.cluster_main
     $stdout.sync = true
-    limit = Float(ENV.fetch("DRILL_LIMIT", "240"))
     t0 = now
     cluster = nil
-    db = nil
     phase = nil
     result = nil
-    main = Thread.current
-    watchdog = Thread.new do
-      sleep limit
-      main.raise(Overrun, "the drill ran past DRILL_LIMIT (#{limit.round}s)")
-    end
-    trap("TERM") { main.raise(Interrupt) }
-    begin
-      cluster = Cluster.new
+    failure = bounded("drill:cluster", Float(ENV.fetch("DRILL_LIMIT", "240"))) do |made|
+      cluster = made[:broker] = Cluster.new
       say "drill:cluster: #{Cluster::SIZE} private nodes #{cluster.nodes.map { |n| "#{n.name} on :#{n.port}" }.join(', ')}; " \
           "PostgreSQL #{DATABASE_URL.sub(%r{//[^@]*@}, '//')}; claim timeout #{CLAIM_TIMEOUT}s"
       say format("drill:cluster: cluster of %d up in %.1fs", Cluster::SIZE, cluster.start)
-      db = Database.new
+      db = made[:db] = Database.new
       phase = LeaderKill.new(node: cluster, db: db, rng: Random.new, tag: "#{Process.pid}#{SecureRandom.hex(2)}")
       result = phase.call
-    rescue Failure, Overrun, Interrupt => e
-      result = Result.new(phase: "drill:cluster", failure: e.is_a?(Interrupt) ? "interrupted" : e.message, seconds: now - t0)
-    ensure
-      watchdog.kill
-      Children.reap_all
-      begin
-        db&.drop_all
-      rescue PG::Error => e
-        warn "drill:cluster: dropping tables: #{e.message}"
-      end
-      cluster&.destroy
     end
+    result = failure if failure
     report(cluster, phase&.figures, result, now - t0)
     result.ok? ? 0 : 1
   end

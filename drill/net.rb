@@ -237,23 +237,14 @@ module Drill
     abort "drill:net: unknown phase(s) #{unknown.join(', ')}: choose from #{NET_PHASES.keys.join(', ')}" unless unknown.empty?
 
     seed = Integer(ENV.fetch("DRILL_SEED", Random.new_seed % 100_000))
-    limit = Float(ENV.fetch("DRILL_LIMIT", "240"))
     t0 = now
     results = []
-    lab = nil
-    db = nil
-    main = Thread.current
-    watchdog = Thread.new do
-      sleep limit
-      main.raise(Overrun, "the drill ran past DRILL_LIMIT (#{limit.round}s)")
-    end
-    trap("TERM") { main.raise(Interrupt) }
-    begin
-      lab = NetLab.new
+    failure = bounded("drill:net", Float(ENV.fetch("DRILL_LIMIT", "240"))) do |made|
+      lab = made[:broker] = NetLab.new
       say "drill:net: seed #{seed}; private node #{lab.node.name} at #{lab.node.ip}:#{lab.node.port} in namespace " \
           "#{lab.ns.name}; clients through the proxy in the root namespace"
       say format("drill:net: node up in %.1fs", lab.node.start)
-      db = Database.new
+      db = made[:db] = Database.new
       rng = Random.new(seed)
       tag = "#{Process.pid}#{SecureRandom.hex(2)}"
       names.each do |name|
@@ -261,18 +252,10 @@ module Drill
         results << r
         say line(r)
       end
-    rescue Failure, Overrun, Interrupt => e
-      results << Result.new(phase: "drill:net", failure: e.is_a?(Interrupt) ? "interrupted" : e.message, seconds: now - t0)
-      say "drill:net: #{results.last.failure}"
-    ensure
-      watchdog.kill
-      Children.reap_all
-      begin
-        db&.drop_all
-      rescue PG::Error => e
-        warn "drill:net: dropping tables: #{e.message}"
-      end
-      lab&.destroy
+    end
+    if failure
+      results << failure
+      say "drill:net: #{failure.failure}"
     end
     summary(results, now - t0, seed)
     results.all?(&:ok?) && results.size == names.size ? 0 : 1

@@ -118,39 +118,20 @@ module Drill
       say "drill:net_cluster: cannot make a network namespace here (root and iproute2 needed)"
       return 1
     end
-    limit = Float(ENV.fetch("DRILL_LIMIT", "300"))
     t0 = now
     cluster = nil
-    db = nil
     phase = nil
     result = nil
-    main = Thread.current
-    watchdog = Thread.new do
-      sleep limit
-      main.raise(Overrun, "the drill ran past DRILL_LIMIT (#{limit.round}s)")
-    end
-    trap("TERM") { main.raise(Interrupt) }
-    begin
-      cluster = NetCluster.new
+    failure = bounded("drill:net_cluster", Float(ENV.fetch("DRILL_LIMIT", "300"))) do |made|
+      cluster = made[:broker] = NetCluster.new
       say "drill:net_cluster: #{Cluster::SIZE} private nodes, each in a namespace on a bridge: " \
           "#{cluster.nodes.map(&:name).join(', ')}; client heartbeat #{NetCluster::HEARTBEAT}s, net_ticktime #{NetCluster::NET_TICKTIME}s"
       say format("drill:net_cluster: cluster of %d up in %.1fs", Cluster::SIZE, cluster.start)
-      db = Database.new
+      db = made[:db] = Database.new
       phase = LeaderCut.new(node: cluster, db: db, rng: Random.new, tag: "#{Process.pid}#{SecureRandom.hex(2)}")
       result = phase.call
-    rescue Failure, Overrun, Interrupt => e
-      result = Result.new(phase: "drill:net_cluster", failure: e.is_a?(Interrupt) ? "interrupted" : e.message,
-                          seconds: now - t0)
-    ensure
-      watchdog.kill
-      Children.reap_all
-      begin
-        db&.drop_all
-      rescue PG::Error => e
-        warn "drill:net_cluster: dropping tables: #{e.message}"
-      end
-      cluster&.destroy
     end
+    result = failure if failure
     # drill:cluster's report; there "kill" reads "link down" and "restart"
     # "link up".
     report(cluster, phase&.figures, result, now - t0)

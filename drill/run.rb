@@ -44,27 +44,16 @@ module Drill
     end
 
     seed = Integer(ENV.fetch("DRILL_SEED", Random.new_seed % 100_000))
-    limit = Float(ENV.fetch("DRILL_LIMIT", "300"))
     t0 = now
     results = []
-    node = nil
-    db = nil
-    main = Thread.current
-    # The whole drill is bounded: a phase stuck past the limit is
-    # interrupted, cleanup runs, and CI gets a failure rather than a hang.
-    watchdog = Thread.new do
-      sleep limit
-      main.raise(Overrun, "the drill ran past DRILL_LIMIT (#{limit.round}s)")
-    end
-    trap("TERM") { main.raise(Interrupt) }
-    begin
-      node = Node.new
+    failure = bounded("drill", Float(ENV.fetch("DRILL_LIMIT", "300"))) do |made|
+      node = made[:broker] = Node.new
       say "drill: seed #{seed}; private node #{node.name} on 127.0.0.1:#{node.port}; " \
           "#{DATABASE_URL.start_with?('mysql2:') ? 'MySQL' : 'PostgreSQL'} " \
           "#{DATABASE_URL.sub(%r{//[^@]*@}, '//')}; claim timeout #{CLAIM_TIMEOUT}s"
       up = node.start
       say format("drill: node up in %.1fs", up)
-      db = Drill.database
+      db = made[:db] = Drill.database
       rng = Random.new(seed)
       tag = "#{Process.pid}#{SecureRandom.hex(2)}"
       names.each do |name|
@@ -72,21 +61,43 @@ module Drill
         results << r
         say line(r)
       end
-    rescue Failure, Overrun, Interrupt => e
-      results << Result.new(phase: "drill", failure: e.is_a?(Interrupt) ? "interrupted" : e.message, seconds: now - t0)
-      say "drill: #{results.last.failure}"
-    ensure
-      watchdog.kill
-      Children.reap_all
-      begin
-        db&.drop_all
-      rescue StandardError => e # PG::Error, Mysql2::Error
-        warn "drill: dropping tables: #{e.message}"
-      end
-      node&.destroy
+    end
+    if failure
+      results << failure
+      say "drill: #{failure.failure}"
     end
     summary(results, now - t0, seed)
     results.all?(&:ok?) && results.size == names.size ? 0 : 1
+  end
+
+  # Run a drill's body bounded by `limit` seconds: past it, or on TERM, the
+  # main thread is interrupted, cleanup still runs, and CI gets a failure
+  # rather than a hang. The body puts what it makes in `made` (:db, the
+  # drill's database; :broker, its node, cluster or lab), and whatever was
+  # made is dropped and destroyed at the end. nil, or a failing Result named
+  # `who` when the body raised a Failure, overran or was interrupted.
+  def self.bounded(who, limit)
+    t0 = now
+    made = {}
+    main = Thread.current
+    watchdog = Thread.new do
+      sleep limit
+      main.raise(Overrun, "the drill ran past DRILL_LIMIT (#{limit.round}s)")
+    end
+    trap("TERM") { main.raise(Interrupt) }
+    yield made
+    nil
+  rescue Failure, Overrun, Interrupt => e
+    Result.new(phase: who, failure: e.is_a?(Interrupt) ? "interrupted" : e.message, seconds: now - t0)
+  ensure
+    watchdog&.kill
+    Children.reap_all
+    begin
+      made[:db]&.drop_all
+    rescue StandardError => e # PG::Error, Mysql2::Error
+      warn "#{who}: dropping tables: #{e.message}"
+    end
+    made[:broker]&.destroy
   end
 
   def self.line(r)

@@ -142,6 +142,19 @@ impl Feed {
         None
     }
 
+    /// Hand nothing more out, from now: blocked readers return closed, and
+    /// a delivery a reader is taking off the stream is not handed out. The
+    /// stream itself is left alone (the subscription's cancel goes out on
+    /// it, then `close`). Without this, a stop handed out buffered
+    /// deliveries until the broker's cancel-ok came back.
+    pub(super) fn stop_handing_out(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        drop(st);
+        self.turn.notify_all();
+        self.turn_async.notify_waiters();
+    }
+
     /// No more deliveries: readers return closed, what lapin buffers is not
     /// handed out (the broker requeues it when the channel closes).
     pub(super) fn close(&self) {

@@ -165,6 +165,16 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("status_json", method!(RbSupervisor::status_json, 0))?;
     class.define_method("_serve_health", method!(RbSupervisor::serve_health, 2))?;
     class.define_method("_close_health", method!(RbSupervisor::close_health, 0))?;
+    // Core's restart rules, for `acemq run --processes N`'s parent, which
+    // supervises its workers by the same rules without starting the engine.
+    let restart = RestartPolicy::default();
+    let defaults = ruby.hash_new();
+    defaults.aset(ruby.to_symbol("max_restarts"), restart.max_restarts)?;
+    defaults.aset(ruby.to_symbol("window"), restart.window.as_secs_f64())?;
+    defaults.aset(ruby.to_symbol("initial_backoff"), restart.initial_backoff.as_secs_f64())?;
+    defaults.aset(ruby.to_symbol("max_backoff"), restart.max_backoff.as_secs_f64())?;
+    defaults.freeze();
+    class.const_set("RESTART_DEFAULTS", defaults)?;
     verdict::init(ruby, class)?;
     Ok(())
 }

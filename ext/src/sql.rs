@@ -238,6 +238,10 @@ impl ConnectionSource for RbSource {
     }
 }
 
-pub fn init(_ruby: &Ruby, _amqp: RModule) -> Result<(), Error> {
+pub fn init(_ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
+    // How long a delivery waits round the ladder while the database is
+    // away: core's, the same wait the idempotent guard gives a store that fails.
+    let sql = amqp.define_module("SQL")?;
+    sql.const_set("OUTAGE_WAIT", acemq::idempotency::STORE_OUTAGE_WAIT.as_secs_f64())?;
     Ok(())
 }

@@ -40,8 +40,6 @@ module AceMQ
     # trip each); under the 5 s most platforms leave between the
     # application's own shutdown_timeout (25) and their KILL (30).
     KILL_GRACE = 3
-    INITIAL_BACKOFF = 1.0
-    MAX_BACKOFF = 30.0
     SIGNALS = %w[TERM INT TSTP TTIN CHLD].freeze
 
     # One child process: its index (0...N) is kept across restarts.
@@ -58,8 +56,11 @@ module AceMQ
       @config = config
       @executor = executor
       @logger = config.logger
-      @max_restarts = config.max_restarts ? Integer(config.max_restarts) : 5
-      @window = config.restart_window ? Float(config.restart_window) : 300.0
+      # Core's restart rules (read from the extension, which starts no
+      # runtime by being loaded), unless configured.
+      @restart = AMQP::NativeSupervisor::RESTART_DEFAULTS
+      @max_restarts = config.max_restarts ? Integer(config.max_restarts) : @restart.fetch(:max_restarts)
+      @window = config.restart_window ? Float(config.restart_window) : @restart.fetch(:window)
       @check = Float(config.check_interval || 1)
       @children = Array.new(@processes) { |i| Child.new(index: i, state: :new, restarts: [], total_restarts: 0) }
       @signal_in, @signal_out = IO.pipe
@@ -243,7 +244,7 @@ module AceMQ
           child.state = :failed
           @state = :failed
         else
-          after = [INITIAL_BACKOFF * (2**child.restarts.size), MAX_BACKOFF].min
+          after = [@restart.fetch(:initial_backoff) * (2**child.restarts.size), @restart.fetch(:max_backoff)].min
           child.restarts << now
           child.total_restarts += 1
           child.state = :restarting

@@ -25,13 +25,10 @@ module AceMQ
       # SQLite3::Database a process carried across fork() in the child.
       class ClosedConnection < StoreError; end
 
-      # How long a delivery whose handler found the database away waits
-      # round the ladder without spending attempts: the engine's
-      # STORE_OUTAGE_WAIT, the same wait the idempotent guard gives a
-      # delivery whose store failed (10 minutes: longer than a restart or a
-      # failover, short enough that a database that stays away still ends in
-      # the DLQ within the hour).
-      OUTAGE_WAIT = 600.0
+      # OUTAGE_WAIT (set by the extension from core's STORE_OUTAGE_WAIT): how
+      # long a delivery whose handler found the database away waits round
+      # the ladder without spending attempts, the same wait the idempotent
+      # guard gives a delivery whose store failed.
 
       # Errors that say the database is away (down, restarting, the
       # connection killed, the file locked by another process or its disk

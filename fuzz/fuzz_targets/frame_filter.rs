@@ -1,5 +1,5 @@
 //! Arbitrary bytes from the broker's socket through the frame filter
-//! (core/src/transport/frame_filter.rs), as lapin reads them.
+//! (core/src/transport/frame_filter/), as lapin reads them.
 //!
 //! Checks: no panic; the read contract lapin relies on (acemq::fuzzing::filter
 //! asserts it); the same output however the socket's reads and lapin's

@@ -193,7 +193,7 @@ RSpec.describe "hostile frames from another publisher" do
     expect_survived(dead_lettered: refused ? 0 : 1)
     # Where a broker passes it on, it is dead-lettered like the rest; the
     # filter's handling of it is covered against lapin in core
-    # (transport/frame_filter.rs).
+    # (transport/frame_filter/).
     unless refused
       _, props, = dead_letter
       expect(props[:headers]["x-acemq-reason"]).to include('unknown field type "Z"')

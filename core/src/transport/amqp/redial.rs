@@ -135,7 +135,7 @@ pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeou
     }
     // Through the frame filter: what another client published must not be
     // able to crash lapin's parser or make it close the connection (see
-    // frame_filter.rs). It keeps repaired frames within the frame_max lapin
+    // frame_filter/). It keeps repaired frames within the frame_max lapin
     // negotiates, which the URL can lower.
     let frame_max = uri.query.frame_max.unwrap_or(0);
     let server = crate::transport::frame_filter::ServerVersion::default();

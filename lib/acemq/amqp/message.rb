@@ -10,70 +10,77 @@ module AceMQ
 
     # One message as a handler sees it: the parsed JSON payload, the
     # envelope, and the delivery it arrived by (nil for a message built by
-    # hand in a spec).
-    #
-    # A consumed message reads the engine's delivery object
-    # (NativeDelivery) field by field, each the first time it is asked for:
-    # the payload becomes Ruby objects on the first #payload, the envelope
-    # is built on the first #envelope, and #id, #type, #attempt and
-    # #headers never build it. A handler pays for what it reads.
+    # hand in a spec). A consumed message is a Message::Consumed, which
+    # reads the same fields from the engine's delivery.
     class Message
       def initialize(payload:, envelope: Envelope.new, delivery: nil)
         @payload = payload
         @envelope = envelope
         @delivery = delivery
-        @native = nil
         freeze
       end
 
       # Built from what NativeConsumer#_next hands over: a NativeDelivery.
-      def self.from_native(native) = allocate.__send__(:read_from, native)
+      def self.from_native(native) = Consumed.new(native)
 
-      def payload = @native ? lazily(:payload) { @native.payload } : @payload
+      attr_reader :payload, :envelope, :delivery
 
-      def envelope
-        return @envelope unless @native
+      def id = envelope&.id
+      def type = envelope.type
+      def attempt = envelope.attempt
+      def headers = envelope.headers
 
-        lazily(:envelope) do
-          Envelope.new(id: @native.id, type: @native.type, origin: @native.origin, timestamp: @native.timestamp,
-                       attempt: @native.attempt, headers: headers)
-        end
-      end
-
-      def delivery
-        return @delivery unless @native
-
-        lazily(:delivery) do
-          Delivery.new(queue: @native.queue, exchange: @native.exchange, routing_key: @native.routing_key,
-                       redelivered: @native.redelivered?, properties: Properties.new(**@native.properties).freeze)
-        end
-      end
-
-      def id = @native ? lazily(:id) { @native.id } : envelope&.id
-      def type = @native ? lazily(:type) { @native.type } : envelope.type
-      def attempt = @native ? @native.attempt : envelope.attempt
-      def headers = @native ? lazily(:headers) { @native.headers.freeze } : envelope.headers
-
-      # The engine's delivery, for the subscription to settle (nil for a
-      # message built by hand).
-      def native_delivery = @native
+      # The engine's delivery, for the subscription to settle: none for a
+      # message built by hand.
+      def native_delivery = nil
 
       def inspect
         "#<AceMQ::AMQP::Message id=#{id.inspect} type=#{type.inspect} payload=#{payload.inspect}>"
       end
 
-      private
+      # A consumed message. It reads the engine's delivery object
+      # (NativeDelivery) field by field, each the first time it is asked
+      # for: the payload becomes Ruby objects on the first #payload, the
+      # envelope is built on the first #envelope, and #id, #type, #attempt
+      # and #headers never build it. A handler pays for what it reads.
+      class Consumed < Message
+        # rubocop:disable Lint/MissingSuper -- a consumed message has no hand-given fields
+        def initialize(native)
+          @native = native
+          # What has been read so far: the message itself is frozen, as one
+          # built by hand is; this holds the fields already converted.
+          @read = {}
+          freeze
+        end
+        # rubocop:enable Lint/MissingSuper
 
-      def read_from(native)
-        @native = native
-        # What has been read so far: the message itself is frozen, as one
-        # built by hand is; this holds the fields already converted.
-        @read = {}
-        freeze
-      end
+        def payload = lazily(:payload) { @native.payload }
 
-      def lazily(name)
-        @read.fetch(name) { @read[name] = yield }
+        def envelope
+          lazily(:envelope) do
+            Envelope.new(id: @native.id, type: @native.type, origin: @native.origin, timestamp: @native.timestamp,
+                         attempt: @native.attempt, headers: headers)
+          end
+        end
+
+        def delivery
+          lazily(:delivery) do
+            Delivery.new(queue: @native.queue, exchange: @native.exchange, routing_key: @native.routing_key,
+                         redelivered: @native.redelivered?, properties: Properties.new(**@native.properties).freeze)
+          end
+        end
+
+        def id = lazily(:id) { @native.id }
+        def type = lazily(:type) { @native.type }
+        def attempt = @native.attempt
+        def headers = lazily(:headers) { @native.headers.freeze }
+        def native_delivery = @native
+
+        private
+
+        def lazily(name)
+          @read.fetch(name) { @read[name] = yield }
+        end
       end
     end
   end

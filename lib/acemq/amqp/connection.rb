@@ -260,7 +260,7 @@ module AceMQ
         # An object with no JSON form of its own is generated as its to_s,
         # "#<Object:0x...>": a message nobody can use. Cheap to rule out
         # first; walked only when the text could hold one.
-        if json.include?('"#<') && (bad = Connection.formless(payload))
+        if json.include?('"#<') && (bad = Connection.without_json_form(payload))
           raise EncodingError, "the payload holds a #{bad.class}, which has no JSON form (it would be sent as " \
                                "#{bad.to_s[0, 40].inspect}): convert it first (to_h, as_json, to_s)"
         end
@@ -281,10 +281,10 @@ module AceMQ
       end
 
       # The first value in payload that JSON would write as its to_s, or nil.
-      def self.formless(value)
+      def self.without_json_form(value)
         case value
-        when Hash then value.each { |k, v| (bad = formless(k) || formless(v)) and return bad } && nil
-        when Array then value.each { |v| (bad = formless(v)) and return bad } && nil
+        when Hash then value.each { |k, v| (bad = without_json_form(k) || without_json_form(v)) and return bad } && nil
+        when Array then value.each { |v| (bad = without_json_form(v)) and return bad } && nil
         when String, Symbol, Integer, Float, true, false, nil then nil
         # Written as its to_s whatever defines to_json (json's own fallback,
         # or ActiveSupport's, which defers to it inside JSON.generate).

@@ -27,7 +27,7 @@ module AceMQ
         @type = type&.to_s&.dup&.freeze
         @origin = origin&.to_s&.dup&.freeze
         @timestamp = timestamp.equal?(GENERATE) ? Time.now.to_i : timestamp && Envelope.seconds(timestamp)
-        @attempt = Envelope.whole(:attempt, attempt)
+        @attempt = Envelope.positive_integer(:attempt, attempt)
         unless headers.nil? || headers.is_a?(Hash)
           raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
         end
@@ -50,7 +50,7 @@ module AceMQ
         end
       end
 
-      def self.whole(name, value)
+      def self.positive_integer(name, value)
         n = Integer(value)
         raise ConfigurationError, "#{name}: must be at least 1, got #{n}" if n < 1
 

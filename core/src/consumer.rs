@@ -23,6 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod flow;
+pub use flow::{BreakerState, CircuitBreaker, Throttle};
+
 /// How long a delivery whose copy could not be made waits before it goes
 /// back to its queue.
 const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
@@ -78,6 +81,11 @@ pub struct ConsumeOptions {
     /// The consumer's name in events and logs (the Ruby consumer class's
     /// name). None: the queue's.
     pub name: Option<String>,
+    /// Pause when handlers keep failing ([`CircuitBreaker`]). None: never.
+    pub circuit_breaker: Option<CircuitBreaker>,
+    /// Hand out at most so many messages per period, in this process
+    /// ([`Throttle`]). None: as fast as the handlers take them.
+    pub throttle: Option<Throttle>,
 }
 
 impl Default for ConsumeOptions {
@@ -125,6 +133,8 @@ impl ConsumeOptions {
             broker_consumer_timeout: DEFAULT_BROKER_CONSUMER_TIMEOUT,
             claim_timeout: None,
             name: None,
+            circuit_breaker: None,
+            throttle: None,
         }
     }
 }
@@ -334,6 +344,7 @@ pub struct Consumer {
     background: Background,
     inflight: InFlight,
     warnings: Vec<String>,
+    flow: flow::Flow,
 }
 
 /// Settlements running on the runtime (see [`Consumer::settle_later`]):
@@ -382,6 +393,7 @@ impl Consumer {
             _ => options.broker_consumer_timeout,
         };
         crate::checks::handler_timeout(options.timeout, broker_timeout, options.claim_timeout)?;
+        let flow = flow::Flow::new(&options)?;
         let warnings: Vec<String> = [
             crate::checks::delivery_limit(
                 queue,
@@ -414,6 +426,7 @@ impl Consumer {
             background: Background::default(),
             inflight: InFlight::default(),
             warnings,
+            flow,
         };
         if let Err(e) = declared {
             consumer.close().await;
@@ -486,9 +499,22 @@ impl Consumer {
     /// again when the subscription closes; nothing is lost.
     pub async fn next(&self) -> Option<Delivery> {
         loop {
-            let raw = self.link.pop().await?;
+            self.flow_token().await;
+            let Some(raw) = self.link.pop().await else {
+                self.flow_refund();
+                return None;
+            };
             if let Some(d) = self.understand(raw).await {
-                return Some(d);
+                if self.flow_admits(d.watch.id) {
+                    return Some(d);
+                }
+                // Its circuit breaker is open: back to the queue, unspent.
+                self.flow_refund();
+                if self.claim(&d) {
+                    self.link.requeue(d.raw.tag).await;
+                }
+            } else {
+                self.flow_refund();
             }
         }
     }
@@ -506,19 +532,41 @@ impl Consumer {
     /// [`Consumer::next_blocking`], reading the payload as `payload` says
     /// (see [`Payload::Checked`]).
     pub fn next_blocking_as(self: &Arc<Self>, timeout: Duration, payload: Payload) -> Next {
+        if !self.flow_token_blocking(timeout) {
+            return Next::Empty;
+        }
         match self.link.pop_blocking(timeout) {
             Pop::Item(raw) => match decode_as(&self.queue, &raw, payload) {
                 Ok(message) => {
                     self.watch_deadlines();
-                    Next::Delivery(Box::new(self.hand_out(message, raw)))
+                    let d = self.hand_out(message, raw);
+                    if self.flow_admits(d.watch.id) {
+                        return Next::Delivery(Box::new(d));
+                    }
+                    // Its circuit breaker is open: back to the queue, unspent.
+                    self.flow_refund();
+                    if self.claim(&d) {
+                        self.in_background(move |this| async move {
+                            this.link.requeue(d.raw.tag).await;
+                            Ok(())
+                        });
+                    }
+                    Next::Empty
                 }
                 Err(undecodable) => {
+                    self.flow_refund();
                     self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
                     Next::Empty
                 }
             },
-            Pop::Empty => Next::Empty,
-            Pop::Closed => Next::Closed,
+            Pop::Empty => {
+                self.flow_refund();
+                Next::Empty
+            }
+            Pop::Closed => {
+                self.flow_refund();
+                Next::Closed
+            }
         }
     }
 
@@ -571,6 +619,7 @@ impl Consumer {
         }
         let attempt = delivery.attempt;
         let settlement = outcome.settlement();
+        self.flow_settled(delivery.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&delivery.span, &settlement);
         let took = self.took(&delivery.watch, false);
         tracing::Instrument::instrument(self.settle_raw(delivery.raw, attempt, settlement, took), span).await
@@ -706,6 +755,7 @@ impl Consumer {
     /// consumer used through [`Consumer::next`] starts it by calling this.
     /// It ends when the consumer is closed or dropped.
     pub fn watch_deadlines(self: &Arc<Self>) {
+        self.watch_flow();
         if self.inflight.watching.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -725,16 +775,17 @@ impl Consumer {
 
     /// Settle, as retries, the deliveries whose deadline has passed.
     fn expire(self: &Arc<Self>, now: Instant) {
-        let expired: Vec<(Arc<RawDelivery>, Took)> = {
+        let expired: Vec<(Arc<RawDelivery>, Took, u64)> = {
             let mut watched = self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner());
             let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline <= now).map(|(id, _)| *id).collect();
             due.into_iter()
                 .filter_map(|id| watched.remove(&id))
                 .filter(|(w, _)| !w.settled.swap(true, Ordering::AcqRel))
-                .map(|(w, raw)| (raw, self.took(&w, true)))
+                .map(|(w, raw)| (raw, self.took(&w, true), w.id))
                 .collect()
         };
-        for (raw, took) in expired {
+        for (raw, took, id) in expired {
+            self.flow_settled(id, true);
             self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
             let attempt = crate::wire::envelope_of(&raw.props).attempt;
             let reason = format!(
@@ -765,6 +816,7 @@ impl Consumer {
         }
         let attempt = delivery.attempt;
         let settlement = outcome.settlement();
+        self.flow_settled(delivery.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&delivery.span, &settlement);
         let took = self.took(&delivery.watch, false);
         self.in_background(move |this| {
@@ -819,6 +871,7 @@ impl Consumer {
             return;
         }
         delivery.span.record("acemq.outcome", "accepted");
+        self.flow_settled(delivery.watch.id, false);
         self.link.ack(delivery.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         if crate::events::enabled() {

@@ -73,6 +73,7 @@ pub use consumer::{
     Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
     TIMEOUT_CLASS,
 };
+pub use consumer::{BreakerState, CircuitBreaker, Throttle};
 pub use envelope::{new_id, Envelope};
 pub use error::{Error, ErrorKind, Result};
 pub use headers::Headers;

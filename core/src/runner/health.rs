@@ -2,8 +2,12 @@
 //! orchestrator's probes. `GET /live` and `GET /ready` answer 200 or 503
 //! with a one-word body; `GET /status` (or `/`) answers the supervisor's
 //! JSON; `GET /metrics` answers [`crate::metrics::render`] (Prometheus text,
-//! recording from the moment the endpoint starts). Nothing else is served,
-//! and nothing here can change the runner.
+//! recording from the moment the endpoint starts).
+//!
+//! Two requests change the runner: `POST /consumers/NAME/pause` and `POST
+//! /consumers/NAME/resume` ([`Supervisor::pause`]), from the loopback
+//! interface, or from anywhere with `Authorization: Bearer TOKEN` when
+//! [`super::RunnerOptions::control_token`] is set. Nothing else is served.
 
 use super::Supervisor;
 use crate::error::{Error, ErrorKind, Result};
@@ -58,13 +62,22 @@ pub async fn serve_health(addr: SocketAddr, supervisor: Arc<Supervisor>) -> Resu
     let addr = listener.local_addr().map_err(|e| Error::new(ErrorKind::InvalidArgument, e.to_string()))?;
     let task = crate::runtime::handle().spawn(async move {
         loop {
-            let Ok((mut socket, _)) = listener.accept().await else { continue };
+            let Ok((mut socket, peer)) = listener.accept().await else { continue };
             let supervisor = supervisor.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::with_capacity(256);
                 let mut chunk = [0u8; 512];
                 let read = tokio::time::timeout(READ_TIMEOUT, async {
-                    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < MAX_REQUEST {
+                    // A probe's request line is all a GET needs; a control
+                    // request is read to the end of its headers.
+                    let done = |buf: &[u8]| {
+                        if buf.starts_with(b"POST") {
+                            buf.windows(4).any(|w| w == b"\r\n\r\n")
+                        } else {
+                            buf.windows(2).any(|w| w == b"\r\n")
+                        }
+                    };
+                    while !done(&buf) && buf.len() < MAX_REQUEST {
                         match socket.read(&mut chunk).await {
                             Ok(0) | Err(_) => return false,
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
@@ -78,9 +91,14 @@ pub async fn serve_health(addr: SocketAddr, supervisor: Arc<Supervisor>) -> Resu
                 }
                 let line = String::from_utf8_lossy(&buf);
                 let path = line.split_whitespace().nth(1).unwrap_or("/");
-                let (code, content_type, body) = respond(&supervisor, path);
+                let (code, content_type, body) = if line.starts_with("POST") {
+                    control(&supervisor, path, &line, peer.ip().is_loopback()).await
+                } else {
+                    respond(&supervisor, path)
+                };
                 let status = match code {
                     200 => "200 OK",
+                    403 => "403 Forbidden",
                     404 => "404 Not Found",
                     _ => "503 Service Unavailable",
                 };
@@ -94,6 +112,69 @@ pub async fn serve_health(addr: SocketAddr, supervisor: Arc<Supervisor>) -> Resu
         }
     });
     Ok(HealthServer { addr, task })
+}
+
+/// `POST /consumers/NAME/pause` or `/resume`.
+async fn control(supervisor: &Supervisor, path: &str, request: &str, loopback: bool) -> (u16, &'static str, String) {
+    let plain = |code, body: String| (code, "text/plain", body);
+    let token = supervisor.options().control_token.as_deref();
+    let bearer = request
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
+        .and_then(|(_, v)| v.trim().strip_prefix("Bearer "))
+        .map(str::trim);
+    let allowed = match token {
+        Some(t) => bearer.is_some_and(|b| constant_time_eq(b.as_bytes(), t.as_bytes())),
+        None => loopback,
+    };
+    if !allowed {
+        let why = if token.is_some() {
+            "forbidden: send Authorization: Bearer with the runner's control token (ACEMQ_CONTROL_TOKEN)\n"
+        } else {
+            "forbidden: control requests are taken from 127.0.0.1 only; set a control token (ACEMQ_CONTROL_TOKEN) to send them from elsewhere\n"
+        };
+        return plain(403, why.to_owned());
+    }
+    let path = path.split('?').next().unwrap_or("/");
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (name, action) = match parts.as_slice() {
+        ["consumers", name, action @ ("pause" | "resume")] => (percent_decoded(name), *action),
+        _ => return plain(404, "not found: POST /consumers/NAME/pause or /consumers/NAME/resume\n".to_owned()),
+    };
+    let done = if action == "pause" { supervisor.pause(&name).await } else { supervisor.resume(&name).await };
+    match done {
+        Ok(()) => plain(200, format!("{} {name}\n", if action == "pause" { "paused" } else { "resumed" })),
+        Err(e) if *e.kind() == ErrorKind::InvalidArgument => plain(404, format!("{e}\n")),
+        Err(e) => plain(503, format!("{e}\n")),
+    }
+}
+
+/// `Payments%3A%3AConsumer` as `Payments::Consumer`: a class name in a path.
+fn percent_decoded(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Compared without an early exit, so the time taken says nothing of how
+/// much of a guess was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn respond(supervisor: &Supervisor, path: &str) -> (u16, &'static str, String) {

@@ -31,6 +31,7 @@
 //! # }
 //! ```
 
+mod control;
 mod health;
 mod shutdown;
 
@@ -61,6 +62,12 @@ pub struct RunnerOptions {
     /// How often the runner beats. It is not live once it has missed three
     /// beats in a row: the loop that watches the consumers is stuck.
     pub heartbeat: Duration,
+    /// What the health endpoint's control requests (`POST
+    /// /consumers/NAME/pause`, `/resume`) must carry as `Authorization:
+    /// Bearer TOKEN`. None: they are taken from the loopback interface only
+    /// (`acemq ctl` on the same host, the `--processes` parent), refused
+    /// from anywhere else.
+    pub control_token: Option<String>,
 }
 
 impl Default for RunnerOptions {
@@ -70,6 +77,7 @@ impl Default for RunnerOptions {
             recovery_bound: Duration::from_secs(60),
             restart: RestartPolicy::default(),
             heartbeat: Duration::from_secs(1),
+            control_token: None,
         }
     }
 }
@@ -174,6 +182,8 @@ struct Slot {
     concurrency: usize,
     prefetch: u16,
     up: bool,
+    /// Paused by an operator: not down, not restarted, taking nothing.
+    paused: bool,
     restarts: VecDeque<Instant>,
     total_restarts: u64,
     last_failure: Option<String>,
@@ -196,6 +206,8 @@ pub struct Supervisor {
     epoch: Instant,
     /// Milliseconds since `epoch` of the last beat.
     beat: AtomicU64,
+    /// Each slot's consumer now, for pause and resume.
+    attached: control::Attached,
 }
 
 impl Supervisor {
@@ -206,6 +218,7 @@ impl Supervisor {
             inner: Mutex::new(Inner { state: RunnerState::Booting, failure: None, slots: Vec::new(), stopping_since: None }),
             epoch: Instant::now(),
             beat: AtomicU64::new(0),
+            attached: control::Attached::default(),
         }
     }
 
@@ -227,6 +240,7 @@ impl Supervisor {
             concurrency,
             prefetch,
             up: true,
+            paused: false,
             restarts: VecDeque::new(),
             total_restarts: 0,
             last_failure: None,
@@ -401,16 +415,19 @@ impl Supervisor {
 
     /// The state as JSON, for the health endpoint's `/status` and for logs:
     /// `{"state","live","ready","failure","consumers":[{"name","queue",
-    /// "concurrency","prefetch","up","restarts","last_failure"}]}`.
+    /// "concurrency","prefetch","up","restarts","last_failure","paused",
+    /// "breaker"}]}` (`breaker`: null, or closed, open, half_open, trying).
     pub fn status_json(&self) -> String {
         let inner = self.lock();
         let consumers: Vec<serde_json::Value> = inner
             .slots
             .iter()
-            .map(|s| {
+            .enumerate()
+            .map(|(i, s)| {
                 serde_json::json!({
                     "name": s.name, "queue": s.queue, "concurrency": s.concurrency, "prefetch": s.prefetch,
                     "up": s.up, "restarts": s.total_restarts, "last_failure": s.last_failure,
+                    "paused": s.paused, "breaker": self.attached.breaker(i).map(crate::BreakerState::as_str),
                 })
             })
             .collect();

@@ -57,6 +57,8 @@ struct MemConsumer {
     unacked: HashMap<u64, Stored>,
     next_tag: u64,
     out: Arc<DeliveryQueue>,
+    /// Paused ([`MemoryBroker::pause`]): nothing is dispatched to it.
+    paused: bool,
 }
 
 #[derive(Default)]
@@ -311,7 +313,7 @@ impl MemoryBroker {
             for i in 0..consumer_ids.len() {
                 let id = consumer_ids[(rr + i) % consumer_ids.len()];
                 if let Some(c) = st.consumers.get(&id) {
-                    if c.unacked.len() < c.prefetch {
+                    if c.unacked.len() < c.prefetch && !c.paused {
                         chosen = Some(id);
                         rr = (rr + i + 1) % consumer_ids.len();
                         break;
@@ -394,7 +396,7 @@ impl MemoryBroker {
         let out = Arc::new(DeliveryQueue::default());
         st.consumers.insert(
             id,
-            MemConsumer { queue: queue.to_owned(), prefetch: prefetch.max(1) as usize, unacked: HashMap::new(), next_tag: 0, out: out.clone() },
+            MemConsumer { queue: queue.to_owned(), prefetch: prefetch.max(1) as usize, unacked: HashMap::new(), next_tag: 0, out: out.clone(), paused: false },
         );
         st.queues.get_mut(queue).expect("checked").consumers.push(id);
         self.dispatch(&mut st, queue);
@@ -418,6 +420,33 @@ impl MemoryBroker {
         if let Some(queue) = st.queues.get_mut(&q) {
             queue.ready.push_front(m);
         }
+        self.dispatch(&mut st, &q);
+    }
+
+    /// Deliver nothing more to `consumer`, and give what it holds and has
+    /// not handed to a handler back to the head of its queue, in order, as
+    /// a pause on RabbitMQ does (basic.cancel, then a requeue of each).
+    pub(crate) fn pause(&self, consumer: u64) {
+        let mut st = self.lock();
+        let Some(c) = st.consumers.get_mut(&consumer) else { return };
+        c.paused = true;
+        let held: Vec<Stored> = c.out.drain().into_iter().rev().filter_map(|d| c.unacked.remove(&d.tag)).collect();
+        let q = c.queue.clone();
+        if let Some(queue) = st.queues.get_mut(&q) {
+            for mut m in held {
+                m.redelivered = true;
+                queue.ready.push_front(m);
+            }
+        }
+        self.dispatch(&mut st, &q);
+    }
+
+    /// Deliver to `consumer` again.
+    pub(crate) fn resume(&self, consumer: u64) {
+        let mut st = self.lock();
+        let Some(c) = st.consumers.get_mut(&consumer) else { return };
+        c.paused = false;
+        let q = c.queue.clone();
         self.dispatch(&mut st, &q);
     }
 

@@ -186,6 +186,26 @@ impl Link {
         }
     }
 
+    /// Take nothing more and give back what is buffered and not handed
+    /// out (see [`crate::Consumer::pause`]).
+    pub(crate) async fn pause(&self) {
+        match self {
+            Link::Amqp(c) => c.pause().await,
+            Link::Memory { broker, id, .. } => broker.pause(*id),
+        }
+    }
+
+    /// Take deliveries again after [`Link::pause`].
+    pub(crate) async fn resume(&self) -> Result<()> {
+        match self {
+            Link::Amqp(c) => c.resume().await,
+            Link::Memory { broker, id, .. } => {
+                broker.resume(*id);
+                Ok(())
+            }
+        }
+    }
+
     pub(crate) async fn close(&self) {
         match self {
             Link::Amqp(c) => c.close().await,

@@ -35,6 +35,9 @@ struct State {
     ended: bool,
     /// Stopped or closed: no more deliveries.
     closed: bool,
+    /// Paused: readers leave the stream alone (the pause takes it, cancels
+    /// the broker's consumer and gives back what it buffered).
+    paused: bool,
     /// Readers waiting for their turn: blocked threads, async tasks.
     waiting: usize,
     waiting_async: usize,
@@ -140,6 +143,30 @@ impl Feed {
             }
         }
         None
+    }
+
+    /// Readers leave the stream alone from now, and one waiting on it gives
+    /// it back: what [`Feed::take_paused`] waits for.
+    pub(super) fn pause(&self) {
+        self.lock().paused = true;
+        self.interrupt.notify_waiters();
+    }
+
+    /// The current generation's stream once no reader holds it, while
+    /// paused; None when it is another generation's or has ended.
+    pub(super) fn take_paused(&self, generation: u64) -> Option<lapin::Consumer> {
+        let mut st = self.lock();
+        (st.paused && st.generation == generation && !st.ended).then(|| st.stream.take()).flatten()
+    }
+
+    /// Readers take the stream again.
+    pub(super) fn resume(&self) {
+        let mut st = self.lock();
+        st.paused = false;
+        self.hand_on(&st);
+        drop(st);
+        self.turn.notify_all();
+        self.turn_async.notify_waiters();
     }
 
     /// Hand nothing more out, from now: blocked readers return closed, and
@@ -270,7 +297,7 @@ impl Feed {
                 return Pop::Empty;
             }
             let left = until.saturating_duration_since(Instant::now());
-            let Some(stream) = st.stream.take() else {
+            let Some(stream) = (if st.paused { None } else { st.stream.take() }) else {
                 if left.is_zero() {
                     return Pop::Empty;
                 }
@@ -328,7 +355,7 @@ impl Feed {
                     if st.closed {
                         return None;
                     }
-                    if let Some(s) = st.stream.take() {
+                    if let Some(s) = if st.paused { None } else { st.stream.take() } {
                         break (st.generation, s);
                     }
                     st.waiting_async += 1;

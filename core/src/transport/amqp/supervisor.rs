@@ -11,6 +11,7 @@ use crate::transport::queue::Pop;
 use crate::wire::RawDelivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{FieldTable, ShortString};
+use futures_lite::StreamExt;
 use lapin::Channel;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,6 +36,8 @@ impl AmqpBackend {
             failure,
             down_since: Arc::new(Mutex::new(None)),
             resubscribed: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            paused: Arc::new(tokio::sync::Mutex::new(false)),
+            queue: queue.to_owned(),
         };
         let task = supervise(
             self.clone(),
@@ -46,6 +49,7 @@ impl AmqpBackend {
             consumer.failure.clone(),
             consumer.down_since.clone(),
             consumer.resubscribed.clone(),
+            consumer.paused.clone(),
         );
         *consumer.supervisor.lock().unwrap_or_else(|p| p.into_inner()) = Some(crate::runtime::handle().spawn(task));
         Ok(consumer)
@@ -145,6 +149,7 @@ pub(super) async fn supervise(
     failure: Arc<Mutex<Option<Error>>>,
     down_since: Arc<Mutex<Option<std::time::Instant>>>,
     resubscribed: Arc<std::sync::atomic::AtomicU64>,
+    paused: Arc<tokio::sync::Mutex<bool>>,
 ) {
     use std::sync::atomic::Ordering::Acquire;
     let record = |e: Error| *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
@@ -228,8 +233,15 @@ pub(super) async fn supervise(
                 Ok((fresh, stream)) => {
                     let id = fresh.id;
                     let fresh_status = fresh.channel.status().clone();
-                    *current.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+                    // Installed under the pause's lock: a consumer paused
+                    // meanwhile holds nothing of the new channel either.
+                    let paused = paused.lock().await;
+                    *current.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
                     feed.install(id, stream, fresh_status);
+                    if *paused {
+                        hold_back(&fresh, &feed).await;
+                    }
+                    drop(paused);
                     *down_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
                     resubscribed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     crate::events::subscription("resubscribed", &queue, None);
@@ -248,6 +260,49 @@ pub(super) async fn supervise(
     feed.close();
 }
 
+/// What a pause does on the channel: readers leave the stream alone, the
+/// broker's consumer is cancelled, and every delivery it had sent and no
+/// handler has taken goes back to the queue with basic.nack (requeue), at
+/// the head and in order on a classic queue. AceMQ counts attempts in its
+/// own header, which a requeue leaves alone: a message given back by a pause
+/// has spent no attempt. Deliveries already in handlers settle as usual on
+/// the same channel, which stays open.
+async fn hold_back(generation: &Generation, feed: &Feed) {
+    feed.pause();
+    // A reader waiting on the stream gives it back when interrupted; one
+    // that has just read a delivery hands that one out and gives it back.
+    let mut stream = None;
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        stream = feed.take_paused(generation.id);
+        if stream.is_some() || feed.ended(generation.id) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if !generation.channel.status().connected() {
+        return;
+    }
+    let cancelled =
+        tokio::time::timeout(SUBSCRIBE_WAIT, generation.channel.basic_cancel(generation.tag.clone(), BasicCancelOptions::default())).await;
+    let Some(mut stream) = stream else { return };
+    // After the cancel-ok lapin ends the stream behind what it had buffered:
+    // everything up to the end goes back. Without the cancel-ok (timed out)
+    // only what is there now does, and the rest when the channel closes.
+    let finished = matches!(cancelled, Ok(Ok(())));
+    loop {
+        let next = if finished {
+            tokio::time::timeout(Duration::from_secs(1), stream.next()).await.ok()
+        } else {
+            futures_lite::future::poll_once(stream.next()).await
+        };
+        match next {
+            Some(Some(Ok(d))) => generation.acks.requeue(d.delivery_tag),
+            _ => break,
+        }
+    }
+}
+
 /// A subscription: the channel it is on now (a generation) and the task
 /// that feeds its deliveries and subscribes again when the channel is lost.
 pub(crate) struct AmqpConsumer {
@@ -262,6 +317,10 @@ pub(crate) struct AmqpConsumer {
     pub(crate) down_since: Arc<Mutex<Option<std::time::Instant>>>,
     /// How many times it has subscribed again after losing its channel.
     pub(crate) resubscribed: Arc<std::sync::atomic::AtomicU64>,
+    /// Paused ([`AmqpConsumer::pause`]); the lock orders pause, resume and
+    /// the supervisor's resubscription.
+    paused: Arc<tokio::sync::Mutex<bool>>,
+    queue: String,
 }
 
 /// One channel's worth of a subscription.
@@ -308,6 +367,59 @@ impl AmqpConsumer {
         if let Some((g, tag)) = self.live(tag) {
             g.acks.requeue(tag);
         }
+    }
+
+    /// Take nothing more and give back what is buffered (see [`hold_back`]).
+    /// The channel stays open for the settlements of what handlers hold.
+    pub(crate) async fn pause(&self) {
+        let mut paused = self.paused.lock().await;
+        if *paused {
+            return;
+        }
+        *paused = true;
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        hold_back(&g, &self.feed).await;
+    }
+
+    /// Consume again on the same channel (a new consumer tag, the same
+    /// generation: tags on a channel go on counting). When the channel was
+    /// lost meanwhile, the supervisor's resubscription brings the stream.
+    pub(crate) async fn resume(&self) -> Result<()> {
+        let mut paused = self.paused.lock().await;
+        if !*paused {
+            return Ok(());
+        }
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if g.channel.status().connected() && !self.feed.ended(g.id) {
+            let consumed = tokio::time::timeout(
+                SUBSCRIBE_WAIT,
+                g.channel.basic_consume(ShortString::from(self.queue.as_str()), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default()),
+            )
+            .await;
+            let stream = match consumed {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => return Err(map_error(&e, &format!("consuming from queue '{}' again after a pause", self.queue))),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!("resuming '{}': no answer to basic.consume within {}s; still paused", self.queue, SUBSCRIBE_WAIT.as_secs()),
+                    ))
+                }
+            };
+            let flusher = g.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
+            let fresh = Arc::new(Generation {
+                id: g.id,
+                tag: stream.tag(),
+                channel: g.channel.clone(),
+                acks: g.acks.clone(),
+                flusher: Mutex::new(flusher),
+            });
+            *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = fresh;
+            self.feed.install(g.id, stream, g.channel.status().clone());
+        }
+        *paused = false;
+        self.feed.resume();
+        Ok(())
     }
 
     /// Stop new deliveries. What is buffered and not yet handed out goes back

@@ -1,0 +1,530 @@
+//! Flow: what decides whether a consumer takes deliveries now. An operator's
+//! pause, a circuit breaker that pauses a consumer whose handlers keep
+//! failing, and a throttle (messages per period). The consumer applies the
+//! decision (consumer.rs): a paused consumer cancels its subscription on the
+//! broker and gives back what it had buffered, unspent.
+
+use super::Consumer;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// When a consumer's handlers keep failing, stop taking messages for a while
+/// rather than send valid messages round the retry ladder into the DLQ while
+/// a downstream is down.
+///
+/// `failures` failures (a handler that raised, asked for a retry, or ran past
+/// its deadline; never a reject, which is about the message) within
+/// `within` open the breaker: the consumer pauses, and what it had buffered
+/// goes back to the queue with no attempt counted. After `pause` it lets one
+/// message through (half-open): success closes the breaker and consumption
+/// resumes; a failure opens it for another `pause`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CircuitBreaker {
+    /// Failures that open it. At least 1.
+    pub failures: u32,
+    /// The window they are counted in.
+    pub within: Duration,
+    /// How long it stays open before trying one message.
+    pub pause: Duration,
+}
+
+impl CircuitBreaker {
+    /// A breaker: `failures` within `within` open it for `pause`.
+    pub fn new(failures: u32, within: Duration, pause: Duration) -> Self {
+        CircuitBreaker { failures, within, pause }
+    }
+
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        if self.failures == 0 || self.within.is_zero() || self.pause.is_zero() {
+            return Err(crate::Error::invalid(format!(
+                "circuit_breaker needs failures of at least 1 and a positive within and pause (got failures {}, within {}s, pause {}s)",
+                self.failures,
+                self.within.as_secs_f64(),
+                self.pause.as_secs_f64()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where a breaker is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BreakerState {
+    /// Taking messages, counting failures.
+    Closed,
+    /// Paused until the pause is over.
+    Open,
+    /// The pause is over: the next message handed out is the trial.
+    HalfOpen,
+    /// The trial is in a handler; nothing else is taken until it settles.
+    Trying,
+}
+
+impl BreakerState {
+    /// The lowercase name in events, metrics and the runner's status.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Trying => "trying",
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    Closed { failures: VecDeque<Instant> },
+    Open { until: Instant },
+    HalfOpen,
+    Trying { id: u64 },
+}
+
+/// A breaker's state machine. Thread-safe; the consumer calls it when it
+/// hands a delivery out and when one settles, and applies what it returns.
+#[derive(Debug)]
+pub(crate) struct Breaker {
+    pub(crate) options: CircuitBreaker,
+    state: Mutex<State>,
+}
+
+/// A transition, for the event and for the consumer to act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Transition {
+    pub(crate) to: BreakerState,
+    pub(crate) reason: String,
+}
+
+impl Breaker {
+    pub(crate) fn new(options: CircuitBreaker) -> Self {
+        Breaker { options, state: Mutex::new(State::Closed { failures: VecDeque::new() }) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn state(&self) -> BreakerState {
+        match *self.lock() {
+            State::Closed { .. } => BreakerState::Closed,
+            State::Open { .. } => BreakerState::Open,
+            State::HalfOpen => BreakerState::HalfOpen,
+            State::Trying { .. } => BreakerState::Trying,
+        }
+    }
+
+    /// Whether the consumer should be paused for the breaker's sake.
+    pub(crate) fn holds(&self) -> bool {
+        matches!(*self.lock(), State::Open { .. } | State::Trying { .. })
+    }
+
+    /// When an open breaker's pause ends.
+    pub(crate) fn open_until(&self) -> Option<Instant> {
+        match *self.lock() {
+            State::Open { until } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// A delivery (watch id `id`) is about to be handed out: false when it
+    /// must go back (open, or a trial already out). The first one after the
+    /// pause is the trial.
+    pub(crate) fn admit(&self, id: u64) -> (bool, Option<Transition>) {
+        let mut st = self.lock();
+        match *st {
+            State::Closed { .. } => (true, None),
+            State::HalfOpen => {
+                *st = State::Trying { id };
+                (true, Some(Transition { to: BreakerState::Trying, reason: "one message let through to try the handler".into() }))
+            }
+            State::Open { .. } | State::Trying { .. } => (false, None),
+        }
+    }
+
+    /// Delivery `id` settled; `failed` when its handler raised, retried or
+    /// timed out.
+    pub(crate) fn settled(&self, id: u64, failed: bool, now: Instant) -> Option<Transition> {
+        let o = self.options;
+        let mut st = self.lock();
+        match &mut *st {
+            State::Closed { failures } => {
+                if !failed {
+                    return None;
+                }
+                failures.push_back(now);
+                while failures.front().is_some_and(|t| now.duration_since(*t) > o.within) {
+                    failures.pop_front();
+                }
+                if failures.len() < o.failures as usize {
+                    return None;
+                }
+                *st = State::Open { until: now + o.pause };
+                Some(Transition {
+                    to: BreakerState::Open,
+                    reason: format!(
+                        "{} failures within {}s: paused for {}s",
+                        o.failures,
+                        crate::checks::human(o.within),
+                        crate::checks::human(o.pause)
+                    ),
+                })
+            }
+            State::Trying { id: trial } if *trial == id => {
+                if failed {
+                    *st = State::Open { until: now + o.pause };
+                    Some(Transition { to: BreakerState::Open, reason: format!("the trial message failed: paused for another {}", crate::checks::human(o.pause)) })
+                } else {
+                    *st = State::Closed { failures: VecDeque::new() };
+                    Some(Transition { to: BreakerState::Closed, reason: "the trial message succeeded".into() })
+                }
+            }
+            // Settlements of deliveries handed out before it opened change
+            // nothing: the breaker already decided.
+            _ => None,
+        }
+    }
+
+    /// The pause is over at `now`: half-open.
+    pub(crate) fn tick(&self, now: Instant) -> Option<Transition> {
+        let mut st = self.lock();
+        match *st {
+            State::Open { until } if until <= now => {
+                *st = State::HalfOpen;
+                Some(Transition { to: BreakerState::HalfOpen, reason: "the pause is over: the next message is a trial".into() })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// At most `limit` messages handed out per `per`, in this process: a token
+/// bucket of `limit` tokens refilled evenly over `per`, so a burst after an
+/// idle spell is at most `limit`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throttle {
+    /// Messages per period. At least 1.
+    pub limit: u32,
+    /// The period.
+    pub per: Duration,
+}
+
+impl Throttle {
+    /// `limit` messages per `per`.
+    pub fn new(limit: u32, per: Duration) -> Self {
+        Throttle { limit, per }
+    }
+
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        if self.limit == 0 || self.per.is_zero() {
+            return Err(crate::Error::invalid(format!(
+                "throttle needs a limit of at least 1 and a positive period (got {} per {}s)",
+                self.limit,
+                self.per.as_secs_f64()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A throttle's bucket.
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    throttle: Throttle,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl Bucket {
+    pub(crate) fn new(throttle: Throttle) -> Self {
+        Bucket { throttle, state: Mutex::new((f64::from(throttle.limit), Instant::now())) }
+    }
+
+    /// Take a token, or say how long until one is there.
+    pub(crate) fn take(&self, now: Instant) -> Result<(), Duration> {
+        let rate = f64::from(self.throttle.limit) / self.throttle.per.as_secs_f64();
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (tokens, at) = *st;
+        let tokens = (tokens + now.saturating_duration_since(at).as_secs_f64() * rate).min(f64::from(self.throttle.limit));
+        if tokens >= 1.0 {
+            *st = (tokens - 1.0, now);
+            Ok(())
+        } else {
+            *st = (tokens, now);
+            Err(Duration::from_secs_f64((1.0 - tokens) / rate))
+        }
+    }
+
+    /// Give a token back (it was taken for a delivery that did not come).
+    pub(crate) fn refund(&self) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.0 = (st.0 + 1.0).min(f64::from(self.throttle.limit));
+    }
+}
+
+/// A consumer's flow state: what pauses it and what paces it.
+#[derive(Debug, Default)]
+pub(super) struct Flow {
+    /// Paused by an operator ([`Consumer::pause`]).
+    operator: AtomicBool,
+    /// Whether the link is paused now; the lock orders the changes.
+    applied: tokio::sync::Mutex<bool>,
+    breaker: Option<Breaker>,
+    bucket: Option<Bucket>,
+    watching: AtomicBool,
+    wake: Arc<Notify>,
+}
+
+impl Flow {
+    pub(super) fn new(options: &super::ConsumeOptions) -> crate::Result<Flow> {
+        if let Some(b) = &options.circuit_breaker {
+            b.validate()?;
+        }
+        if let Some(t) = &options.throttle {
+            t.validate()?;
+        }
+        Ok(Flow {
+            breaker: options.circuit_breaker.map(Breaker::new),
+            bucket: options.throttle.map(Bucket::new),
+            ..Flow::default()
+        })
+    }
+}
+
+impl Consumer {
+    /// Take no deliveries until [`Consumer::resume`]: the subscription is
+    /// cancelled on the broker and every delivery it had sent and no handler
+    /// has taken goes back to the queue, with no attempt counted (AceMQ's
+    /// attempt header is untouched; the broker marks it redelivered, and on
+    /// RabbitMQ 4.x a quorum queue counts the return toward its delivery
+    /// limit). Deliveries already in handlers finish and settle as usual.
+    /// The consumer stays subscribed in every other sense: it is paused, not
+    /// down, and a lost channel is recovered paused.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the pause is recorded when first polled; a drop may
+    /// leave buffered deliveries held until the next pause or resume.
+    pub async fn pause(&self) {
+        if !self.flow.operator.swap(true, Ordering::AcqRel) {
+            crate::events::subscription("paused", &self.queue, Some(format!("{} paused", self.name())));
+        }
+        // Pausing cannot fail: only resuming asks the broker for something.
+        let _ = self.apply_flow().await;
+    }
+
+    /// Take deliveries again after [`Consumer::pause`] (unless its circuit
+    /// breaker is open: then when it closes).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`Consumer::pause`].
+    pub async fn resume(&self) -> crate::Result<()> {
+        if self.flow.operator.swap(false, Ordering::AcqRel) {
+            crate::events::subscription("resumed", &self.queue, Some(format!("{} resumed", self.name())));
+        }
+        self.apply_flow().await
+    }
+
+    /// Paused by [`Consumer::pause`].
+    pub fn is_paused(&self) -> bool {
+        self.flow.operator.load(Ordering::Acquire)
+    }
+
+    /// Its circuit breaker's state, when it has one.
+    pub fn breaker_state(&self) -> Option<BreakerState> {
+        self.flow.breaker.as_ref().map(Breaker::state)
+    }
+
+    fn name(&self) -> String {
+        self.options.name.clone().unwrap_or_else(|| self.queue.clone())
+    }
+
+    /// Pause or resume the link as the operator and the breaker want.
+    async fn apply_flow(&self) -> crate::Result<()> {
+        let want = self.flow.operator.load(Ordering::Acquire) || self.flow.breaker.as_ref().is_some_and(Breaker::holds);
+        let mut applied = self.flow.applied.lock().await;
+        if want && !*applied {
+            self.link.pause().await;
+            *applied = true;
+        } else if !want && *applied {
+            self.link.resume().await?;
+            *applied = false;
+        }
+        Ok(())
+    }
+
+    /// The breaker's transition: an event (and so a metric), and the task
+    /// that applies it woken.
+    fn breaker_moved(&self, t: Transition) {
+        crate::events::subscription(
+            match t.to {
+                BreakerState::Open => "circuit_open",
+                BreakerState::HalfOpen => "circuit_half_open",
+                BreakerState::Trying => "circuit_trial",
+                BreakerState::Closed => "circuit_closed",
+            },
+            &self.queue,
+            Some(format!("{}: {}", self.name(), t.reason)),
+        );
+        self.flow.wake.notify_one();
+    }
+
+    /// A delivery settled: what the breaker counts. `failed`: its handler
+    /// raised, asked for a retry or ran out of time; a reject is about the
+    /// message and is not counted.
+    pub(super) fn flow_settled(&self, id: u64, failed: bool) {
+        if let Some(t) = self.flow.breaker.as_ref().and_then(|b| b.settled(id, failed, Instant::now())) {
+            self.breaker_moved(t);
+        }
+    }
+
+    /// Whether delivery `id` may be handed out: not while the breaker is
+    /// open or its trial is out (the caller gives it back, unspent).
+    pub(super) fn flow_admits(&self, id: u64) -> bool {
+        let Some(b) = &self.flow.breaker else { return true };
+        let (admitted, moved) = b.admit(id);
+        if let Some(t) = moved {
+            self.breaker_moved(t);
+        }
+        admitted
+    }
+
+    /// Wait, on a thread outside the runtime, for the throttle's next token,
+    /// at most `timeout`: false when none came.
+    pub(super) fn flow_token_blocking(&self, timeout: Duration) -> bool {
+        let Some(bucket) = &self.flow.bucket else { return true };
+        let until = Instant::now() + timeout;
+        loop {
+            match bucket.take(Instant::now()) {
+                Ok(()) => return true,
+                Err(wait) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return false;
+                    }
+                    std::thread::sleep(wait.min(left));
+                }
+            }
+        }
+    }
+
+    /// The throttle's next token, awaited.
+    pub(super) async fn flow_token(&self) {
+        let Some(bucket) = &self.flow.bucket else { return };
+        while let Err(wait) = bucket.take(Instant::now()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// A token taken for a delivery that did not come.
+    pub(super) fn flow_refund(&self) {
+        if let Some(bucket) = &self.flow.bucket {
+            bucket.refund();
+        }
+    }
+
+    /// The task that applies the breaker's decisions (pause when it opens
+    /// or a trial is out, resume when it is half-open or closed) and ends its
+    /// pauses. Started with the deadline watch; ends with the consumer.
+    pub(super) fn watch_flow(self: &Arc<Self>) {
+        if self.flow.breaker.is_none() || self.flow.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let wake = self.flow.wake.clone();
+        crate::runtime::handle().spawn(async move {
+            loop {
+                let until = {
+                    let Some(this) = weak.upgrade() else { return };
+                    this.flow.breaker.as_ref().and_then(Breaker::open_until)
+                };
+                // notify_one keeps a permit when nobody waits: a transition
+                // between the look above and this wait is not missed.
+                let until = until.map_or_else(|| tokio::time::Instant::now() + Duration::from_secs(1), tokio::time::Instant::from_std);
+                tokio::select! {
+                    () = wake.notified() => {}
+                    () = tokio::time::sleep_until(until) => {}
+                }
+                let Some(this) = weak.upgrade() else { return };
+                if this.inflight.closed.load(Ordering::Acquire) || this.stopped.load(Ordering::Acquire) {
+                    return;
+                }
+                if let Some(t) = this.flow.breaker.as_ref().and_then(|b| b.tick(Instant::now())) {
+                    this.breaker_moved(t);
+                }
+                if let Err(e) = this.apply_flow().await {
+                    this.background.errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+                    this.background.has_errors.store(true, Ordering::Release);
+                    // Tried again on the next turn.
+                    drop(this);
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_breaker_opens_at_the_failures_within_its_window_and_closes_after_a_good_trial() {
+        let b = Breaker::new(CircuitBreaker::new(3, Duration::from_secs(10), Duration::from_secs(5)));
+        let t0 = Instant::now();
+        assert_eq!(b.settled(1, true, t0), None);
+        // A failure outside the window no longer counts.
+        assert_eq!(b.settled(2, true, t0 + Duration::from_secs(11)), None);
+        assert_eq!(b.settled(3, false, t0 + Duration::from_secs(11)), None);
+        assert_eq!(b.settled(4, true, t0 + Duration::from_secs(12)), None);
+        let opened = b.settled(5, true, t0 + Duration::from_secs(13)).unwrap();
+        assert_eq!(opened.to, BreakerState::Open);
+        assert!(b.holds());
+        assert_eq!(b.admit(6), (false, None));
+        assert_eq!(b.tick(t0 + Duration::from_secs(17)), None);
+        assert_eq!(b.tick(t0 + Duration::from_secs(18)).unwrap().to, BreakerState::HalfOpen);
+        assert!(!b.holds());
+        assert_eq!(b.admit(7).1.unwrap().to, BreakerState::Trying);
+        assert_eq!(b.admit(8), (false, None));
+        // A straggler from before does not decide the trial.
+        assert_eq!(b.settled(6, true, t0 + Duration::from_secs(18)), None);
+        assert_eq!(b.settled(7, false, t0 + Duration::from_secs(19)).unwrap().to, BreakerState::Closed);
+        assert_eq!(b.admit(9), (true, None));
+    }
+
+    #[test]
+    fn a_failed_trial_opens_the_breaker_again() {
+        let b = Breaker::new(CircuitBreaker::new(1, Duration::from_secs(10), Duration::from_secs(5)));
+        let t0 = Instant::now();
+        b.settled(1, true, t0).unwrap();
+        b.tick(t0 + Duration::from_secs(5)).unwrap();
+        b.admit(2);
+        assert_eq!(b.settled(2, true, t0 + Duration::from_secs(6)).unwrap().to, BreakerState::Open);
+        assert_eq!(b.open_until(), Some(t0 + Duration::from_secs(11)));
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_what_to_give() {
+        assert!(CircuitBreaker::new(0, Duration::from_secs(1), Duration::from_secs(1)).validate().is_err());
+        assert!(CircuitBreaker::new(1, Duration::ZERO, Duration::from_secs(1)).validate().is_err());
+        assert!(Throttle::new(0, Duration::from_secs(1)).validate().is_err());
+        assert!(Throttle::new(1, Duration::from_secs(1)).validate().is_ok());
+    }
+
+    #[test]
+    fn a_bucket_lets_its_limit_through_then_one_per_interval() {
+        let b = Bucket::new(Throttle::new(10, Duration::from_secs(1)));
+        let t0 = Instant::now();
+        for _ in 0..10 {
+            assert!(b.take(t0).is_ok());
+        }
+        let wait = b.take(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-6, "{wait:?}");
+        assert!(b.take(t0 + Duration::from_millis(100)).is_ok());
+        b.refund();
+        assert!(b.take(t0 + Duration::from_millis(100)).is_ok());
+        assert!(b.take(t0 + Duration::from_millis(100)).is_err());
+    }
+}

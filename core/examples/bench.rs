@@ -383,7 +383,7 @@ impl Bench {
         let t = Instant::now();
         let handle = self
             .mq
-            .consume(q, options, move |m| {
+            .consume(q, options, move |m: acemq::Message| {
                 let (s, d) = (s.clone(), d.clone());
                 async move {
                     std::hint::black_box(&m.payload["order_id"]);

@@ -1,6 +1,6 @@
 //! The README's Rust example: `cargo run -p acemq --example quickstart` (needs RabbitMQ).
 
-use acemq::{Ack, ConsumeOptions, Connection, Outcome, PublishOptions, RetryPolicy, Topology};
+use acemq::{Ack, ConsumeOptions, Connection, Message, PublishOptions, RetryPolicy, Topology};
 use serde_json::json;
 use std::time::Duration;
 
@@ -15,9 +15,9 @@ async fn main() -> acemq::Result<()> {
         ..Default::default()
     };
     let handle = mq
-        .consume("payments", options, |message| async move {
+        .consume("payments", options, |message: Message| async move {
             println!("charging {}", message.payload["order_id"]);
-            Outcome::Ack(Ack::accept())
+            Ack::accept()
         })
         .await?;
 

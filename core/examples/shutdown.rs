@@ -8,7 +8,7 @@
 //! `serve`.
 
 use acemq::runner::{RunnerOptions, StopSignals, Supervisor};
-use acemq::{Ack, ConsumeOptions, Connection, Outcome, Topology};
+use acemq::{Ack, ConsumeOptions, Connection, Message, Topology};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,11 +24,11 @@ async fn serve(url: &str, queue: &str, handler_time: Duration, shutdown_timeout:
     let options = ConsumeOptions { concurrency: 2, ..ConsumeOptions::default() };
     supervisor.register("PaymentsConsumer", queue, options.concurrency, options.prefetch);
     let payments = mq
-        .consume(queue, options, move |message| async move {
+        .consume(queue, options, move |message: Message| async move {
             println!("handling {}", message.envelope.id);
             tokio::time::sleep(handler_time).await; // the work
             println!("handled {}", message.envelope.id);
-            Outcome::Ack(Ack::accept())
+            Ack::accept()
         })
         .await?;
     supervisor.running();

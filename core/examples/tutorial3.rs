@@ -10,9 +10,9 @@
 //! publishing once.
 
 use acemq::idempotency::{IdempotencyStore, Idempotent, InMemoryIdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore};
-use acemq::outbox::{OutboxPublisher, OutboxRecord, OutboxRelay, OutboxStoreOptions, RelayOptions, SqlOutboxStore};
+use acemq::outbox::{OutboxRecord, OutboxRelay, OutboxStoreOptions, RelayOptions, SqlOutboxStore};
 use acemq::sql::{SqlConnection, SqlValue, SqliteConnection};
-use acemq::{Ack, ConsumeOptions, Connection, Envelope, ExchangeKind, Message, Outcome, PublishOptions, Topology};
+use acemq::{Ack, ConsumeOptions, Connection, Envelope, ExchangeKind, Handler, Message, PublishOptions, Topology};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -86,13 +86,26 @@ fn step(title: &str) {
 }
 
 /// A handler that charges and says so: Steps 1–3 use the same one.
-fn charging(charged: Arc<Mutex<Vec<String>>>) -> impl Fn(Message) -> std::future::Ready<Outcome> + Send + Sync + 'static {
-    move |message: Message| {
+fn charging(charged: Arc<Mutex<Vec<String>>>) -> Charging {
+    Charging { charged }
+}
+
+/// The payment handler: a type of its own, so the guard around it can be
+/// named (`Idempotent<InMemoryIdempotencyStore, Charging>`), its state
+/// borrowed by every worker through `&self`.
+struct Charging {
+    charged: Arc<Mutex<Vec<String>>>,
+}
+
+impl Handler for Charging {
+    type Output = Ack;
+
+    async fn handle(&self, message: Message) -> Ack {
         let order = message.payload["order_id"].as_str().unwrap_or_default().to_owned();
-        let mut charged = charged.lock().unwrap();
+        let mut charged = self.charged.lock().unwrap();
         charged.push(order.clone());
         println!("charged {order} ({} so far)", charged.len());
-        std::future::ready(Outcome::Ack(Ack::accept()))
+        Ack::accept()
     }
 }
 
@@ -126,22 +139,17 @@ pub async fn run(url: &str, dir: &Path) -> Result<Report, BoxError> {
     step("Step 2 — Remember what you have handled");
     let charged = Arc::new(Mutex::new(Vec::new()));
     let store = InMemoryIdempotencyStore::new(Duration::from_secs(6 * 3600));
-    let once = Arc::new(Idempotent::new(store, charging(charged.clone())));
-    let guarded = once.clone();
-    let subscription = mq
-        .consume(&queue, ConsumeOptions::default(), move |m| {
-            let once = guarded.clone();
-            async move { once.handle(m).await }
-        })
-        .await?;
+    let once = Idempotent::new(store, charging(charged.clone()));
+    let guard = once.guard().clone();
+    let subscription = mq.consume(&queue, ConsumeOptions::default(), once).await?;
     let envelope = Envelope::new().with_type("payment.requested.v1");
     for _ in 0..2 {
         mq.publish(&order("A-1", 4200), &queue, twice(&envelope)).await?;
     }
-    wait_until(Duration::from_secs(5), || once.guard().stats().duplicates >= 1).await;
+    wait_until(Duration::from_secs(5), || guard.stats().duplicates >= 1).await;
     subscription.cancel().await;
     report.guarded_charges = charged.lock().unwrap().len();
-    report.duplicates = once.guard().stats().duplicates;
+    report.duplicates = guard.stats().duplicates;
     println!(
         "=> charged {} time; the second delivery was accepted as a duplicate ({})",
         report.guarded_charges, report.duplicates
@@ -156,19 +164,14 @@ pub async fn run(url: &str, dir: &Path) -> Result<Report, BoxError> {
     let store = Arc::new(SqlIdempotencyStore::new(SqliteConnection::open(path)?, SqlIdempotencyOptions::default())?);
     store.create_schema()?;
     let charged = Arc::new(Mutex::new(Vec::new()));
-    let once = Arc::new(Idempotent::new(store.clone(), charging(charged.clone())));
-    let guarded = once.clone();
-    let subscription = mq
-        .consume(&queue, ConsumeOptions::default(), move |m| {
-            let once = guarded.clone();
-            async move { once.handle(m).await }
-        })
-        .await?;
+    let once = Idempotent::new(store.clone(), charging(charged.clone()));
+    let guard = once.guard().clone();
+    let subscription = mq.consume(&queue, ConsumeOptions::default(), once).await?;
     let envelope = Envelope::new().with_type("payment.requested.v1");
     for _ in 0..2 {
         mq.publish(&order("A-2", 1500), &queue, twice(&envelope)).await?;
     }
-    wait_until(Duration::from_secs(5), || once.guard().stats().duplicates >= 1).await;
+    wait_until(Duration::from_secs(5), || guard.stats().duplicates >= 1).await;
     subscription.cancel().await;
     report.sql_charges = charged.lock().unwrap().len();
     report.key_confirmed = store.confirmed(&envelope.id)?;
@@ -216,12 +219,11 @@ pub async fn run(url: &str, dir: &Path) -> Result<Report, BoxError> {
     let listener = mq
         .consume(&placed, ConsumeOptions::default(), move |m: Message| {
             let _ = tx.send(m);
-            std::future::ready(Outcome::Ack(Ack::accept()))
+            std::future::ready(Ack::accept())
         })
         .await?;
-    let publisher: Arc<dyn OutboxPublisher> = Arc::new(mq.clone());
     let relay_store = SqlOutboxStore::new(SqliteConnection::open(path)?, OutboxStoreOptions::default())?;
-    let relay = OutboxRelay::new(publisher.clone(), relay_store, RelayOptions { interval: Duration::from_secs(1), ..RelayOptions::default() });
+    let relay = OutboxRelay::new(mq.clone(), relay_store, RelayOptions { interval: Duration::from_secs(1), ..RelayOptions::default() });
     report.relayed = relay.sweep().await?;
     println!("relay.sweep published {}", report.relayed);
     let event = tokio::time::timeout(Duration::from_secs(5), received.recv()).await?.ok_or("the listener stopped")?;
@@ -244,13 +246,13 @@ pub async fn run(url: &str, dir: &Path) -> Result<Report, BoxError> {
     // The relay gets a connection of its own, as in bin/demo: it sweeps on
     // its own task while handlers write with theirs.
     let relay_store = SqlOutboxStore::new(SqliteConnection::open(path)?, OutboxStoreOptions::default())?;
-    let relay = OutboxRelay::new(publisher, relay_store, RelayOptions { interval: Duration::from_secs(1), ..RelayOptions::default() });
+    let relay = OutboxRelay::new(mq.clone(), relay_store, RelayOptions { interval: Duration::from_secs(1), ..RelayOptions::default() });
     relay.start()?;
 
     let (work_db, work_outbox, work_mq, work_billing) = (db.clone(), outbox.clone(), mq.clone(), billing.clone());
     // 1. the guard runs outside the transaction; 2. the work and the message
     // about it commit together; 3. the key is confirmed after the accept.
-    let handler = Arc::new(Idempotent::new(store.clone(), move |message: Message| {
+    let handler = Idempotent::new(store.clone(), move |message: Message| {
         let done = transaction(&work_db, || {
             let order_id = message.payload["order_id"].as_str().unwrap_or_default();
             let amount = message.payload["amount"].as_i64().unwrap_or_default();
@@ -263,22 +265,17 @@ pub async fn run(url: &str, dir: &Path) -> Result<Report, BoxError> {
             Ok(())
         });
         std::future::ready(match done {
-            Ok(()) => Outcome::Ack(Ack::accept()),
-            Err(e) => Outcome::Ack(Ack::retry(format!("payment not recorded: {e}"))),
+            Ok(()) => Ack::accept(),
+            Err(e) => Ack::retry(format!("payment not recorded: {e}")),
         })
-    }));
-    let guarded = handler.clone();
-    let subscription = mq
-        .consume(&queue, ConsumeOptions::default(), move |m| {
-            let once = guarded.clone();
-            async move { once.handle(m).await }
-        })
-        .await?;
+    });
+    let guard = handler.guard().clone();
+    let subscription = mq.consume(&queue, ConsumeOptions::default(), handler).await?;
     let (tx, mut receipts) = tokio::sync::mpsc::unbounded_channel();
     let receipt_listener = mq
         .consume(&taken, ConsumeOptions::default(), move |m: Message| {
             let _ = tx.send(m);
-            std::future::ready(Outcome::Ack(Ack::accept()))
+            std::future::ready(Ack::accept())
         })
         .await?;
     let envelope = Envelope::new().with_type("payment.requested.v1");
@@ -286,7 +283,7 @@ pub async fn run(url: &str, dir: &Path) -> Result<Report, BoxError> {
         mq.publish(&order("A-5", 4200), &queue, twice(&envelope)).await?;
     }
     let receipt = tokio::time::timeout(Duration::from_secs(5), receipts.recv()).await?.ok_or("the listener stopped")?;
-    wait_until(Duration::from_secs(5), || handler.guard().stats().duplicates >= 1).await;
+    wait_until(Duration::from_secs(5), || guard.stats().duplicates >= 1).await;
     subscription.cancel().await;
     relay.close().await;
     // Anything the relay published twice would be here by now.

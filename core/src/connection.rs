@@ -5,14 +5,11 @@ use crate::consumer::{ConsumeOptions, Consumer, ConsumerHandle};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::headers::Headers;
-use crate::message::Message;
-use crate::ack::Outcome;
 use crate::topology::{QueueType, Topology};
 use crate::transport::memory::MemoryBroker;
 use crate::transport::{Backend, Confirm, QueueCounts};
 use crate::wire::{props_for, Props};
 use serde::Serialize;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -468,17 +465,20 @@ impl Connection {
     }
 
     /// Run `handler` for every message on `queue`, `options.concurrency` at a
-    /// time, until the returned handle is cancelled.
+    /// time, until the returned handle is cancelled. A closure or any
+    /// [`crate::Handler`]; a guarded one ([`crate::idempotency::Idempotent`])
+    /// brings its claim timeout, which becomes the handler deadline when it
+    /// is shorter ([`ConsumeOptions::guarded_by`]), unless `options` were
+    /// guarded already.
     ///
     /// # Cancel safety
     ///
     /// As [`Connection::consumer`], which it awaits before anything runs: no
     /// handler has been called when a dropped future returns.
-    pub async fn consume<H, Fut>(&self, queue: &str, options: ConsumeOptions, handler: H) -> Result<ConsumerHandle>
-    where
-        H: Fn(Message) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Outcome> + Send + 'static,
-    {
+    pub async fn consume<H: crate::Handler>(&self, queue: &str, mut options: ConsumeOptions, handler: H) -> Result<ConsumerHandle> {
+        if let (None, Some(claim)) = (options.claim_timeout, handler.claim_timeout()) {
+            options = options.guarded_by(claim);
+        }
         let consumer = self.consumer(queue, options).await?;
         Ok(ConsumerHandle::spawn(consumer, handler))
     }

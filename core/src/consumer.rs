@@ -1031,11 +1031,7 @@ pub struct ConsumerHandle {
 }
 
 impl ConsumerHandle {
-    pub(crate) fn spawn<H, Fut>(consumer: Consumer, handler: H) -> ConsumerHandle
-    where
-        H: Fn(Message) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Outcome> + Send + 'static,
-    {
+    pub(crate) fn spawn<H: crate::Handler>(consumer: Consumer, handler: H) -> ConsumerHandle {
         let consumer = Arc::new(consumer);
         consumer.watch_deadlines();
         let handler = Arc::new(handler);
@@ -1054,8 +1050,9 @@ impl ConsumerHandle {
                         // next delivery. A panic is caught where it happens
                         // and settled as a retry.
                         use futures_lite::FutureExt as _;
+                        let (h, message) = (h.clone(), d.take_message());
                         let mut running = Box::pin(std::panic::AssertUnwindSafe(tracing::Instrument::instrument(
-                            h(d.take_message()),
+                            async move { h.handle(message).await.into() },
                             d.span.clone(),
                         ))
                         .catch_unwind());

@@ -202,7 +202,7 @@ async fn publish_and_process_are_spans_with_the_messaging_attributes() {
         let seen = Arc::new(Mutex::new(None));
         let s = seen.clone();
         let handle = mq
-            .consume(&q, ConsumeOptions::default(), move |message| {
+            .consume(&q, ConsumeOptions::default(), move |message: acemq::Message| {
                 let s = s.clone();
                 async move {
                     *s.lock().unwrap() = Some((tracing::Span::current().metadata().map(|m| m.name()), acemq::trace::parent(&message)));

@@ -307,7 +307,7 @@ async fn push_consumer_runs_the_handler() {
         mq.apply(&Topology::new().queue(&q)).await.unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let handle = mq
-            .consume(&q, ConsumeOptions { concurrency: 4, ..Default::default() }, move |m| {
+            .consume(&q, ConsumeOptions { concurrency: 4, ..Default::default() }, move |m: acemq::Message| {
                 let tx = tx.clone();
                 async move {
                     tx.send(m.payload["n"].as_i64().unwrap()).unwrap();
@@ -360,7 +360,7 @@ async fn dead_letters_replay_with_attempts_reset_and_history_kept() {
             c.settle(d, Outcome::Ack(Ack::reject(reason))).await.unwrap();
         }
         c.close().await;
-        let only_a = acemq::ReplayOptions { kind: Some("a.v1".into()), reason: Some("declined".into()), limit: Some(1) };
+        let only_a = acemq::ReplayOptions { kind: Some("a.v1".into()), reason: Some("declined".into()), limit: Some(1), ..Default::default() };
         let report = mq.replay_dead_letters(&q, only_a).await.unwrap();
         assert_eq!(report.replayed, 1);
         let rest = mq.replay_dead_letters(&q, acemq::ReplayOptions { reason: Some("declined".into()), ..Default::default() }).await.unwrap();
@@ -538,7 +538,7 @@ async fn a_handler_past_its_timeout_is_retried_and_its_late_outcome_discarded() 
         let log = seen.clone();
         let options = ConsumeOptions { timeout: Duration::from_millis(300), ..short_ladder(3) };
         let handle = mq
-            .consume(&q, options, move |m| {
+            .consume(&q, options, move |m: acemq::Message| {
                 let log = log.clone();
                 async move {
                     let slow = m.payload["slow"] == true && m.envelope.attempt == 1;

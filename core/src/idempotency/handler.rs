@@ -5,8 +5,10 @@ use super::guard::{Before, Guard};
 use super::store::AsyncIdempotencyStore;
 use crate::ack::Outcome;
 use crate::message::Message;
+use crate::Handler;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Finds a message's idempotency key; `None` (or an empty string) means it
 /// has none, which rejects the message as fatal.
@@ -24,6 +26,9 @@ pub fn default_key(message: &Message) -> Option<String> {
 }
 
 /// A handler that runs at most once per key while the store remembers it.
+/// It is a [`Handler`] itself: hand it to `consume` as it is, or name it in
+/// a struct field (`Idempotent<AsyncSqlIdempotencyStore<PgConnection>, Charge>`)
+/// when the handler it wraps is a type of your own.
 ///
 /// The store is any [`AsyncIdempotencyStore`]: an
 /// [`AsyncSqlIdempotencyStore`](super::AsyncSqlIdempotencyStore) (PostgreSQL,
@@ -40,11 +45,10 @@ pub struct Idempotent<S, H> {
 }
 
 /// Wrap `handler` in the guard: `key` finds the key (default: the envelope id).
-pub fn idempotent<S, H, Fut>(store: S, key: Option<KeyFn>, handler: H) -> Idempotent<S, H>
+pub fn idempotent<S, H>(store: S, key: Option<KeyFn>, handler: H) -> Idempotent<S, H>
 where
     S: AsyncIdempotencyStore,
-    H: Fn(Message) -> Fut,
-    Fut: Future<Output = Outcome>,
+    H: Handler,
 {
     let wrapped = Idempotent::new(store, handler);
     match key {
@@ -53,11 +57,10 @@ where
     }
 }
 
-impl<S, H, Fut> Idempotent<S, H>
+impl<S, H> Idempotent<S, H>
 where
     S: AsyncIdempotencyStore,
-    H: Fn(Message) -> Fut,
-    Fut: Future<Output = Outcome>,
+    H: Handler,
 {
     /// Wrap `handler`, keyed by the envelope id.
     pub fn new(store: S, handler: H) -> Self {
@@ -103,11 +106,31 @@ where
             other => return other.outcome_without_running().expect("only Run runs the handler"),
         };
         let mut pending = Pending { guard: &self.guard, store: &self.store, key: Some(key) };
-        let outcome = (self.handler)(message).await;
+        let outcome = self.handler.handle(message).await.into();
         let key = pending.key.take().expect("the key is taken once");
         // An error here is counted by the guard; the outcome stands (see Guard::after).
         let _ = self.guard.after_async(&self.store, &key, &outcome).await;
         outcome
+    }
+}
+
+/// The guard is a handler: `mq.consume(queue, options, guarded)` runs it
+/// for every message, shared by the consumer's workers (no `Arc` or
+/// cloning closure), and lowers the handler deadline to the store's claim
+/// timeout when that is shorter.
+impl<S, H> Handler for Idempotent<S, H>
+where
+    S: AsyncIdempotencyStore + Send + Sync + 'static,
+    H: Handler,
+{
+    type Output = Outcome;
+
+    fn handle(&self, message: Message) -> impl Future<Output = Outcome> + Send {
+        Idempotent::handle(self, message)
+    }
+
+    fn claim_timeout(&self) -> Option<Duration> {
+        self.store.claim_expiry()
     }
 }
 

@@ -47,8 +47,16 @@ use crate::sql::{AsyncConnectionSource, AsyncSqlConnection, Dialect};
 /// # Ok(()) }
 /// ```
 pub struct AsyncSqlOutboxStore<S> {
-    rules: Rules,
-    source: S,
+    // Shared by clones: a clone is the same store (one worker id, one
+    // source), for the service's handlers and its relay alike.
+    rules: std::sync::Arc<Rules>,
+    source: std::sync::Arc<S>,
+}
+
+impl<S> Clone for AsyncSqlOutboxStore<S> {
+    fn clone(&self) -> Self {
+        AsyncSqlOutboxStore { rules: self.rules.clone(), source: self.source.clone() }
+    }
 }
 
 crate::outbox::rules::store_debug!(AsyncSqlOutboxStore);
@@ -63,7 +71,7 @@ impl<S: AsyncConnectionSource> AsyncSqlOutboxStore<S> {
     /// A store whose own calls run on connections from `source`. Fails when
     /// the table name in `options` is not a plain identifier.
     pub fn new(source: S, options: OutboxStoreOptions) -> Result<Self> {
-        Ok(AsyncSqlOutboxStore { rules: Rules::new(options)?, source })
+        Ok(AsyncSqlOutboxStore { rules: std::sync::Arc::new(Rules::new(options)?), source: std::sync::Arc::new(source) })
     }
 
     crate::outbox::rules::store_accessors!();

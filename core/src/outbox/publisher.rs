@@ -46,6 +46,19 @@ pub trait OutboxPublisher: Send + Sync {
     }
 }
 
+/// A shared publisher is one: an `Arc<dyn OutboxPublisher>` or an `Arc` of
+/// a test's publisher that the test goes on reading.
+impl<P: OutboxPublisher + ?Sized> OutboxPublisher for std::sync::Arc<P> {
+    fn publish_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> PublishFuture<'a> {
+        (**self).publish_batch(records)
+    }
+
+    #[allow(clippy::async_yields_async)]
+    fn send_batch<'a>(&'a self, records: &'a [OutboxRecord]) -> SendFuture<'a> {
+        (**self).send_batch(records)
+    }
+}
+
 /// A broker connection publishes a batch the way [`Connection::publish`](crate::Connection::publish)
 /// would publish each record, except that every record is sent before any
 /// confirm is awaited.

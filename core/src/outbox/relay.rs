@@ -171,11 +171,10 @@ impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
 /// ```no_run
 /// # use acemq::outbox::*;
 /// # use acemq::sql::SqliteConnection;
-/// # use std::sync::Arc;
-/// # async fn run(publisher: Arc<dyn OutboxPublisher>) -> acemq::Result<()> {
+/// # async fn run(mq: acemq::Connection) -> acemq::Result<()> {
 /// let store = SqlOutboxStore::new(SqliteConnection::open("app.db")?, OutboxStoreOptions::default())?;
 /// store.create_schema()?;
-/// let relay = OutboxRelay::new(publisher, store, RelayOptions {
+/// let relay = OutboxRelay::new(mq.clone(), store, RelayOptions {
 ///     on_error: Some(Box::new(|error: &acemq::Error, exchange: &str, routing_key: &str| {
 ///         eprintln!("outbox stuck on {exchange}/{routing_key}: {error}");
 ///     })),
@@ -199,12 +198,14 @@ struct Inner<T: RelayStore> {
 }
 
 impl<T: RelayStore> OutboxRelay<T> {
-    /// A relay publishing `store`'s rows through `publisher`. Nothing runs
-    /// until [`start`](Self::start) or [`sweep`](Self::sweep).
-    pub fn new(publisher: Arc<dyn OutboxPublisher>, store: T, options: RelayOptions) -> Self {
+    /// A relay publishing `store`'s rows through `publisher`: a
+    /// [`Connection`](crate::Connection) (a clone shares the connection), or
+    /// any `Arc` of one. Nothing runs until [`start`](Self::start) or
+    /// [`sweep`](Self::sweep).
+    pub fn new(publisher: impl OutboxPublisher + 'static, store: T, options: RelayOptions) -> Self {
         let (stop, _) = watch::channel(false);
         OutboxRelay {
-            inner: Arc::new(Inner { publisher, store: Arc::new(store), options }),
+            inner: Arc::new(Inner { publisher: Arc::new(publisher), store: Arc::new(store), options }),
             task: Mutex::new(None),
             stop,
         }

@@ -333,7 +333,7 @@ fn dropped_or_panicking_handler_forgets_its_claim() {
     assert_eq!(h.guard().stats().abandoned, 1);
     assert!(store.is_empty(), "the claim was forgotten, the redelivery will run");
 
-    let h = Idempotent::new(store.clone(), |_m: Message| async { panic!("handler bug") });
+    let h = Idempotent::new(store.clone(), |_m: Message| async { panic!("handler bug") as Outcome });
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| block_on(h.handle(message("m-2")))));
     assert!(r.is_err());
     assert!(store.is_empty());

@@ -18,6 +18,10 @@ pub struct ReplayOptions {
     pub reason: Option<String>,
     /// Only those of this message type.
     pub kind: Option<String>,
+    /// Only those whose error class is this one (`x-acemq-error-class`).
+    pub error_class: Option<String>,
+    /// Only those whose message id is one of these; any when empty.
+    pub ids: Vec<String>,
 }
 
 /// What a replay did.
@@ -46,6 +50,28 @@ pub struct DeadLetter {
     pub failed_at: Option<u64>,
     /// The body, byte for byte.
     pub body: Vec<u8>,
+    /// The exchange it was first published to: AceMQ's
+    /// `x-acemq-original-exchange`, else the broker's newest `x-death`.
+    pub exchange: Option<String>,
+    /// Its routing key there, found the same way.
+    pub routing_key: Option<String>,
+    /// Every header as it sits in the DLQ (`x-acemq-history` among them).
+    pub headers: crate::headers::Headers,
+}
+
+/// One page of a DLQ as [`Connection::browse_dead_letters`] reads it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DeadLetterPage {
+    /// The matching dead letters after the skipped ones, oldest first.
+    pub letters: Vec<DeadLetter>,
+    /// How many messages the read took off the DLQ and gave back: what the
+    /// page cost (a deep page or a rare filter reads everything before it).
+    pub scanned: usize,
+    /// Whether another match follows this page.
+    pub more: bool,
+    /// Read near a delivery limit and so put back at the DLQ's tail as
+    /// fresh copies ([`REFRESH_AT`]): the DLQ's order changed by this many.
+    pub moved: usize,
 }
 
 /// Failures kept in `x-acemq-history`, newest last.
@@ -54,12 +80,61 @@ const MAX_HISTORY: usize = 10;
 /// Header recording when a message was last replayed.
 pub const REPLAYED_AT_HEADER: &str = "x-acemq-replayed-at";
 
+/// The reason a dead letter shows: AceMQ's, else the broker's own.
+fn reason_of(h: &crate::headers::Headers) -> Option<String> {
+    h.get(REASON_HEADER).and_then(Value::as_str).map(str::to_owned).or_else(|| broker_reason(h))
+}
+
 fn matches(raw: &RawDelivery, options: &ReplayOptions) -> bool {
-    let reason_ok = options.reason.as_deref().is_none_or(|want| {
-        raw.props.header(REASON_HEADER).is_some_and(|r| r.as_str().is_some_and(|r| r.contains(want)))
-    });
+    let h = raw.props.headers();
+    let reason_ok = options.reason.as_deref().is_none_or(|want| reason_of(h).is_some_and(|r| r.contains(want)));
     let kind_ok = options.kind.as_deref().is_none_or(|want| raw.props.kind.as_deref() == Some(want));
-    reason_ok && kind_ok
+    let class_ok = options
+        .error_class
+        .as_deref()
+        .is_none_or(|want| h.get(ERROR_CLASS_HEADER).and_then(Value::as_str) == Some(want));
+    let id_ok = options.ids.is_empty() || options.ids.contains(&envelope_of(&raw.props).id);
+    reason_ok && kind_ok && class_ok && id_ok
+}
+
+/// Where the dead letter was first published: AceMQ's headers, else the
+/// broker's newest `x-death` entry.
+fn original_route(h: &crate::headers::Headers) -> (Option<String>, Option<String>) {
+    let text = |k: &str| h.get(k).and_then(Value::as_str).map(str::to_owned);
+    let death = h.get("x-death").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_object);
+    let exchange = text(crate::wire::ORIGINAL_EXCHANGE_HEADER)
+        .or_else(|| death.and_then(|d| d.get("exchange")?.as_str().map(str::to_owned)));
+    let key = text(crate::wire::ORIGINAL_ROUTING_KEY_HEADER).or_else(|| {
+        death.and_then(|d| d.get("routing-keys")?.as_array()?.first()?.as_str().map(str::to_owned))
+    });
+    (exchange, key)
+}
+
+fn dead_letter(raw: &RawDelivery) -> DeadLetter {
+    let envelope = envelope_of(&raw.props);
+    let h = raw.props.headers();
+    let (exchange, routing_key) = original_route(h);
+    DeadLetter {
+        id: envelope.id,
+        kind: envelope.kind,
+        attempt: envelope.attempt,
+        reason: reason_of(h),
+        error_class: h.get(ERROR_CLASS_HEADER).and_then(Value::as_str).map(str::to_owned),
+        failed_at: h.get(FAILED_AT_HEADER).and_then(Value::as_u64),
+        body: raw.body.clone(),
+        exchange,
+        routing_key,
+        headers: h.clone(),
+    }
+}
+
+/// What a take does with each match.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Take {
+    /// Republish it to its queue, then remove it from the DLQ.
+    Replay,
+    /// Remove it from the DLQ.
+    Discard,
 }
 
 /// The copy that goes back to work: attempt 1 again, and this failure moved
@@ -157,11 +232,13 @@ struct Keeper<'a> {
     read: String,
     /// The newest delivery tag held unacknowledged, to give back.
     held: Option<u64>,
+    /// Copies put back at the tail (see [`DeadLetterPage::moved`]).
+    moved: usize,
 }
 
 impl<'a> Keeper<'a> {
     fn new(backend: &'a crate::transport::Backend, reader: &'a crate::transport::Reader, dlq: String) -> Self {
-        Keeper { backend, reader, dlq, read: crate::envelope::new_id(), held: None }
+        Keeper { backend, reader, dlq, read: crate::envelope::new_id(), held: None, moved: 0 }
     }
 
     /// Whether `raw` is a copy this read put back: the read has been round
@@ -198,6 +275,7 @@ impl<'a> Keeper<'a> {
         h.insert(REFRESHED_BY_HEADER.into(), Value::from(self.read.clone()));
         crate::wire::copy_props(&mut props);
         self.backend.send("", &self.dlq, &raw.body, &props).await?.wait().await?;
+        self.moved += 1;
         self.reader.ack(raw.tag).await
     }
 
@@ -212,11 +290,23 @@ impl<'a> Keeper<'a> {
 
 impl Connection {
     /// Look at up to `limit` dead letters in `{queue}.dlq`, oldest first,
-    /// without taking them: each is read unacknowledged and given back, in
-    /// its place, when the read ends. One whose broker delivery count is
-    /// near a limit is put back at the tail as a fresh copy instead
-    /// ([`REFRESH_AT`]), so looking never makes a quorum DLQ drop one. What
-    /// an operator runs before deciding to replay.
+    /// without taking them: [`Connection::browse_dead_letters`] with no
+    /// filter, from the head. What an operator runs before deciding to
+    /// replay.
+    pub async fn peek_dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>> {
+        Ok(self.browse_dead_letters(queue, &ReplayOptions::default(), 0, limit).await?.letters)
+    }
+
+    /// One page of `{queue}.dlq`: the dead letters matching `filter` (its
+    /// `limit` is not used), after the first `skip` matches, at most
+    /// `limit`, oldest first, without taking them. Each message read is
+    /// held unacknowledged and given back, in its place, when the read
+    /// ends; one whose broker delivery count is near a limit is put back at
+    /// the tail as a fresh copy instead ([`REFRESH_AT`], counted in
+    /// [`DeadLetterPage::moved`]), so looking never makes a quorum DLQ drop
+    /// one, however often. The read stops at the end of the DLQ, at its own
+    /// first copy, or at the match after the page (which sets `more`):
+    /// a deep page or a rare match costs reading all before it.
     ///
     /// # Cancel safety
     ///
@@ -224,7 +314,13 @@ impl Connection {
     /// unacknowledged, and the broker puts it back, in place, when the
     /// reading channel or the connection closes; a copy being refreshed is
     /// in the DLQ once or twice.
-    pub async fn peek_dead_letters(&self, queue: &str, limit: usize) -> Result<Vec<DeadLetter>> {
+    pub async fn browse_dead_letters(
+        &self,
+        queue: &str,
+        filter: &ReplayOptions,
+        skip: usize,
+        limit: usize,
+    ) -> Result<DeadLetterPage> {
         if queue.is_empty() {
             return Err(Error::invalid("peek needs the queue whose dead letters to show"));
         }
@@ -236,32 +332,34 @@ impl Connection {
         let dlq = dlq_name(queue);
         let reader = backend.reader(&dlq).await?;
         let mut keeper = Keeper::new(backend, &reader, dlq);
-        let mut seen = Vec::new();
+        let mut page = DeadLetterPage::default();
+        let mut matched = 0;
         let result: Result<()> = async {
-            while seen.len() < limit {
+            loop {
                 let Some(raw) = reader.next().await? else { break };
                 if keeper.round(&raw) {
                     break;
                 }
-                let envelope = envelope_of(&raw.props);
-                let h = raw.props.headers();
-                let text = |k: &str| h.get(k).and_then(Value::as_str).map(str::to_owned);
-                seen.push(DeadLetter {
-                    id: envelope.id,
-                    kind: envelope.kind,
-                    attempt: envelope.attempt,
-                    reason: text(REASON_HEADER).or_else(|| broker_reason(h)),
-                    error_class: text(ERROR_CLASS_HEADER),
-                    failed_at: h.get(FAILED_AT_HEADER).and_then(Value::as_u64),
-                    body: raw.body.clone(),
-                });
+                page.scanned += 1;
+                if matches(&raw, filter) {
+                    matched += 1;
+                    if page.letters.len() == limit {
+                        page.more = true;
+                    } else if matched > skip {
+                        page.letters.push(dead_letter(&raw));
+                    }
+                }
                 keeper.keep(&raw).await?;
+                if page.more {
+                    break;
+                }
             }
             Ok(())
         }
         .await;
+        page.moved = keeper.moved;
         keeper.finish().await;
-        result.map(|()| seen)
+        result.map(|()| page)
     }
 
     /// Move dead letters from `{queue}.dlq` back to `{queue}`.
@@ -282,6 +380,18 @@ impl Connection {
     /// and the one in flight may be in both queues. Running it again goes on
     /// with what is left.
     pub async fn replay_dead_letters(&self, queue: &str, options: ReplayOptions) -> Result<ReplayReport> {
+        self.take_dead_letters(queue, options, Take::Replay).await
+    }
+
+    /// Remove dead letters from `{queue}.dlq` for good: those matching
+    /// `options` (all when it is the default), read as a replay reads them,
+    /// each acknowledged instead of republished. `replayed` in the report
+    /// counts those removed. The rest stay, in order, as in a replay.
+    pub async fn discard_dead_letters(&self, queue: &str, options: ReplayOptions) -> Result<ReplayReport> {
+        self.take_dead_letters(queue, options, Take::Discard).await
+    }
+
+    async fn take_dead_letters(&self, queue: &str, options: ReplayOptions, take: Take) -> Result<ReplayReport> {
         if queue.is_empty() {
             return Err(Error::invalid("replay needs the queue whose dead letters to replay"));
         }
@@ -308,6 +418,11 @@ impl Connection {
                     continue;
                 }
                 let tag = raw.tag;
+                if take == Take::Discard {
+                    reader.ack(tag).await?;
+                    report.replayed += 1;
+                    continue;
+                }
                 let mut copy = revived(raw);
                 crate::wire::copy_props(&mut copy.props);
                 backend.send("", queue, &copy.body, &copy.props).await?.wait().await?;

@@ -142,6 +142,9 @@ impl RbConnection {
         Ok(RbConsumer::new(consumer))
     }
 
+    /// Replay (or, with `discard`, remove) the dead letters matching the
+    /// filter: [replayed or discarded, skipped].
+    #[allow(clippy::too_many_arguments)]
     fn replay(
         ruby: &Ruby,
         rb_self: &Self,
@@ -149,22 +152,42 @@ impl RbConnection {
         limit: Option<usize>,
         reason: Option<String>,
         kind: Option<String>,
+        error_class: Option<String>,
+        ids: Vec<String>,
+        discard: bool,
     ) -> Result<(usize, usize), Error> {
         let conn = &rb_self.inner;
-        let options = acemq::ReplayOptions { limit, reason, kind };
-        let report = gvl::block_on(ruby, conn.replay_dead_letters(&queue, options))?.rb(ruby)?;
+        let options = acemq::ReplayOptions { limit, reason, kind, error_class, ids };
+        let report = if discard {
+            gvl::block_on(ruby, conn.discard_dead_letters(&queue, options))?.rb(ruby)?
+        } else {
+            gvl::block_on(ruby, conn.replay_dead_letters(&queue, options))?.rb(ruby)?
+        };
         Ok((report.replayed, report.skipped))
     }
 
-    /// Up to `limit` dead letters, left in place, oldest first.
-    fn peek(ruby: &Ruby, rb_self: &Self, queue: String, limit: usize) -> Result<magnus::RArray, Error> {
+    /// One page of dead letters, left in place, oldest first:
+    /// [letters, scanned, more, moved].
+    #[allow(clippy::too_many_arguments)]
+    fn browse(
+        ruby: &Ruby,
+        rb_self: &Self,
+        queue: String,
+        skip: usize,
+        limit: usize,
+        reason: Option<String>,
+        kind: Option<String>,
+        error_class: Option<String>,
+        ids: Vec<String>,
+    ) -> Result<(magnus::RArray, usize, bool, usize), Error> {
         let conn = &rb_self.inner;
-        let seen = gvl::block_on(ruby, conn.peek_dead_letters(&queue, limit))?.rb(ruby)?;
-        let out = ruby.ary_new_capa(seen.len());
-        for d in seen {
+        let filter = acemq::ReplayOptions { limit: None, reason, kind, error_class, ids };
+        let page = gvl::block_on(ruby, conn.browse_dead_letters(&queue, &filter, skip, limit))?.rb(ruby)?;
+        let out = ruby.ary_new_capa(page.letters.len());
+        for d in page.letters {
             out.push(RbDeadLetter(d))?;
         }
-        Ok(out)
+        Ok((out, page.scanned, page.more, page.moved))
     }
 
     fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
@@ -271,8 +294,8 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_queue_counts", method!(RbConnection::queue_counts, 1))?;
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
     class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
-    class.define_private_method("_replay", method!(RbConnection::replay, 4))?;
-    class.define_private_method("_peek", method!(RbConnection::peek, 2))?;
+    class.define_private_method("_replay", method!(RbConnection::replay, 7))?;
+    class.define_private_method("_browse", method!(RbConnection::browse, 7))?;
     class.define_method("close", method!(RbConnection::close, 0))?;
     class.define_method("closed?", method!(RbConnection::is_closed, 0))?;
     class.define_method("blocked?", method!(RbConnection::is_blocked, 0))?;

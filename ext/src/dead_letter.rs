@@ -39,6 +39,19 @@ impl RbDeadLetter {
     fn body(ruby: &Ruby, rb_self: &Self) -> RString {
         ruby.str_from_slice(&rb_self.0.body)
     }
+
+    fn exchange(&self) -> Option<String> {
+        self.0.exchange.clone()
+    }
+
+    fn routing_key(&self) -> Option<String> {
+        self.0.routing_key.clone()
+    }
+
+    /// Every header, as a JSON object.
+    fn headers_json(&self) -> String {
+        serde_json::Value::Object(self.0.headers.clone()).to_string()
+    }
 }
 
 pub fn init(ruby: &Ruby, connection: RClass) -> Result<(), Error> {
@@ -51,5 +64,8 @@ pub fn init(ruby: &Ruby, connection: RClass) -> Result<(), Error> {
     class.define_method("error_class", method!(RbDeadLetter::error_class, 0))?;
     class.define_method("failed_at", method!(RbDeadLetter::failed_at, 0))?;
     class.define_method("body", method!(RbDeadLetter::body, 0))?;
+    class.define_method("exchange", method!(RbDeadLetter::exchange, 0))?;
+    class.define_method("routing_key", method!(RbDeadLetter::routing_key, 0))?;
+    class.define_method("headers_json", method!(RbDeadLetter::headers_json, 0))?;
     Ok(())
 }

@@ -174,19 +174,62 @@ module AceMQ
       # at most limit:, optionally only those whose reason contains reason:
       # or whose type is type:. A message leaves the DLQ only once its copy
       # is confirmed. Returns { replayed:, skipped: }.
-      def replay_dead_letters(queue, limit: nil, reason: nil, type: nil)
-        replayed, skipped = _replay(queue.to_s, Connection.count(:limit, limit), reason&.to_s, type&.to_s)
+      # error_class: and ids: narrow it further (the class exactly; the
+      # message ids, any of them).
+      def replay_dead_letters(queue, limit: nil, reason: nil, type: nil, error_class: nil, ids: nil)
+        replayed, skipped = _replay(queue.to_s, Connection.count(:limit, limit), reason&.to_s, type&.to_s,
+                                    error_class&.to_s, Array(ids).map(&:to_s), false)
         { replayed: replayed, skipped: skipped }
+      end
+
+      # Remove dead letters from {queue}.dlq for good: those whose id is in
+      # ids:, or all matching reason:/type:/error_class:. Read as a replay
+      # reads them; the rest stay in order. With neither ids nor a filter it
+      # refuses: purge_dead_letters says "all" out loud.
+      # Returns { discarded:, skipped: }.
+      def discard_dead_letters(queue, ids: nil, reason: nil, type: nil, error_class: nil)
+        ids = Array(ids).map(&:to_s)
+        if ids.empty? && [reason, type, error_class].all?(&:nil?)
+          raise ConfigurationError, "discard needs ids: or a filter (reason:, type:, error_class:); purge_dead_letters removes them all"
+        end
+
+        discarded, skipped = _replay(queue.to_s, nil, reason&.to_s, type&.to_s, error_class&.to_s, ids, true)
+        { discarded: discarded, skipped: skipped }
+      end
+
+      # Every dead letter in {queue}.dlq removed. Returns { discarded: }.
+      def purge_dead_letters(queue)
+        discarded, = _replay(queue.to_s, nil, nil, nil, nil, [], true)
+        { discarded: discarded }
       end
 
       # Up to limit: dead letters in {queue}.dlq, oldest first, left where
       # they are: each a Hash of id, type, attempt, reason, error_class,
-      # failed_at (a Time) and body (the bytes as they arrived).
+      # failed_at (a Time), body (the bytes as they arrived), exchange and
+      # routing_key (where it was first published), headers and history
+      # (x-acemq-history: earlier failures, oldest first).
       def peek_dead_letters(queue, limit: 10)
-        _peek(queue.to_s, Connection.count(:limit, limit) || 0).map do |d|
-          { id: d.id, type: d.type, attempt: d.attempt, reason: d.reason, error_class: d.error_class,
-            failed_at: d.failed_at && Time.at(d.failed_at), body: d.body }
-        end
+        browse_dead_letters(queue, limit: limit)[:dead_letters]
+      end
+
+      # One page of {queue}.dlq, left where it is: the dead letters matching
+      # reason: (contained), type:, error_class: and ids:, after the first
+      # skip: matches, at most limit:. Returns { dead_letters: [as
+      # peek_dead_letters], scanned: (messages read: what the page cost),
+      # more: (another match follows), moved: (put back at the tail as fresh
+      # copies, near a delivery limit: the DLQ's order changed) }.
+      def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil)
+        letters, scanned, more, moved = _browse(queue.to_s, Connection.count(:skip, skip) || 0,
+                                                Connection.count(:limit, limit) || 0, reason&.to_s, type&.to_s,
+                                                error_class&.to_s, Array(ids).map(&:to_s))
+        { dead_letters: letters.map { |d| Connection.dead_letter_hash(d) }, scanned: scanned, more: more, moved: moved }
+      end
+
+      def self.dead_letter_hash(d)
+        headers = JSON.parse(d.headers_json)
+        { id: d.id, type: d.type, attempt: d.attempt, reason: d.reason, error_class: d.error_class,
+          failed_at: d.failed_at && Time.at(d.failed_at), body: d.body, exchange: d.exchange,
+          routing_key: d.routing_key, headers: headers, history: Array(headers["x-acemq-history"]) }
       end
 
       # memory:// only: move the broker's clock forward, so messages waiting

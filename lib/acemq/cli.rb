@@ -17,6 +17,7 @@ module AceMQ
     USAGE = <<~TEXT
       Usage: acemq run [options]
              acemq status [options]
+             acemq web [options]
 
       run: runs the consumers (subclasses of AceMQ::Rails::Consumer) until TERM
       or INT. From a Rails application's root it boots config/environment.rb;
@@ -33,6 +34,12 @@ module AceMQ
       about the same consumers (or about --queue NAME, without booting an
       app): ready, unacked, consumers, rate, rung queues, DLQ depth and its
       newest reasons, the outbox backlog, the duplicate rate.
+
+      web: the dashboard (AceMQ::Web) on WEBrick, for an app without Rails
+      (a Rails app mounts it in config/routes.rb): the same consumers (or
+      --queue NAME), their dead letters, replay and discard. No
+      authentication of its own: bind it to 127.0.0.1 (the default) or put
+      it behind one (docs/web.md).
     TEXT
 
     def self.start(argv = ARGV, out: $stdout, err: $stderr) = new(out: out, err: err).start(argv)
@@ -71,6 +78,14 @@ module AceMQ
         end
         o.on("--json", "A JSON document instead of the table") { options[:json] = true }
         o.separator ""
+        o.separator "web:"
+        o.on("--port PORT", Integer, "Listen on PORT (default 9395)") { |p| options[:port] = p }
+        o.on("--host HOST", "Listen on HOST (default 127.0.0.1)") { |h| options[:host] = h }
+        o.on("--runner URL", "A runner's health endpoint to show (repeatable; default config.health_port's)") do |u|
+          (options[:runners] ||= []) << u
+        end
+        o.on("--read-only", "Show, never change") { options[:read_only] = true }
+        o.separator ""
         o.on("-v", "--version", "Print the version") do
           @out.puts("acemq #{AceMQ::VERSION}")
           return 0
@@ -82,12 +97,13 @@ module AceMQ
       end
       args = parser.parse(argv)
       command = args.shift
-      unless %w[run status].include?(command)
+      unless %w[run status web].include?(command)
         @err.puts(command ? "acemq: unknown command #{command.inspect}\n\n#{parser}" : parser.to_s)
         return command ? 64 : 0
       end
       Dir.chdir(options[:dir]) if options[:dir]
       return status(options) if command == "status"
+      return web(options) if command == "web"
 
       boot(options[:require])
       AceMQ::Rails.runner(only: options[:only], processes: options[:processes]).run
@@ -105,6 +121,21 @@ module AceMQ
       AceMQ::Status::Command.new(out: @out, err: @err, queues: options[:queues], only: options[:only],
                                  url: options[:url], metrics: options[:metrics], interval: options[:interval],
                                  rabbitmqctl: options[:rabbitmqctl], json: options[:json]).run
+    end
+
+    def web(options)
+      options[:queues].empty? || !options[:require].empty? ? boot(options[:require]) : require("acemq")
+      require "acemq/web"
+      require "acemq/web/server"
+      settings = { url: options[:url], runners: options[:runners], read_only: options[:read_only] }.compact
+      settings[:queues] = options[:queues] unless options[:queues].empty?
+      app = AceMQ::Web.new(**settings)
+      server = AceMQ::Web::Server.new(app, host: options[:host] || "127.0.0.1", port: options[:port] || 9395, log: @err)
+      %w[INT TERM].each { |sig| trap(sig) { server.shutdown } }
+      @out.puts("acemq web: http://#{options[:host] || '127.0.0.1'}:#{server.port}/")
+      server.start
+      app.close
+      0
     end
 
     def boot(files)

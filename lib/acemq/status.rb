@@ -83,6 +83,27 @@ module AceMQ
         consumers: @targets.map do |t|
           consumer(t, first, second, listed, elapsed, metrics_error ? nil : [first_metrics, second_metrics])
         end,
+        outbox: outbox,
+        delayed: delayed
+      }
+    end
+
+    # One pass, with no interval and no DLQ read: each consumer's queue,
+    # rungs and DLQ counts and the runner's consumed totals (consumed_total
+    # by outcome) now, and the outbox. AceMQ::Web's overview refreshes from
+    # this every 2 s, keeps the samples, and takes its rates from them.
+    def sample(listed = nil)
+      metrics = scrape
+      now = counts
+      {
+        at: Time.now.utc.iso8601,
+        metrics_error: metrics.is_a?(String) ? metrics : nil,
+        consumers: @targets.map do |t|
+          queue = row(t.queue, now, listed)
+          consumed = !metrics.is_a?(String) && Prometheus.consumed(metrics, t.queue)
+          queue[:consumed_total] = consumed.transform_values(&:to_i) if consumed
+          { name: t.name, queue: queue, rungs: t.rungs.map { |r| row(r, now, listed) }, dlq: row(t.dlq, now, listed) }
+        end,
         outbox: outbox
       }
     end
@@ -146,6 +167,13 @@ module AceMQ
         { id: d[:id], type: d[:type], attempt: d[:attempt], reason: d[:reason], error_class: d[:error_class],
           failed_at: d[:failed_at]&.utc&.iso8601 }
       end
+    end
+
+    # The delay cascade's levels holding messages (Connection#delayed).
+    def delayed
+      @mq.delayed
+    rescue AMQP::Error => e
+      { error: "#{e.class}: #{e.message}" }
     end
 
     def outbox

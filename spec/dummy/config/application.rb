@@ -2,11 +2,15 @@
 
 require_relative "boot"
 
-# Only the frameworks a consumer process needs: no web stack, no mailer, no
-# assets. ActiveRecord for the stores and the charges table.
+# Only the frameworks a consumer process needs, and ActionController's
+# routing for the dashboard mounted in config/routes.rb (AceMQ::Web): no
+# views, no mailer, no assets. ActiveRecord for the stores and the charges
+# table.
 require "rails"
 require "active_record/railtie"
+require "action_controller/railtie"
 require "acemq"
+require "acemq/web"
 
 module Dummy
   class Application < ::Rails::Application

@@ -1,0 +1,276 @@
+# frozen_string_literal: true
+
+require "erb"
+require "json"
+require "time"
+
+module AceMQ
+  class Web
+    # One request: the route, the data from Source, the HTML. Pages are ERB
+    # templates under views/ in one layout; no JavaScript framework, no
+    # asset pipeline: the CSS and the few lines of JS are inline.
+    class Views
+      include ERB::Util
+
+      DIR = File.join(__dir__, "views")
+      TEMPLATES = Hash.new { |h, name| h[name] = ERB.new(File.read(File.join(DIR, "#{name}.erb")), trim_mode: "-") }
+      FILTERS = %w[reason type error_class id].freeze
+      ACTIONS = %w[replay discard purge].freeze
+
+      def initialize(request, source)
+        @req = request
+        @source = source
+      end
+
+      def respond
+        path = @req.path
+        if @req.get?
+          return overview if ["/", ""].include?(path)
+          return json(overview_values) if path == "/overview.json"
+          if (m = %r{\A/queues/([^/]+)\z}.match(path))
+            return with_queue(m[1]) { |t| queue_page(t) }
+          end
+          if (m = %r{\A/queues/([^/]+)/dlq\z}.match(path))
+            return with_queue(m[1]) { |t| dlq_page(t) }
+          end
+        elsif @req.post? && (m = %r{\A/queues/([^/]+)/dlq/(replay|discard|purge)\z}.match(path))
+          return with_queue(m[1]) { |t| act(t, m[2]) }
+        end
+        refuse(404, "Not found", "Nothing at #{path}.")
+      end
+
+      # ---- pages
+
+      def overview
+        @title = "Overview"
+        @snap = @source.overview
+        page(:overview)
+      end
+
+      # The overview's numbers, each under the key its element carries
+      # (data-k), and the runners' section as HTML: what the page's script
+      # puts in place every 2 s.
+      def overview_values
+        @snap = @source.overview
+        values = {}
+        @snap[:consumers].each do |c|
+          q = c[:queue]
+          k = "q:#{q[:name]}"
+          values["#{k}:ready"] = num(q[:ready])
+          values["#{k}:unacked"] = num(q[:unacked])
+          values["#{k}:consumers"] = num(q[:consumers])
+          values["#{k}:change"] = rate(q[:ready_change_per_s])
+          values["#{k}:done"] = rate(q[:done_per_s])
+          values["#{k}:rungs"] = num(rungs_ready(c))
+          values["#{k}:dlq"] = num(c[:dlq][:ready])
+        end
+        values["outbox"] = outbox_text(@snap[:outbox])
+        values["at"] = @snap[:at]
+        { values: values, runners: render(:runners) }
+      end
+
+      def queue_page(target)
+        @target = target
+        @source.sample_queue(target)
+        @samples = @source.samples(target.queue)
+        return html(200, chart_svg) if @req.params["part"] == "chart"
+
+        @title = target.queue
+        @counts = ([target.queue] + target.rungs + [target.dlq]).to_h { |n| [n, @source.counts(n)] }
+        @newest = @counts[target.dlq]&.dig(:ready).to_i.positive? ? @source.newest(target.queue, 10) : nil
+        page(:queue)
+      end
+
+      def dlq_page(target)
+        @target = target
+        @title = "#{target.dlq}"
+        @filter = filter_params
+        unless @source.counts(target.dlq)
+          return refuse(404, "No DLQ", "#{target.dlq} is not declared: nothing has been dead-lettered from #{target.queue}.")
+        end
+        @page_no = [Integer(@req.params["page"] || 1, exception: false) || 1, 1].max
+        @result = @source.browse(target.queue, page: @page_no, filter: filter_for_engine(@filter))
+        page(:dlq)
+      end
+
+      # ---- actions: confirm first (a page of its own, no script needed),
+      # then do it and say what was done.
+
+      def act(target, action)
+        return refuse(403, "Read-only", "This dashboard is read-only here: nothing was changed.") if @req.read_only?
+        unless @req.csrf_ok?
+          return refuse(403, "Refused: CSRF token",
+                        "The form's CSRF token is missing or does not match this browser's: nothing was changed. " \
+                        "Reload the page and try again.")
+        end
+
+        @target = target
+        @action = action
+        @ids = selected_ids
+        @filter = filter_params
+        @scope = @ids.any? ? :ids : :filter
+        if action == "discard" && @ids.empty?
+          return refuse(422, "Nothing selected", "Discard takes the dead letters you select: none were.")
+        end
+        if action == "replay" && @ids.empty? && @req.params["scope"] != "filter"
+          return refuse(422, "Nothing selected", "Select dead letters to replay, or replay all matching a filter.")
+        end
+
+        @title = "Confirm"
+        return page(:confirm) unless @req.params["confirmed"] == "yes"
+
+        @done = perform
+        @title = "Done"
+        page(:done)
+      end
+
+      def perform
+        mq = @source.connection
+        q = @target.queue
+        case @action
+        when "replay"
+          r = @scope == :ids ? mq.replay_dead_letters(q, ids: @ids) : mq.replay_dead_letters(q, **filter_for_engine(@filter))
+          missing = @scope == :ids ? @ids.size - r[:replayed] : 0
+          "Replayed #{plural(r[:replayed], 'dead letter')} from #{@target.dlq} to #{q}" \
+            "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}" \
+            "; #{plural(r[:skipped], 'other')} left in the DLQ."
+        when "discard"
+          r = mq.discard_dead_letters(q, ids: @ids)
+          missing = @ids.size - r[:discarded]
+          "Discarded #{plural(r[:discarded], 'dead letter')} from #{@target.dlq}" \
+            "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}."
+        when "purge"
+          r = mq.purge_dead_letters(q)
+          "Purged #{@target.dlq}: #{plural(r[:discarded], 'dead letter')} discarded."
+        end
+      end
+
+      # ---- helpers the templates use
+
+      def link(path, params = nil)
+        query = params&.reject { |_, v| v.nil? || v.to_s.empty? }
+        "#{@req.base}#{path}#{query && !query.empty? ? "?#{URI.encode_www_form(query)}" : ''}"
+      end
+
+      def qpath(queue, rest = "") = "/queues/#{url_encode(queue)}#{rest}"
+
+      def token_field = %(<input type="hidden" name="#{CSRF_FIELD}" value="#{h(@req.token)}">)
+
+      def read_only? = @req.read_only?
+
+      def num(value) = value.nil? ? "—" : value.to_s.reverse.scan(/\d{1,3}/).join(",").reverse.then { |s| value.negative? ? "-#{s}" : s }
+
+      def rate(value) = value.nil? ? "—" : format("%+.1f", value).sub("+0.0", "0.0")
+
+      def rungs_ready(consumer)
+        rs = consumer[:rungs].select { |r| r[:exists] }
+        rs.empty? ? nil : rs.sum { |r| r[:ready].to_i }
+      end
+
+      def outbox_text(outbox)
+        return "no outbox" unless outbox
+        return outbox[:error] if outbox[:error]
+
+        age = outbox[:oldest_age] ? "oldest #{outbox[:oldest_age]} s" : "none waiting"
+        "#{num(outbox[:waiting])} waiting, #{age}#{outbox[:failing].to_i.positive? ? ", #{outbox[:failing]} failing" : ''}"
+      end
+
+      def plural(n, word) = "#{num(n)} #{word}#{n == 1 ? '' : 's'}"
+
+      def ago(time)
+        return "—" unless time
+
+        s = (Time.now - time).round
+        rel = s < 90 ? "#{s} s ago" : s < 5400 ? "#{(s / 60.0).round} min ago" : "#{(s / 3600.0).round(1)} h ago"
+        %(<time datetime="#{time.utc.iso8601}" title="#{time.utc.iso8601}">#{rel}</time>)
+      end
+
+      # The body as JSON pretty-printed, else as text, else its size.
+      def pretty_body(body)
+        text = body.dup.force_encoding(Encoding::UTF_8)
+        return "(#{body.bytesize} bytes, not UTF-8)" unless text.valid_encoding?
+
+        JSON.pretty_generate(JSON.parse(text))
+      rescue JSON::ParserError
+        text
+      end
+
+      def pretty_headers(headers) = JSON.pretty_generate(headers.reject { |k, _| k == "x-acemq-history" })
+
+      # Ready (and done/s) over the kept samples, as inline SVG.
+      def chart_svg
+        w = 600
+        hgt = 120
+        pts = @samples
+        return %(<p class="muted" id="chart">No samples yet: the overview and this page take one each refresh.</p>) if pts.size < 2
+
+        t0 = pts.first.at
+        span = [pts.last.at - t0, 1].max
+        series = { "ready" => pts.map(&:ready), "dead letters" => pts.map(&:dlq) }
+        max = [series.values.flatten.compact.max.to_i, 1].max
+        lines = series.each_with_index.map do |(name, values), i|
+          xy = pts.zip(values).filter_map do |s, v|
+            v && format("%.1f,%.1f", (s.at - t0) / span * w, hgt - (v.to_f / max * (hgt - 10)))
+          end
+          %(<polyline fill="none" stroke="#{i.zero? ? '#2563eb' : '#dc2626'}" stroke-width="2" points="#{xy.join(' ')}"><title>#{name}</title></polyline>)
+        end
+        <<~SVG
+          <figure id="chart"><svg viewBox="0 0 #{w} #{hgt}" width="100%" height="#{hgt}" role="img" aria-label="#{h(@target.queue)}: ready (blue) and dead letters (red) over the last #{span.round} s, max #{max}">
+          <line x1="0" y1="#{hgt}" x2="#{w}" y2="#{hgt}" stroke="#999"/>#{lines.join}</svg>
+          <figcaption>Ready (blue) and dead letters (red), last #{span.round} s, #{pts.size} samples, top #{num(max)}.</figcaption></figure>
+        SVG
+      end
+
+      private
+
+      def with_queue(raw)
+        name = URI.decode_www_form_component(raw)
+        target = @source.target(name)
+        return refuse(404, "No such queue", "#{name} is not one of this dashboard's queues.") unless target
+
+        yield target
+      end
+
+      def filter_params
+        FILTERS.to_h { |k| [k, @req.params[k].to_s.strip] }.reject { |_, v| v.empty? }
+      end
+
+      def filter_for_engine(filter)
+        { reason: filter["reason"], type: filter["type"], error_class: filter["error_class"],
+          ids: filter["id"] && [filter["id"]] }.compact
+      end
+
+      def selected_ids
+        one = @req.params["one"].to_s
+        return [one] unless one.empty?
+
+        Array(@req.params["ids"]).map(&:to_s).reject(&:empty?).uniq
+      end
+
+      def page(name, status: 200)
+        @content = render(name)
+        html(status, render(:layout))
+      end
+
+      def render(name) = TEMPLATES[name.to_s].result(binding)
+
+      def refuse(status, title, message)
+        @title = title
+        @message = message
+        page(:message, status: status)
+      end
+
+      def headers(type)
+        h = { "content-type" => type, "cache-control" => "no-store", "x-frame-options" => "DENY",
+              "x-content-type-options" => "nosniff", "referrer-policy" => "same-origin" }
+        cookie = @req.cookie_header
+        h["set-cookie"] = cookie if cookie
+        h
+      end
+
+      def html(status, body) = [status, headers("text/html; charset=utf-8"), [body]]
+
+      def json(value) = [200, headers("application/json"), [JSON.generate(value)]]
+    end
+  end
+end

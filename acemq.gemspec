@@ -12,7 +12,7 @@ Gem::Specification.new do |s|
   s.authors = ["AceMQ"]
   s.license = "MIT"
   s.required_ruby_version = ">= 3.1"
-  s.files = Dir["lib/**/*.rb", "lib/**/*.rake", "lib/generators/**/*.tt", "exe/*", "ext/extconf.rb", "ext/Cargo.toml", "ext/src/**/*.rs", "core/Cargo.toml",
+  s.files = Dir["lib/**/*.rb", "lib/**/*.erb", "lib/**/*.rake", "lib/generators/**/*.tt", "exe/*", "ext/extconf.rb", "ext/Cargo.toml", "ext/src/**/*.rs", "core/Cargo.toml",
                 "core/src/**/*.rs", "Cargo.toml", "Cargo.lock", "README.md", "docs/**/*.md"]
   s.extensions = ["ext/extconf.rb"]
   s.require_paths = ["lib"]

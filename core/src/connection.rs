@@ -126,6 +126,13 @@ pub struct PublishOptions {
     /// caller's (a message forwarded with the context it came with), and a
     /// publish never rewrites a context.
     pub trace_context: Headers,
+    /// Deliver it this long from now, through the delay cascade
+    /// ([`crate::delay`]): whole seconds, rounded up, at most
+    /// [`crate::delay::MAX_DELAY`]. The envelope (its id, its trace
+    /// context) is the one delivered.
+    pub delay: Option<Duration>,
+    /// Deliver it at this time instead (a time past is now). Not with `delay`.
+    pub at: Option<std::time::SystemTime>,
 }
 
 /// One message for [`Connection::send_json_batch`]: a JSON body and where it
@@ -164,6 +171,8 @@ struct Inner {
     /// The type each main queue was applied with here, so a consumer of it
     /// declares its DLQ and rungs alike.
     applied: std::sync::Mutex<std::collections::HashMap<String, (QueueType, Option<u64>)>>,
+    /// What of the delay cascade this connection has declared.
+    delays: std::sync::Mutex<crate::delay::Declared>,
 }
 
 /// A connection inherited by a forked child is leaked there, never dropped:
@@ -244,6 +253,7 @@ impl Connection {
                 closed: AtomicBool::new(false),
                 pid: std::process::id(),
                 applied: Default::default(),
+                delays: Default::default(),
             }),
         })
     }
@@ -278,6 +288,10 @@ impl Connection {
         self.check_open()?;
         crate::limits::queue(queue)?;
         self.inner.backend.queue_counts(queue).await
+    }
+
+    pub(crate) fn delays(&self) -> std::sync::MutexGuard<'_, crate::delay::Declared> {
+        self.inner.delays.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn backend(&self) -> &Backend {
@@ -360,8 +374,14 @@ impl Connection {
         if let Some(k) = &options.kind {
             env.kind = Some(k.clone());
         }
+        // A reused envelope (a forward of a delivered delayed message) is
+        // not delayed again unless this publish says so.
+        env.headers.remove(crate::delay::DUE_HEADER);
         for (k, v) in &options.headers {
             env.headers.insert(k.clone(), v.clone());
+        }
+        if let Some(due) = crate::delay::due_unchecked(options.delay, options.at) {
+            env.headers.insert(crate::delay::DUE_HEADER.into(), serde_json::Value::from(due));
         }
         if !env.headers.contains_key(crate::trace::TRACEPARENT_HEADER) {
             for (k, v) in &options.trace_context {
@@ -401,11 +421,13 @@ impl Connection {
     /// broker stored it.
     pub async fn send_json(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope) -> Result<Confirm> {
         self.check_open()?;
-        let props = props_for(envelope);
+        let mut props = props_for(envelope);
         check_destination(exchange, routing_key, &props)?;
         // The producer span lasts until the confirm resolves (Confirm::wait).
         let span = crate::trace::publish_span(exchange, routing_key, envelope);
-        let confirm = tracing::Instrument::instrument(self.inner.backend.send(exchange, routing_key, body, &props), span.clone()).await?;
+        let delayed = crate::delay::prepare(self, exchange, routing_key, &mut props).await?;
+        let (to_exchange, to_key) = delayed.as_ref().map_or((exchange, routing_key), |(e, k)| (e.as_str(), k.as_str()));
+        let confirm = tracing::Instrument::instrument(self.inner.backend.send(to_exchange, to_key, body, &props), span.clone()).await?;
         Ok(confirm.in_span(span).watched(exchange, routing_key, &envelope.id))
     }
 
@@ -427,13 +449,25 @@ impl Connection {
         let mut items = Vec::with_capacity(messages.len());
         let mut spans = Vec::with_capacity(messages.len());
         let mut watched = Vec::with_capacity(messages.len());
+        // Where each delayed one goes instead (owned: the items borrow it).
+        let mut rerouted: Vec<Option<(String, String)>> = Vec::with_capacity(messages.len());
+        let mut all_props = Vec::with_capacity(messages.len());
         for m in messages {
-            let props = props_for(m.envelope);
-            if let Err(e) = check_destination(m.exchange, m.routing_key, &props) {
+            let mut props = props_for(m.envelope);
+            let route = match check_destination(m.exchange, m.routing_key, &props) {
+                Ok(()) => crate::delay::prepare(self, m.exchange, m.routing_key, &mut props).await,
+                Err(e) => Err(e),
+            };
+            rerouted.push(route.as_ref().ok().cloned().flatten());
+            all_props.push((props, route.err()));
+        }
+        for ((m, (props, refused)), route) in messages.iter().zip(all_props).zip(&rerouted) {
+            let (exchange, routing_key) = route.as_ref().map_or((m.exchange, m.routing_key), |(e, k)| (e.as_str(), k.as_str()));
+            if let Some(e) = refused {
                 results.push(Some(Err(e)));
             } else {
                 results.push(None);
-                items.push((m.exchange, m.routing_key, m.body, props));
+                items.push((exchange, routing_key, m.body, props));
                 spans.push(crate::trace::publish_span(m.exchange, m.routing_key, m.envelope));
                 watched.push((m.exchange, m.routing_key, m.envelope.id.as_str()));
             }

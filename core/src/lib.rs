@@ -40,6 +40,7 @@ mod broker;
 mod checks;
 mod connection;
 mod consumer;
+pub mod delay;
 mod envelope;
 mod error;
 mod fault;

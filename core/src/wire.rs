@@ -224,6 +224,11 @@ pub struct RawDelivery {
 /// Then the copy is made to fit in a frame ([`crate::limits::fit_copy`]).
 pub fn copy_props(props: &mut Props) {
     props.delivery_mode = Some(2);
+    // A copy goes to a rung or a DLQ by the default exchange: a `CC` left
+    // on it (the delay cascade's) would send it to a queue named by it too.
+    if props.header("CC").is_some() {
+        props.headers_mut().remove("CC");
+    }
     if let Some(expiration) = props.expiration.take() {
         let h = props.headers_mut();
         if !h.contains_key(ORIGINAL_EXPIRATION_HEADER) {
@@ -322,7 +327,10 @@ pub fn envelope_of(props: &Props) -> Envelope {
         .clamp(1, u32::MAX as u64) as u32;
     // The application's headers: all but the envelope's own, converted one
     // by one (a message that carries only the envelope's converts nothing).
-    let headers = props.headers_except(&[ID_HEADER, ORIGIN_HEADER, ATTEMPT_HEADER]);
+    // `CC` is routing, not application data (the delay cascade sets it to
+    // reach an exchange with the message's own key): an envelope forwarded
+    // with it would be routed by it again.
+    let headers = props.headers_except(&[ID_HEADER, ORIGIN_HEADER, ATTEMPT_HEADER, "CC"]);
     Envelope {
         id: props.message_id.clone().filter(|s| !s.is_empty()).or_else(|| text(ID_HEADER)).unwrap_or_default(),
         kind: props.kind.clone(),

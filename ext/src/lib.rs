@@ -5,6 +5,7 @@
 mod connection;
 mod consumer;
 mod dead_letter;
+mod delay;
 mod delivery;
 mod errors;
 mod events;
@@ -52,6 +53,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     amqp.define_module_function("_generate", function!(generate, 1))?;
     amqp.define_module_function("_encode", function!(encode, 1))?;
     connection::init(ruby, amqp)?;
+    delay::init(ruby, amqp)?;
     outgoing::init(ruby, amqp)?;
     stream::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;

@@ -50,6 +50,8 @@ static ENVELOPE: LazyId = LazyId::new("envelope");
 static TYPE: LazyId = LazyId::new("type");
 static HEADERS: LazyId = LazyId::new("headers");
 static TRACE: LazyId = LazyId::new("trace");
+static DELAY: LazyId = LazyId::new("delay");
+static AT: LazyId = LazyId::new("at");
 
 fn opt<T: magnus::TryConvert>(options: &RHash, key: &LazyId) -> Result<Option<T>, Error> {
     options.lookup::<_, Option<T>>(**key)
@@ -74,10 +76,23 @@ pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: Vec<u8>, opti
         kind: opt(&options, &TYPE)?,
         headers: headers_of(ruby, opt(&options, &HEADERS)?, "headers")?,
         trace_context: headers_of(ruby, opt(&options, &TRACE)?, "trace context")?,
+        // delay: seconds and at: seconds since the epoch, as Connection#publish_options
+        // checked and converted them; the limits are core's (delay::due_ms).
+        // A value past what a Duration holds is past any limit: core refuses it.
+        delay: opt::<f64>(&options, &DELAY)?.map(|s| secs(s)),
+        at: opt::<f64>(&options, &AT)?.map(|s| std::time::UNIX_EPOCH.checked_add(secs(s)).unwrap_or(std::time::UNIX_EPOCH + acemq::delay::MAX_DELAY * 1000)),
     };
+    {
+        use crate::errors::IntoRuby;
+        acemq::delay::due_ms(publish.delay, publish.at).rb(ruby)?;
+    }
     let envelope = conn.envelope_for(&publish);
     let routing_key: String = opt(&options, &TO)?.unwrap_or_default();
     Ok(OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope })
+}
+
+fn secs(s: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(std::time::Duration::from_secs(u64::MAX / 2))
 }
 
 static ENVELOPE_CLASS: Lazy<RClass> = Lazy::new(|ruby| crate::delivery::amqp_const(ruby, "Envelope"));

@@ -67,6 +67,8 @@ struct State {
     queues: HashMap<String, MemQueue>,
     consumers: HashMap<u64, MemConsumer>,
     next_consumer: u64,
+    /// Delayed publishes (`crate::delay`), due on this broker's clock.
+    delayed: Vec<(u64, Stored)>,
 }
 
 /// One in-process broker, shared by every connection that opens the same
@@ -237,10 +239,58 @@ impl MemoryBroker {
         Ok(())
     }
 
+    /// Milliseconds since the epoch on this broker's clock: the wall clock
+    /// plus every `advance`. A delayed message is due against this.
+    pub fn wall_ms(&self) -> u64 {
+        crate::delay::epoch_ms(std::time::SystemTime::now()) + self.offset_ms.load(Ordering::SeqCst)
+    }
+
+    /// How many delayed messages wait, by the level of the cascade they would
+    /// be in on RabbitMQ (the highest set bit of the whole seconds left),
+    /// level 0 first.
+    pub fn delayed_by_level(&self) -> Vec<u64> {
+        let st = self.lock();
+        let now = self.now_ms();
+        let mut out = vec![0u64; crate::delay::LEVELS as usize];
+        for (due, _) in &st.delayed {
+            let secs = crate::delay::remaining_secs(*due, now).max(1);
+            let k = crate::delay::level_of(secs).unwrap_or(0).min(crate::delay::LEVELS - 1);
+            out[k as usize] += 1;
+        }
+        out
+    }
+
     pub(crate) fn publish(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<()> {
         let mut st = self.lock();
         let now = self.now_ms();
         let targets = self.route(&st, exchange, routing_key)?;
+        // Delayed: held until due on this clock (an `advance` brings it
+        // forward), then routed as published. The route is checked now, as
+        // the cascade's binding is on RabbitMQ.
+        let wait = props
+            .header(crate::delay::DUE_HEADER)
+            .and_then(|v| crate::delay::due_value(&v))
+            .map_or(0, |due| due.saturating_sub(self.wall_ms()));
+        if wait > 0 && !targets.is_empty() {
+            if wait > crate::delay::MAX_DELAY.as_millis() as u64 + 1000 {
+                return Err(Error::invalid(format!(
+                    "a delay can be at most {} s: publish it later",
+                    crate::delay::MAX_DELAY.as_secs()
+                )));
+            }
+            let stored = Stored {
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
+                body: body.to_vec(),
+                props: props.clone(),
+                redelivered: false,
+                enqueued_at: now,
+            };
+            st.delayed.push((now + wait, stored));
+            drop(st);
+            self.timer.notify_one();
+            return Ok(());
+        }
         if targets.is_empty() {
             return Err(Error::new(
                 ErrorKind::Unroutable,
@@ -362,6 +412,27 @@ impl MemoryBroker {
             }
         }
         let mut touched: Vec<String> = Vec::new();
+        // Delayed messages now due go where they were published to; one whose
+        // route has gone since is dropped, as dead-lettering drops one.
+        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut st.delayed).into_iter().partition(|(d, _)| *d <= now);
+        st.delayed = waiting;
+        if let Some(d) = st.delayed.iter().map(|(d, _)| *d).min() {
+            next = Some(next.map_or(d, |n| n.min(d)));
+        }
+        for (_, mut m) in due {
+            if let Ok(targets) = self.route(st, &m.exchange, &m.routing_key) {
+                m.enqueued_at = now;
+                for t in targets {
+                    if let Some(q) = st.queues.get_mut(&t) {
+                        if let Some(ttl) = q.ttl_ms {
+                            next = Some(next.map_or(now + ttl, |n| n.min(now + ttl)));
+                        }
+                        q.ready.push_back(m.clone());
+                        touched.push(t);
+                    }
+                }
+            }
+        }
         for (dlx, dlrk, mut m) in dead {
             let rk = dlrk.unwrap_or_else(|| m.routing_key.clone());
             // Dead-lettering drops a message that matches nothing, as RabbitMQ does.

@@ -23,8 +23,9 @@ module AceMQ
 
       # The payload is encoded straight into the message the engine keeps
       # (held) or sends (streamed); the options are read as a publish's.
-      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil)
-        env = @native._push(payload, @connection.__send__(:publish_options, to, exchange, envelope, type, headers))
+      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil, delay: nil, at: nil)
+        options = @connection.__send__(:publish_options, to, exchange, envelope, type, headers, delay: delay, at: at)
+        env = @native._push(payload, options)
         @count += 1
         env
       end

@@ -82,9 +82,13 @@ module AceMQ
       # With OpenTelemetry loaded, the publish is a producer span and the
       # message carries its context (traceparent) unless headers: or the
       # envelope already has one (docs/tracing.md).
-      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil)
+      #
+      # delay: (seconds) or at: (a Time) delivers it later, through the delay
+      # cascade (docs/delays.md): whole seconds, rounded up, up to 2^28 - 1 s.
+      # The envelope returned is the one delivered then.
+      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil, delay: nil, at: nil)
         Tracing.publish(exchange, to) do |span|
-          out, env = outgoing(payload, to, exchange, envelope, type, headers)
+          out, env = outgoing(payload, to, exchange, envelope, type, headers, delay: delay, at: at)
           span&.set_attribute("messaging.message.id", env.id.to_s)
           _publish(out)
           env
@@ -197,6 +201,18 @@ module AceMQ
         { discarded: discarded, skipped: skipped }
       end
 
+      # What waits in the delay cascade (docs/delays.md): a Hash per level that
+      # holds anything, level 0 first: { level:, queue:, seconds: (what the
+      # level holds a message for), waiting: }. On RabbitMQ the level queues'
+      # ready counts (a passive declare each); on memory:// each delayed
+      # message counted in the level it would be in now. What `acemq status`
+      # and the web dashboard show.
+      def delayed
+        _delayed_waiting.each_with_index.filter_map do |(queue, waiting), level|
+          { level: level, queue: queue, seconds: 2**level, waiting: waiting } if waiting.positive?
+        end
+      end
+
       # Every dead letter in {queue}.dlq removed. Returns { discarded: }.
       def purge_dead_letters(queue)
         discarded, = _replay(queue.to_s, nil, nil, nil, nil, [], true)
@@ -273,21 +289,36 @@ module AceMQ
       # outbox row) come through here, and a batch through #publish_options and its
       # engine's _push, which reads them the same way, so they all carry the
       # same.
-      def outgoing(payload, to, exchange, envelope, type, headers)
-        out = Outgoing._build(self, encode(payload), publish_options(to, exchange, envelope, type, headers))
+      def outgoing(payload, to, exchange, envelope, type, headers, delay: nil, at: nil)
+        out = Outgoing._build(self, encode(payload),
+                              publish_options(to, exchange, envelope, type, headers, delay: delay, at: at))
         [out, out.__send__(:_envelope)]
       end
 
       # The options by name, as the engine reads them (Outgoing._build and a
       # batch's _push).
-      def publish_options(to, exchange, envelope, type, headers)
+      def publish_options(to, exchange, envelope, type, headers, delay: nil, at: nil)
         raise ConfigurationError, "envelope: must be an AceMQ::AMQP::Envelope" if envelope && !envelope.is_a?(Envelope)
         unless headers.nil? || headers.is_a?(Hash)
           raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
         end
 
-        { exchange: exchange.to_s, to: to.to_s, envelope: envelope, type: type&.to_s, headers: headers,
-          trace: Tracing.context }
+        options = { exchange: exchange.to_s, to: to.to_s, envelope: envelope, type: type&.to_s, headers: headers,
+                    trace: Tracing.context }
+        delay.nil? && at.nil? ? options : options.merge(Connection.when_due(delay, at))
+      end
+
+      # delay: and at: as the engine reads them (seconds, and seconds since
+      # the epoch); its limits (at most 2^28 - 1 s, not both) are core's.
+      def self.when_due(delay, at)
+        unless delay.nil? || (delay.is_a?(Numeric) && delay.real? && delay.to_f.finite? && delay >= 0)
+          raise ConfigurationError, "delay: must be a number of seconds, 0 or more, got #{delay.inspect}"
+        end
+        unless at.nil? || at.respond_to?(:to_time)
+          raise ConfigurationError, "at: must be a Time (or anything with to_time), got #{at.inspect}"
+        end
+
+        { delay: delay&.to_f, at: at&.to_time&.to_f }
       end
 
       # The engine writes JSON.generate's bytes itself for Hashes, Arrays,

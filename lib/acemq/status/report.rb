@@ -29,6 +29,7 @@ module AceMQ
         snapshot[:consumers].each { |c| lines.concat(consumer(c)) }
         lines << ""
         lines << outbox(snapshot[:outbox])
+        lines << delayed(snapshot[:delayed]) if snapshot.key?(:delayed)
         lines.map { |l| fit(l) }.join("\n")
       end
 
@@ -70,6 +71,16 @@ module AceMQ
 
         age = o[:oldest_age] ? "#{o[:oldest_age]}s" : DASH
         "outbox #{o[:table]}: #{o[:waiting]} waiting, oldest #{age}, #{o[:failing]} failing"
+      end
+
+      # The delay cascade: how many wait, and in which levels (a level holds
+      # a message 2^level seconds).
+      def self.delayed(d)
+        return "delayed: #{d[:error]}" if d.is_a?(Hash)
+        return "delayed: none waiting" if d.empty?
+
+        total = d.sum { |l| l[:waiting] }
+        "delayed: #{total} waiting (#{d.map { |l| "#{l[:seconds]}s: #{l[:waiting]}" }.join(', ')})"
       end
 
       def self.cut(text, width)

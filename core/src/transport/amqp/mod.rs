@@ -12,6 +12,7 @@
 
 mod acks;
 mod declare;
+mod delay;
 mod exchanges;
 mod feed;
 mod fields;

@@ -15,7 +15,12 @@ module AceMQ
       # headers, and mq's origin. The relay sends it exactly as it was built,
       # so a message that went through the outbox is indistinguishable on the
       # wire from one published directly.
-      def self.record(mq, payload, to:, exchange: "", type: nil, headers: nil)
+      #
+      # delay: (seconds) or at: (a Time) makes it a delayed message, due from
+      # when the record is built: the relay publishes it into the delay
+      # cascade with whatever is left, so a relay that runs late does not
+      # make it later (docs/delays.md).
+      def self.record(mq, payload, to:, exchange: "", type: nil, headers: nil, delay: nil, at: nil)
         unless mq.is_a?(Connection)
           raise ConfigurationError, "Patterns.record needs the AceMQ::AMQP::Connection whose origin the message " \
                                     "carries, got #{mq.class}"
@@ -23,7 +28,7 @@ module AceMQ
 
         # publish's own preparation (JSON, and the envelope core's envelope_for
         # makes), so the two paths cannot drift apart.
-        out, = mq.__send__(:outgoing, payload, to, exchange, nil, type, headers)
+        out, = mq.__send__(:outgoing, payload, to, exchange, nil, type, headers, delay: delay, at: at)
         OutboxRecord._build(out)
       end
 

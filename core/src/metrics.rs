@@ -86,6 +86,9 @@ struct Metrics {
     outbox_oldest_age: Gauge<f64, AtomicU64>,
     connection: Family<State, Counter>,
     subscription: Family<QueueState, Counter>,
+    /// 1 while a queue's consumer is paused by an operator / its breaker open.
+    paused: Family<Queue, Gauge>,
+    circuit_open: Family<Queue, Gauge>,
     runner: Family<State, Gauge>,
     dropped: Counter,
 }
@@ -106,6 +109,8 @@ static METRICS: Lazy<Metrics> = Lazy::new(|| {
         outbox_oldest_age: Gauge::default(),
         connection: Family::default(),
         subscription: Family::default(),
+        paused: Family::default(),
+        circuit_open: Family::default(),
         runner: Family::default(),
         dropped: Counter::default(),
         registry: Registry::default(),
@@ -142,6 +147,8 @@ static METRICS: Lazy<Metrics> = Lazy::new(|| {
     r.register("acemq_connection_events", "Connection lost, recovered, blocked, unblocked", m.connection.clone());
     r.register("acemq_subscription_events", "Subscriptions failed, cancelled by the broker, resubscribed", m.subscription.clone());
     r.register("acemq_runner_state", "1 for the runner's current state", m.runner.clone());
+    r.register("acemq_consumer_paused", "1 while the queue's consumer is paused by an operator (taking nothing, not down)", m.paused.clone());
+    r.register("acemq_circuit_open", "1 while the queue's consumer's circuit breaker is open (from open until a trial closes it)", m.circuit_open.clone());
     r.register("acemq_events_dropped", "Events not delivered to Ruby subscribers because their queue was full", m.dropped.clone());
     Metrics { registry: r, ..m }
 });
@@ -224,6 +231,16 @@ fn record(event: &Event) {
             m.subscription
                 .get_or_create(&QueueState { messaging_destination_name: s.queue.clone(), state: s.state.to_owned() })
                 .inc();
+            let queue = || Queue { messaging_destination_name: s.queue.clone() };
+            match s.state {
+                "paused" | "resumed" => {
+                    m.paused.get_or_create(&queue()).set(i64::from(s.state == "paused"));
+                }
+                "circuit_open" | "circuit_closed" => {
+                    m.circuit_open.get_or_create(&queue()).set(i64::from(s.state == "circuit_open"));
+                }
+                _ => {}
+            }
         }
         Event::Runner(r) => {
             for s in ["running", "quiet", "stopping", "stopped", "failed"] {

@@ -116,8 +116,9 @@ impl RbConnection {
 
     /// A pull consumer. `options` holds what the caller named, by name
     /// (prefetch, concurrency, max_attempts, initial_delay, max_delay,
-    /// queue_type, timeout, consumer_timeout, claim_timeout, name; seconds as
-    /// floats); what is missing or nil is core's default.
+    /// queue_type, timeout, consumer_timeout, claim_timeout, name,
+    /// circuit_breaker, throttle; seconds as floats); what is missing or nil
+    /// is core's default.
     fn consumer(ruby: &Ruby, rb_self: &Self, queue: String, options: RHash) -> Result<RbConsumer, Error> {
         let concurrency: usize = opt(&options, "concurrency")?.unwrap_or(1);
         let batch: usize = opt(&options, "batch")?.unwrap_or(1);
@@ -136,6 +137,14 @@ impl RbConnection {
         }
         if let Some(t) = opt::<f64>(&options, "timeout")? {
             o.timeout = seconds(ruby, "timeout", t)?;
+        }
+        // [failures, within, pause] and [limit, per]; core checks them.
+        if let Some((failures, within, pause)) = opt::<(u32, f64, f64)>(&options, "circuit_breaker")? {
+            o.circuit_breaker =
+                Some(acemq::CircuitBreaker::new(failures, seconds(ruby, "circuit_breaker within", within)?, seconds(ruby, "circuit_breaker pause", pause)?));
+        }
+        if let Some((limit, per)) = opt::<(u32, f64)>(&options, "throttle")? {
+            o.throttle = Some(acemq::Throttle::new(limit, seconds(ruby, "throttle per", per)?));
         }
         let conn = &rb_self.inner;
         let consumer = gvl::block_on(ruby, conn.consumer(&queue, o))?.rb(ruby)?;
@@ -167,7 +176,7 @@ impl RbConnection {
     }
 
     /// One page of dead letters, left in place, oldest first:
-    /// [letters, scanned, more, moved].
+    /// [letters, scanned, more, moved, partial].
     #[allow(clippy::too_many_arguments)]
     fn browse(
         ruby: &Ruby,
@@ -179,7 +188,7 @@ impl RbConnection {
         kind: Option<String>,
         error_class: Option<String>,
         ids: Vec<String>,
-    ) -> Result<(magnus::RArray, usize, bool, usize), Error> {
+    ) -> Result<(magnus::RArray, usize, bool, usize, bool), Error> {
         let conn = &rb_self.inner;
         let filter = acemq::ReplayOptions { limit: None, reason, kind, error_class, ids };
         let page = gvl::block_on(ruby, conn.browse_dead_letters(&queue, &filter, skip, limit))?.rb(ruby)?;
@@ -187,7 +196,7 @@ impl RbConnection {
         for d in page.letters {
             out.push(RbDeadLetter(d))?;
         }
-        Ok((out, page.scanned, page.more, page.moved))
+        Ok((out, page.scanned, page.more, page.moved, page.partial))
     }
 
     fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {

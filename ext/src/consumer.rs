@@ -4,6 +4,7 @@
 //! settles the delivery here; core decides what the settlement does.
 
 use crate::delivery::RbDelivery;
+use crate::errors::IntoRuby;
 use crate::gvl;
 use acemq::Payload;
 use acemq::{Ack, Consumer, Delivery, Next, Outcome};
@@ -196,6 +197,31 @@ impl RbConsumer {
     fn queue(&self) -> String {
         self.inner.queue().to_owned()
     }
+
+    /// The core consumer, for the runner's supervisor (pause by name).
+    pub(crate) fn core(&self) -> Arc<Consumer> {
+        self.inner.clone()
+    }
+
+    fn pause(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let consumer = rb_self.inner.clone();
+        gvl::block_on(ruby, async move { consumer.pause().await })
+    }
+
+    fn resume(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        let consumer = rb_self.inner.clone();
+        gvl::block_on(ruby, async move { consumer.resume().await })?.rb(ruby)
+    }
+
+    fn is_paused(&self) -> bool {
+        self.inner.is_paused()
+    }
+
+    /// The circuit breaker's state (closed, open, half_open, trying), nil
+    /// without one.
+    fn breaker(&self) -> Option<&'static str> {
+        self.inner.breaker_state().map(acemq::BreakerState::as_str)
+    }
 }
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
@@ -214,5 +240,9 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("_resubscriptions", method!(RbConsumer::resubscriptions, 0))?;
     class.define_method("_inflight", method!(RbConsumer::inflight_count, 0))?;
     class.define_method("queue", method!(RbConsumer::queue, 0))?;
+    class.define_method("_pause", method!(RbConsumer::pause, 0))?;
+    class.define_method("_resume", method!(RbConsumer::resume, 0))?;
+    class.define_method("_paused?", method!(RbConsumer::is_paused, 0))?;
+    class.define_method("_breaker", method!(RbConsumer::breaker, 0))?;
     Ok(())
 }

@@ -28,6 +28,7 @@ impl RbSupervisor {
         max_restarts: Option<u32>,
         restart_window: Option<f64>,
         heartbeat: Option<f64>,
+        control_token: Option<String>,
     ) -> Result<Self, Error> {
         let mut options = RunnerOptions::default();
         let mut restart = RestartPolicy::default();
@@ -47,6 +48,7 @@ impl RbSupervisor {
             options.heartbeat = seconds(ruby, "heartbeat", s)?;
         }
         options.restart = restart;
+        options.control_token = control_token.filter(|t| !t.is_empty());
         Ok(RbSupervisor { inner: Arc::new(Supervisor::new(options)), health: Mutex::new(None) })
     }
 
@@ -74,6 +76,28 @@ impl RbSupervisor {
 
     fn restarted(&self, index: usize) {
         self.inner.restarted(index)
+    }
+
+    /// `consumer` serves slot `index` now (boot, and each restart): paused
+    /// here when its slot is.
+    fn attach(ruby: &Ruby, rb_self: &Self, index: usize, consumer: &crate::consumer::RbConsumer) -> Result<(), Error> {
+        let (supervisor, consumer) = (rb_self.inner.clone(), consumer.core());
+        gvl::block_on(ruby, async move { supervisor.attach(index, &consumer).await })
+    }
+
+    /// Pause the consumer class named `name` (core's Supervisor::pause).
+    fn pause(ruby: &Ruby, rb_self: &Self, name: String) -> Result<(), Error> {
+        let supervisor = rb_self.inner.clone();
+        gvl::block_on(ruby, async move { supervisor.pause(&name).await })?.rb(ruby)
+    }
+
+    fn resume(ruby: &Ruby, rb_self: &Self, name: String) -> Result<(), Error> {
+        let supervisor = rb_self.inner.clone();
+        gvl::block_on(ruby, async move { supervisor.resume(&name).await })?.rb(ruby)
+    }
+
+    fn is_paused(ruby: &Ruby, rb_self: &Self, name: String) -> Result<bool, Error> {
+        rb_self.inner.is_paused(&name).rb(ruby)
     }
 
     fn running(&self) {
@@ -148,10 +172,14 @@ impl RbSupervisor {
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeSupervisor", ruby.class_object())?;
-    class.define_singleton_method("_new", function!(RbSupervisor::new, 5))?;
+    class.define_singleton_method("_new", function!(RbSupervisor::new, 6))?;
     class.define_method("_register", method!(RbSupervisor::register, 4))?;
     class.define_method("_observe", method!(RbSupervisor::observe, 5))?;
     class.define_method("_restarted", method!(RbSupervisor::restarted, 1))?;
+    class.define_method("_attach", method!(RbSupervisor::attach, 2))?;
+    class.define_method("_pause", method!(RbSupervisor::pause, 1))?;
+    class.define_method("_resume", method!(RbSupervisor::resume, 1))?;
+    class.define_method("_paused?", method!(RbSupervisor::is_paused, 1))?;
     class.define_method("_running", method!(RbSupervisor::running, 0))?;
     class.define_method("_quiet", method!(RbSupervisor::quiet, 0))?;
     class.define_method("_stopping", method!(RbSupervisor::stopping, 0))?;

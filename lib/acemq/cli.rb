@@ -18,6 +18,7 @@ module AceMQ
       Usage: acemq run [options]
              acemq status [options]
              acemq web [options]
+             acemq ctl pause|resume NAME [--runner URL]
 
       run: runs the consumers (subclasses of AceMQ::Rails::Consumer) until TERM
       or INT. From a Rails application's root it boots config/environment.rb;
@@ -40,6 +41,11 @@ module AceMQ
       --queue NAME), their dead letters, replay and discard. No
       authentication of its own: bind it to 127.0.0.1 (the default) or put
       it behind one (docs/web.md).
+
+      ctl: pause or resume one consumer class in a running runner (or every
+      worker of --processes N), through its health endpoint: --runner URL
+      (repeatable; default http://127.0.0.1:9394), ACEMQ_CONTROL_TOKEN sent
+      as the bearer token when set (docs/flow.md).
     TEXT
 
     def self.start(argv = ARGV, out: $stdout, err: $stderr) = new(out: out, err: err).start(argv)
@@ -97,6 +103,8 @@ module AceMQ
       end
       args = parser.parse(argv)
       command = args.shift
+      return ctl(args, options) if command == "ctl"
+
       unless %w[run status web].include?(command)
         @err.puts(command ? "acemq: unknown command #{command.inspect}\n\n#{parser}" : parser.to_s)
         return command ? 64 : 0
@@ -136,6 +144,24 @@ module AceMQ
       server.start
       app.close
       0
+    end
+
+    def ctl(args, options)
+      action, name = args
+      unless %w[pause resume].include?(action) && name
+        @err.puts("acemq: ctl takes pause NAME or resume NAME (a consumer class name), e.g. acemq ctl pause PaymentsConsumer")
+        return 64
+      end
+      require "acemq/control"
+      urls = options[:runners] || ["http://127.0.0.1:9394"]
+      urls.each { |u| @out.puts("#{u}: #{AceMQ::Control.new(u).public_send(action, name)}") }
+      0
+    rescue AceMQ::Control::Refused => e
+      @err.puts("acemq: #{e.message}")
+      e.code == 404 ? 65 : 1
+    rescue SystemCallError, IOError, Timeout::Error => e
+      @err.puts("acemq: no runner answered at #{urls&.join(', ')}: #{e.message} (is it running with a health_port? give --runner URL)")
+      1
     end
 
     def boot(files)

@@ -21,13 +21,19 @@ module AceMQ
   class Runner
     SIGNALS = %w[TERM INT TSTP TTIN].freeze
 
+    # #pause or #resume named a class this runner does not run.
+    class UnknownConsumer < ArgumentError; end
+
     attr_reader :consumers, :supervisor, :health_port
 
     # booted: is called with the runner once it is running (every consumer
     # subscribed, the health endpoint up): how a forked child of
     # `acemq run --processes N` tells its parent its health port.
-    def initialize(consumers:, config: AceMQ::Rails.config, executor: nil, booted: nil)
+    # paused: consumer class names to pause before they take anything (a
+    # worker forked after a pause through the --processes parent).
+    def initialize(consumers:, config: AceMQ::Rails.config, executor: nil, booted: nil, paused: [])
       @consumers = consumers
+      @paused_at_boot = paused.map(&:to_s)
       @booted = booted
       @config = config
       @executor = executor
@@ -35,7 +41,7 @@ module AceMQ
       @supervisor = AMQP::NativeSupervisor._new(
         config.shutdown_timeout && Float(config.shutdown_timeout), config.recovery_bound && Float(config.recovery_bound),
         config.max_restarts && Integer(config.max_restarts), config.restart_window && Float(config.restart_window),
-        Float(config.check_interval || 1)
+        Float(config.check_interval || 1), Runner.control_token(config)
       )
       @slots = []
       # Signals arrive on a pipe: a trap handler may not take a lock, and
@@ -68,7 +74,38 @@ module AceMQ
     # Stop taking deliveries and keep running, as TSTP does.
     def quiet = signal("TSTP")
 
+    # Pause one consumer class by name, at run time, and keep the others
+    # running: it takes nothing more, what it had buffered goes back to the
+    # queue with no attempt spent, handlers in progress finish. It stays
+    # paused across a restart of its subscription, until #resume, and is
+    # reported as paused (not down) in /status; /ready stays 200. The same
+    # as POST /consumers/NAME/pause on the health endpoint and
+    # `acemq ctl pause NAME`. Raises UnknownConsumer (an ArgumentError) for a name not run here.
+    #
+    #   runner.pause("PaymentsConsumer")
+    def pause(name) = control { @supervisor._pause(name.to_s) }
+
+    # Take deliveries again after #pause.
+    def resume(name) = control { @supervisor._resume(name.to_s) }
+
+    def paused?(name) = control { @supervisor._paused?(name.to_s) }
+
+    # config.control_token, else ACEMQ_CONTROL_TOKEN: what a control request
+    # to the health endpoint from another host must carry (Authorization:
+    # Bearer). Without one, control requests are taken from 127.0.0.1 only.
+    def self.control_token(config)
+      token = config.respond_to?(:control_token) ? config.control_token : nil
+      token ||= ENV.fetch("ACEMQ_CONTROL_TOKEN", nil)
+      token&.to_s
+    end
+
     private
+
+    def control
+      yield
+    rescue AMQP::ConfigurationError => e
+      raise UnknownConsumer, e.message
+    end
 
     def boot
       raise AMQP::ConfigurationError, "no consumers to run: define a subclass of AceMQ::Rails::Consumer with a queue (in app/consumers)" if @consumers.empty?
@@ -89,10 +126,13 @@ module AceMQ
       @consumers.each do |klass|
         klass.topology.apply(@consume)
         index = @supervisor._register(klass.name, klass.queue_name, klass.concurrency, klass.prefetch || 0)
+        # Recorded before it subscribes: _attach pauses it at once.
+        @supervisor._pause(klass.name) if @paused_at_boot.include?(klass.name)
         # One instance for the life of the process: the guide's consumers
         # memoise their guard in it.
         slot = { klass: klass, index: index, instance: klass.new, subscription: nil, restart_at: nil }
         slot[:subscription] = subscribe(slot)
+        @supervisor._attach(index, slot[:subscription].native)
         @slots << slot
         d = klass.describe
         @logger.info("acemq: #{d[:name]} on #{d[:queue]} (concurrency #{d[:concurrency]}, prefetch " \
@@ -249,6 +289,8 @@ module AceMQ
 
     def restart(slot)
       slot[:subscription] = subscribe(slot)
+      # Paused here first if an operator paused the class.
+      @supervisor._attach(slot[:index], slot[:subscription].native)
       slot[:restart_at] = nil
       slot[:down] = false
       @supervisor._restarted(slot[:index])

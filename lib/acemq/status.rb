@@ -116,6 +116,9 @@ module AceMQ
         queue[:ready_change_per_s] = ((second[target.queue][:ready] - first[target.queue][:ready]) / elapsed).round(1)
       end
       queue.merge!(rates(target.queue, metrics, elapsed)) if metrics
+      # Paused is not dead: a paused consumer has no broker consumer (CONS 0).
+      queue[:paused] = Prometheus.flag(metrics.last, "acemq_consumer_paused", target.queue) if metrics
+      queue[:circuit_open] = Prometheus.flag(metrics.last, "acemq_circuit_open", target.queue) if metrics
       dlq = row(target.dlq, second, listed)
       dlq[:newest] = dlq[:exists] && dlq[:ready].to_i.positive? ? newest(target.queue, dlq[:ready]) : []
       { name: target.name, queue: queue, rungs: target.rungs.map { |r| row(r, second, listed) }, dlq: dlq }

@@ -68,6 +68,21 @@ module AceMQ
       @stopping = false
       @quiet = false
       @state = :booting
+      # Consumer classes paused through the parent's endpoint: every worker
+      # was told, and a worker forked later is paused as it boots (it
+      # inherits this list with the rest of the parent's memory).
+      @paused = []
+    end
+
+    # What a control request to the parent must carry from another host.
+    def control_token = Runner.control_token(@config)
+
+    # The classes paused through the parent's endpoint.
+    def paused = @lock.synchronize { @paused.dup }
+
+    # Remember (or forget) a pause for the workers forked from now on.
+    def note_paused(name, paused)
+      @lock.synchronize { paused ? (@paused |= [name]) : @paused.delete(name) }
     end
 
     # Fork, supervise until told to stop, drain. Returns the exit status.
@@ -360,7 +375,7 @@ module AceMQ
       config.health_host = "127.0.0.1"
       config.health_file = nil
       config.on_worker_boot&.call(index)
-      runner = Runner.new(consumers: @consumers, config: config, executor: @executor,
+      runner = Runner.new(consumers: @consumers, config: config, executor: @executor, paused: @paused,
                           booted: lambda { |r|
                             report.write("booted #{r.health_port || 0}\n")
                             r.quiet if early_stop || @quiet

@@ -141,8 +141,16 @@ module AceMQ
       #
       # name: is the consumer's name in events and metrics (the queue's by
       # default; a Rails consumer passes its class name).
+      #
+      # circuit_breaker: { failures: 10, within: 30, pause: 60 } pauses the
+      # subscription when that many handlers raised, asked for a retry or ran
+      # out of time within `within` seconds (rejects are not counted): what
+      # it had buffered goes back to the queue with no attempt spent, and
+      # after `pause` seconds one message is tried before it takes more.
+      # throttle: { limit: 100, per: 1 } hands out at most `limit` messages
+      # per `per` seconds in this process (docs/flow.md).
       def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil,
-                  timeout: nil, consumer_timeout: nil, name: nil, &handler)
+                  timeout: nil, consumer_timeout: nil, name: nil, circuit_breaker: nil, throttle: nil, &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
 
         concurrency = Integer(concurrency)
@@ -168,9 +176,41 @@ module AceMQ
                                          initial_delay: policy.initial_delay, max_delay: policy.max_delay,
                                          queue_type: queue_type&.to_s, timeout: timeout && Float(timeout),
                                          consumer_timeout: consumer_timeout && Float(consumer_timeout),
-                                         claim_timeout: claim_timeout, name: name&.to_s })
+                                         claim_timeout: claim_timeout, name: name&.to_s,
+                                         circuit_breaker: Connection.circuit_breaker(circuit_breaker),
+                                         throttle: Connection.throttle(throttle) })
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
         Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
+      end
+
+      # { failures:, within:, pause: } as the engine takes it; core checks
+      # the values.
+      def self.circuit_breaker(options)
+        return nil if options.nil?
+
+        o = Hash(options).transform_keys(&:to_sym)
+        missing = %i[failures within pause] - o.keys
+        unless missing.empty? && (o.keys - %i[failures within pause]).empty?
+          raise ConfigurationError, "circuit_breaker takes failures:, within: and pause: (seconds), e.g. " \
+                                    "{ failures: 10, within: 30, pause: 60 } (got #{options.inspect})"
+        end
+        [Integer(o[:failures]), Float(o[:within]), Float(o[:pause])]
+      rescue ArgumentError, TypeError
+        raise ConfigurationError, "circuit_breaker: failures is a whole number, within and pause seconds (got #{options.inspect})"
+      end
+
+      # { limit:, per: } as the engine takes it.
+      def self.throttle(options)
+        return nil if options.nil?
+
+        o = Hash(options).transform_keys(&:to_sym)
+        unless o.key?(:limit) && (o.keys - %i[limit per]).empty?
+          raise ConfigurationError, "throttle takes limit: and per: (seconds, default 1), e.g. { limit: 100, per: 1 } " \
+                                    "(got #{options.inspect})"
+        end
+        [Integer(o[:limit]), Float(o.fetch(:per, 1))]
+      rescue ArgumentError, TypeError
+        raise ConfigurationError, "throttle: limit is a whole number of messages, per seconds (got #{options.inspect})"
       end
 
       # Move dead letters from {queue}.dlq back to queue, with the attempt
@@ -233,12 +273,16 @@ module AceMQ
       # skip: matches, at most limit:. Returns { dead_letters: [as
       # peek_dead_letters], scanned: (messages read: what the page cost),
       # more: (another match follows), moved: (put back at the tail as fresh
-      # copies, near a delivery limit: the DLQ's order changed) }.
+      # copies, near a delivery limit: the DLQ's order changed), partial:
+      # (the read stopped before the end of a DLQ deeper than 1,000; on a
+      # broker that puts returned messages at the tail, RabbitMQ 3.10's
+      # quorum queues, the DLQ has rotated by scanned) }.
       def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil)
-        letters, scanned, more, moved = _browse(queue.to_s, Connection.count(:skip, skip) || 0,
+        letters, scanned, more, moved, partial = _browse(queue.to_s, Connection.count(:skip, skip) || 0,
                                                 Connection.count(:limit, limit) || 0, reason&.to_s, type&.to_s,
                                                 error_class&.to_s, Array(ids).map(&:to_s))
-        { dead_letters: letters.map { |d| Connection.dead_letter_hash(d) }, scanned: scanned, more: more, moved: moved }
+        { dead_letters: letters.map { |d| Connection.dead_letter_hash(d) }, scanned: scanned, more: more, moved: moved,
+          partial: partial }
       end
 
       def self.dead_letter_hash(d)

@@ -121,6 +121,30 @@ module AceMQ
 
       def alive? = @threads.any?(&:alive?)
 
+      # Take no deliveries until #resume: the broker's consumer is cancelled
+      # and what it had buffered goes back to the queue with no attempt
+      # spent; handlers in progress finish and settle. Paused is not down:
+      # the channel stays, and a lost one comes back paused.
+      def pause
+        @native._pause
+        self
+      end
+
+      # Take deliveries again (once its circuit breaker, if open, closes).
+      def resume
+        @native._resume
+        self
+      end
+
+      def paused? = @native._paused?
+
+      # The circuit breaker's state: "closed", "open", "half_open" (the next
+      # message is a trial) or "trying"; nil without one.
+      def breaker = @native._breaker
+
+      # The engine's consumer: what a runner's supervisor pauses by name.
+      attr_reader :native
+
       # The handler threads' count.
       def concurrency = @threads.size
 

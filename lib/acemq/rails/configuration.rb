@@ -14,6 +14,10 @@ module AceMQ
       # Health endpoint: port (nil: none; 0: any free port), host (default
       # 0.0.0.0 so a probe from outside the container reaches it).
       attr_accessor :health_port, :health_host
+      # What a control request (POST /consumers/NAME/pause) from another host
+      # must carry as Authorization: Bearer; default ACEMQ_CONTROL_TOKEN.
+      # Without one they are taken from 127.0.0.1 only (docs/flow.md).
+      attr_accessor :control_token
       # A file touched on every check while the runner is live, and
       # removed when it stops: for an exec probe (`find FILE -mmin -1`).
       attr_accessor :health_file

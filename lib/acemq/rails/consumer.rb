@@ -28,7 +28,7 @@ module AceMQ
       # retry ladder have their defaults in core).
       SETTINGS = {
         queue: nil, queue_arguments: nil, queue_type: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
-        bindings: [].freeze, on_error: nil, idempotency: nil, timeout: nil
+        bindings: [].freeze, on_error: nil, idempotency: nil, timeout: nil, circuit_breaker: nil, throttle: nil
       }.freeze
 
       class << self
@@ -125,6 +125,29 @@ module AceMQ
           set(:batch, positive(:batch, size))
         end
 
+        # Pause when the handler keeps failing, rather than send valid
+        # messages round the retry ladder into the DLQ while a downstream is
+        # down: `failures` raises, retries or timeouts (not rejects) within
+        # `within` seconds pause consumption for `pause` seconds, giving back
+        # what was buffered with no attempt spent; then one message is tried
+        # before consumption resumes (docs/flow.md).
+        #
+        #   circuit_breaker failures: 10, within: 30, pause: 60
+        def circuit_breaker(failures: nil, within: nil, pause: nil)
+          return setting(:circuit_breaker) if failures.nil? && within.nil? && pause.nil?
+
+          set(:circuit_breaker, { failures: positive(:failures, failures), within: positive_seconds(:within, within),
+                                  pause: positive_seconds(:pause, pause) })
+        end
+
+        # At most `limit` messages per `per` seconds, in each process
+        # (docs/flow.md): `throttle 100, per: 1`.
+        def throttle(limit = nil, per: 1)
+          return setting(:throttle) if limit.nil?
+
+          set(:throttle, { limit: positive(:throttle, limit), per: positive_seconds(:per, per) })
+        end
+
         # Bind the queue to an exchange, declared at boot with it:
         #
         #   bind "orders-events", routing_key: "order.*"             # a topic exchange
@@ -199,7 +222,8 @@ module AceMQ
           handler = Around.wrap(pipeline(instance), around, report: ErrorReport.new(self))
           connection.consume(queue_name, concurrency: concurrency, prefetch: prefetch, retries: retries,
                                          batch: batch, queue_type: queue_type, on_error: self.on_error || on_error,
-                                         timeout: timeout, consumer_timeout: consumer_timeout, name: name, &handler)
+                                         timeout: timeout, consumer_timeout: consumer_timeout, name: name,
+                                         circuit_breaker: circuit_breaker, throttle: throttle, &handler)
         end
 
         # Settings as a Hash, for logs and the health endpoint.

@@ -65,6 +65,13 @@ module AceMQ
             .each_with_object(Hash.new(0.0)) { |s, h| h[s.labels[OUTCOME_LABEL] || "unknown"] += s.value }
       end
 
+      # Whether gauge `name` is 1 for queue (acemq_consumer_paused,
+      # acemq_circuit_open); nil when the runner exports no such sample.
+      def self.flag(samples, name, queue)
+        mine = samples.select { |s| s.name == name && s.labels[DESTINATION_LABEL] == queue }
+        mine.empty? ? nil : mine.any? { |s| s.value.positive? }
+      end
+
       # The endpoint is not there (no runner, another port, an error page).
       class Unavailable < StandardError; end
     end

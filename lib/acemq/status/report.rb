@@ -34,7 +34,9 @@ module AceMQ
       end
 
       def self.consumer(c)
-        out = ["", c[:name] ? "#{c[:name]} (#{c[:queue][:name]})" : c[:queue][:name], HEADER]
+        flow = [("paused" if c[:queue][:paused]), ("circuit open" if c[:queue][:circuit_open])].compact
+        title = c[:name] ? "#{c[:name]} (#{c[:queue][:name]})" : c[:queue][:name]
+        out = ["", flow.empty? ? title : "#{title}: #{flow.join(', ')}", HEADER]
         out << queue_row(c[:queue], change: true)
         c[:rungs].each { |r| out << queue_row(r) if r[:exists] }
         out << queue_row(c[:dlq])

@@ -3,6 +3,7 @@
 require "json"
 require "socket"
 require "time"
+require "uri"
 
 module AceMQ
   class Swarm
@@ -24,6 +25,10 @@ module AceMQ
     #             parent's acemq_processes and acemq_process_restarts_total.
     #   /status   JSON: the parent's state and each child's index, pid, state,
     #             restarts, last exit and the child's own /status.
+    #   POST /consumers/NAME/pause (or /resume): passed on to every running
+    #             child, and remembered for the children forked later; 200
+    #             when every child answered 200. Taken from 127.0.0.1, or
+    #             with the control token as Authorization: Bearer.
     class Health
       # A child that does not answer within this is neither live nor ready.
       CHILD_TIMEOUT = 1.0
@@ -148,12 +153,38 @@ module AceMQ
 
       def word(ok, what) = ok ? [200, "text/plain", "#{what}\n"] : [503, "text/plain", "not #{what}\n"]
 
-      # GET from a child's endpoint: [code, body], or nil when it does not answer.
-      def ask(port, path)
+      # POST /consumers/NAME/pause|resume from `peer` (an Addrinfo):
+      # [code, content type, body].
+      def control(path, request, peer)
+        token = @swarm.control_token
+        bearer = request[/^authorization:\s*Bearer\s+(\S+)/i, 1]
+        allowed = token ? bearer && bearer.bytesize == token.bytesize && secure_eq(bearer, token) : peer&.ipv4_loopback? || peer&.ipv6_loopback?
+        return [403, "text/plain", "forbidden: control requests are taken from 127.0.0.1, or with the control token (ACEMQ_CONTROL_TOKEN)\n"] unless allowed
+
+        m = path.match(%r{\A/consumers/([^/]+)/(pause|resume)\z})
+        return [404, "text/plain", "not found: POST /consumers/NAME/pause or /consumers/NAME/resume\n"] unless m
+
+        name = URI.decode_www_form_component(m[1])
+        answers = @swarm.snapshot[:children].select { |c| c[:state] == :running && c[:health_port] }
+                        .map { |c| ask(c[:health_port], "/consumers/#{m[1]}/#{m[2]}", method: "POST") }
+        return [404, "text/plain", answers.find { |a| a&.first == 404 }[1]] if answers.any? { |a| a&.first == 404 }
+
+        @swarm.note_paused(name, m[2] == "pause")
+        failed = answers.count { |a| a&.first != 200 }
+        return [503, "text/plain", "#{m[2]} #{name}: #{failed} of #{answers.size} processes did not answer 200\n"] unless failed.zero?
+
+        [200, "text/plain", "#{m[2] == 'pause' ? 'paused' : 'resumed'} #{name} in #{answers.size} processes\n"]
+      end
+
+      def secure_eq(a, b) = a.bytes.zip(b.bytes).reduce(0) { |acc, (x, y)| acc | (x ^ y) }.zero?
+
+      # GET (or POST) to a child's endpoint: [code, body], or nil when it does not answer.
+      def ask(port, path, method: "GET")
         Socket.tcp("127.0.0.1", port, connect_timeout: CHILD_TIMEOUT) do |s|
-          s.write("GET #{path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+          s.write("#{method} #{path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
           data = +""
-          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + CHILD_TIMEOUT
+          # A pause waits for the child's broker round trips.
+          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + (method == "POST" ? 10 : CHILD_TIMEOUT)
           loop do
             left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
             return nil if left <= 0 || !s.wait_readable(left)
@@ -186,8 +217,8 @@ module AceMQ
 
         request = client.readpartial(8192)
         path = request[/\A[A-Z]+ (\S+)/, 1].to_s.sub(/\?.*/, "")
-        code, type, body = answer(path)
-        reason = { 200 => "OK", 404 => "Not Found", 503 => "Service Unavailable" }.fetch(code)
+        code, type, body = request.start_with?("POST") ? control(path, request, client.remote_address) : answer(path)
+        reason = { 200 => "OK", 403 => "Forbidden", 404 => "Not Found", 503 => "Service Unavailable" }.fetch(code)
         client.write("HTTP/1.1 #{code} #{reason}\r\nContent-Type: #{type}\r\nContent-Length: #{body.bytesize}\r\n" \
                      "Connection: close\r\n\r\n#{body}")
       rescue StandardError

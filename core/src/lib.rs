@@ -57,6 +57,7 @@ mod wire;
 pub mod events;
 pub mod idempotency;
 pub mod limits;
+#[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod outbox;
 pub mod runner;

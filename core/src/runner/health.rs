@@ -52,6 +52,7 @@ impl HealthServer {
 /// bound nothing. Once it returns, the server runs until
 /// [`HealthServer::close`].
 pub async fn serve_health(addr: SocketAddr, supervisor: Arc<Supervisor>) -> Result<HealthServer> {
+    #[cfg(feature = "metrics")]
     crate::metrics::enable();
     let listener = TcpListener::bind(addr).await.map_err(|e| {
         Error::new(
@@ -183,7 +184,10 @@ fn respond(supervisor: &Supervisor, path: &str) -> (u16, &'static str, String) {
         "/live" | "/livez" => word(supervisor.live(), "live"),
         "/ready" | "/readyz" => word(supervisor.ready(), "ready"),
         "/" | "/status" => (200, "application/json", supervisor.status_json()),
+        #[cfg(feature = "metrics")]
         "/metrics" => (200, crate::metrics::CONTENT_TYPE, crate::metrics::render()),
+        #[cfg(not(feature = "metrics"))]
+        "/metrics" => (404, "text/plain", "no metrics: this build leaves out acemq's `metrics` feature\n".to_owned()),
         _ => (404, "text/plain", "not found: try /live, /ready, /status or /metrics\n".to_owned()),
     }
 }

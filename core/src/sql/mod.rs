@@ -76,9 +76,13 @@ pub use postgres::{PgConnection, PgSession};
 mod mysql;
 #[cfg(feature = "mysql")]
 pub use mysql::{MysqlConnection, MysqlSession};
+#[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
 pub use sqlite::SqliteConnection;
+#[cfg(feature = "sqlite")]
 mod sqlite_async;
+#[cfg(feature = "sqlite")]
 pub use sqlite_async::{AsyncSqliteConnection, AsyncSqliteSession};
 mod source;
 pub use source::{ConnectionSource, PerCall};

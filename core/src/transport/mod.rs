@@ -9,6 +9,11 @@ mod frame_filter;
 pub(crate) use frame_filter::Filtered;
 pub mod memory;
 pub(crate) mod queue;
+#[cfg(feature = "tls")]
+pub(crate) mod tls;
+// Without the `tls` feature: the same names, and amqps:// refused.
+#[cfg(not(feature = "tls"))]
+#[path = "tls_off.rs"]
 pub(crate) mod tls;
 
 use crate::connection::TlsOptions;

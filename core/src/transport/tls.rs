@@ -76,7 +76,21 @@ enum Trust {
     Nothing,
 }
 
+/// The crypto: the process's default provider when the service installed
+/// one (`rustls::crypto::aws_lc_rs::default_provider().install_default()`,
+/// which brings the post-quantum key exchange X25519MLKEM768), else ring's.
 fn provider() -> Arc<CryptoProvider> {
+    CryptoProvider::get_default().cloned().unwrap_or_else(ring_provider)
+}
+
+/// ring's provider, deprecated since rustls 0.23.48 because ring has no
+/// post-quantum key exchange: the warning is about that gap, which stays
+/// (aws-lc-rs, which closes it, compiles a C library with cmake, where ring
+/// builds in half a minute, so it is the service's choice above, not the
+/// gem's). Allowed here and nowhere else: a newer rustls that takes the
+/// function away fails this one line.
+#[allow(deprecated)]
+fn ring_provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -485,6 +499,17 @@ impl ServerCertVerifier for NoVerification {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_provider_the_service_installed_is_the_one_used() {
+        // Another test may have built a config already: ring's, never an
+        // installed one, until something installs one.
+        let installed = CryptoProvider::get_default().cloned().unwrap_or_else(|| {
+            let _ = ring_provider().as_ref().clone().install_default();
+            CryptoProvider::get_default().cloned().expect("installed")
+        });
+        assert!(Arc::ptr_eq(&provider(), &installed));
+    }
 
     #[test]
     fn dates_are_civil_utc() {

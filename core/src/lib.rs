@@ -6,7 +6,7 @@
 //! transactional outbox. The same engine runs the `acemq` Ruby gem.
 //!
 //! ```no_run
-//! use acemq::{Ack, ConsumeOptions, Connection, Outcome, PublishOptions, Topology};
+//! use acemq::{Ack, ConsumeOptions, Connection, Message, PublishOptions, Topology};
 //! use serde_json::json;
 //!
 //! # async fn run() -> acemq::Result<()> {
@@ -14,9 +14,9 @@
 //! mq.apply(&Topology::new().queue("payments")).await?;
 //!
 //! let handle = mq
-//!     .consume("payments", ConsumeOptions::default(), |message| async move {
+//!     .consume("payments", ConsumeOptions::default(), |message: Message| async move {
 //!         println!("charging {}", message.payload["order_id"]);
-//!         Outcome::Ack(Ack::accept())
+//!         Ack::accept()
 //!     })
 //!     .await?;
 //!
@@ -99,11 +99,18 @@ pub use transport::{Confirm, QueueCounts};
 mod readme {}
 
 /// docs/rust.md's samples, compiled as doc tests: a sample on that page that
-/// stops compiling fails `cargo test -p acemq`. Outside the package's
-/// directory, so only for doc tests, never in a build of the crate.
-#[cfg(doctest)]
+/// stops compiling fails `cargo test -p acemq --features postgres` (the
+/// page's PostgreSQL samples need the feature; `rake cargo_test` turns it
+/// on). Outside the package's directory, so only for doc tests, never in a
+/// build of the crate.
+#[cfg(all(doctest, feature = "postgres", feature = "sqlite"))]
 #[doc = include_str!("../../docs/rust.md")]
 mod rust_guide {}
+
+/// The repository README's Rust sample, compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+mod repository_readme {}
 
 /// docs/tracing.md's Rust sample, compiled the same way.
 #[cfg(doctest)]

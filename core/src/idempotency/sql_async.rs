@@ -101,6 +101,14 @@ impl<S: AsyncConnectionSource> AsyncSqlIdempotencyStore<S> {
         self
     }
 
+    /// How long a claim lasts before another worker may take it over: the
+    /// same name as the blocking store's
+    /// ([`IdempotencyStore::claim_timeout`](super::IdempotencyStore::claim_timeout)),
+    /// no trait to import. `consume` reads it from the guard by itself.
+    pub fn claim_timeout(&self) -> Option<std::time::Duration> {
+        Some(self.options().claim_timeout)
+    }
+
     /// The options it was built with.
     pub fn options(&self) -> &SqlIdempotencyOptions {
         self.inner.keys.options()
@@ -170,7 +178,7 @@ impl<S: AsyncConnectionSource> AsyncSqlIdempotencyStore<S> {
 
 impl<S: AsyncConnectionSource + 'static> AsyncIdempotencyStore for AsyncSqlIdempotencyStore<S> {
     fn claim_expiry(&self) -> Option<std::time::Duration> {
-        Some(self.options().claim_timeout)
+        self.claim_timeout()
     }
 
     fn first_time_async<'a>(&'a self, key: &'a str) -> impl Future<Output = Result<bool>> + Send + 'a {

@@ -84,6 +84,14 @@ fn my_error(e: mysql_async::Error) -> Error {
 
 /// Whether the connection is no use after `e` (and must be opened again),
 /// as opposed to a statement the server refused.
+/// `?` on the service's own mysql_async calls in a function returning
+/// [`crate::Result`], as for PostgreSQL.
+impl From<mysql_async::Error> for Error {
+    fn from(e: mysql_async::Error) -> Self {
+        my_error(e)
+    }
+}
+
 fn lost(e: &mysql_async::Error) -> bool {
     matches!(e, mysql_async::Error::Io(_) | mysql_async::Error::Driver(_))
 }

@@ -91,6 +91,14 @@ fn pg_error(e: tokio_postgres::Error) -> Error {
     }
 }
 
+/// `?` on the service's own tokio-postgres calls in a function returning
+/// [`crate::Result`]: a store error with the server's message and SQLSTATE.
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        pg_error(e)
+    }
+}
+
 fn bind(params: &[SqlValue]) -> Vec<Param<'_>> {
     params.iter().map(Param).collect()
 }

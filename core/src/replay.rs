@@ -72,7 +72,22 @@ pub struct DeadLetterPage {
     /// Read near a delivery limit and so put back at the DLQ's tail as
     /// fresh copies ([`REFRESH_AT`]): the DLQ's order changed by this many.
     pub moved: usize,
+    /// The read stopped before the DLQ's end (deeper than [`BROWSE_WHOLE`]):
+    /// RabbitMQ puts the messages given back behind the rest of a quorum
+    /// queue (measured on 3.10.8, 4.0.5 and 4.3.6), so such a DLQ has
+    /// rotated by `scanned`.
+    pub partial: bool,
 }
+
+/// A DLQ this deep or less is read to its end on every page: every message
+/// is taken and given back in one turn, so the DLQ keeps its order where
+/// the broker puts returned messages at the tail (a quorum queue on
+/// RabbitMQ 3.10.8, 4.0.5 and 4.3.6, measured: read 4 of 7 and give them
+/// back, and they come after the other 3) as well as where it puts them
+/// back in place (a classic queue). A deeper one is read
+/// only as far as the page needs (`partial`): reading a whole DLQ of
+/// 100,000 one `basic.get` at a time takes tens of seconds.
+pub const BROWSE_WHOLE: u64 = 1_000;
 
 /// Failures kept in `x-acemq-history`, newest last.
 const MAX_HISTORY: usize = 10;
@@ -258,7 +273,13 @@ impl<'a> Keeper<'a> {
     /// `x-acemq-reason`, so it reads the same if a broker drops a client's
     /// `x-death`.
     async fn keep(&mut self, raw: &RawDelivery) -> Result<()> {
-        if delivery_count(raw) < REFRESH_AT {
+        self.keep_or_refresh(raw, false).await
+    }
+
+    /// As [`Keeper::keep`]; with `refresh`, put it back at the tail as a
+    /// fresh copy whatever its count.
+    async fn keep_or_refresh(&mut self, raw: &RawDelivery, refresh: bool) -> Result<()> {
+        if !refresh && delivery_count(raw) < REFRESH_AT {
             self.held = Some(raw.tag);
             return Ok(());
         }
@@ -300,13 +321,15 @@ impl Connection {
     /// One page of `{queue}.dlq`: the dead letters matching `filter` (its
     /// `limit` is not used), after the first `skip` matches, at most
     /// `limit`, oldest first, without taking them. Each message read is
-    /// held unacknowledged and given back, in its place, when the read
-    /// ends; one whose broker delivery count is near a limit is put back at
+    /// held unacknowledged and given back when the read ends (behind the
+    /// rest, on a quorum queue: see [`BROWSE_WHOLE`]); one whose broker delivery count is near a limit is put back at
     /// the tail as a fresh copy instead ([`REFRESH_AT`], counted in
     /// [`DeadLetterPage::moved`]), so looking never makes a quorum DLQ drop
-    /// one, however often. The read stops at the end of the DLQ, at its own
-    /// first copy, or at the match after the page (which sets `more`):
-    /// a deep page or a rare match costs reading all before it.
+    /// one, however often. The read goes on to the end of the DLQ (or its
+    /// own first copy) when the DLQ holds [`BROWSE_WHOLE`] or fewer; a
+    /// deeper one it stops at the match after the page (which sets `more`
+    /// and `partial`): a deep page or a rare match costs reading all before
+    /// it.
     ///
     /// # Cancel safety
     ///
@@ -330,15 +353,31 @@ impl Connection {
         }
         let backend = self.backend();
         let dlq = dlq_name(queue);
+        let whole = backend.queue_counts(&dlq).await?.is_some_and(|c| c.ready <= BROWSE_WHOLE);
         let reader = backend.reader(&dlq).await?;
         let mut keeper = Keeper::new(backend, &reader, dlq);
         let mut page = DeadLetterPage::default();
         let mut matched = 0;
+        // A whole read keeps the DLQ's order only if it moves all or none:
+        // each message read as often as the others, the head decides for
+        // all (a copy read once more at the end of a turn is one ahead).
+        let mut refresh_all = false;
+        let mut round = false;
         let result: Result<()> = async {
             loop {
                 let Some(raw) = reader.next().await? else { break };
-                if keeper.round(&raw) {
+                // After its own first copy a whole read takes the rest too,
+                // held, so that all go back in one turn.
+                if round || keeper.round(&raw) {
+                    round = true;
+                    keeper.held = Some(raw.tag);
+                    if whole {
+                        continue;
+                    }
                     break;
+                }
+                if whole && page.scanned == 0 && delivery_count(&raw) >= REFRESH_AT {
+                    refresh_all = true;
                 }
                 page.scanned += 1;
                 if matches(&raw, filter) {
@@ -349,8 +388,9 @@ impl Connection {
                         page.letters.push(dead_letter(&raw));
                     }
                 }
-                keeper.keep(&raw).await?;
-                if page.more {
+                keeper.keep_or_refresh(&raw, refresh_all).await?;
+                if page.more && !whole {
+                    page.partial = true;
                     break;
                 }
             }

@@ -1,0 +1,201 @@
+# frozen_string_literal: true
+
+require "rack"
+require "rack/mock"
+require "acemq/web"
+require "acemq/web/server"
+
+# AceMQ::Web at the Rack level, against the real broker: on every stage
+# (Rack 2 with Rails 6.1 on Debian 12, Rack 3 with Rails 7.2 in the unstable
+# chroot, which has no Chromium for spec/integration/web_browser_spec.rb).
+RSpec.describe "AceMQ::Web (Rack)" do
+  before(:all) { @mq = AceMQ::AMQP::Connection.open(AMQP_URL) }
+  after(:all) { @mq.close }
+
+  before do
+    @queue = unique("web-rack")
+    AceMQ::AMQP::Topology.new.queue(@queue, type: :quorum).apply(@mq)
+  end
+
+  let(:app) { AceMQ::Web.new(connection: @mq, queues: [@queue], runners: [], page_size: 3) }
+  let(:http) { Rack::MockRequest.new(app) }
+  let(:dlq) { "#{@queue}.dlq" }
+
+  # n dead letters, rejected by a consumer: "declined N", error class none;
+  # every third raises instead (class ArgumentError) and is dead-lettered
+  # at once by max_attempts 1. Returns their ids in DLQ order.
+  def dead_letters(count)
+    sub = @mq.consume(@queue, retries: { max_attempts: 1 }) do |m|
+      raise ArgumentError, "bad #{m.payload['n']}" if (m.payload["n"] % 3).zero?
+
+      AceMQ::AMQP::Ack.reject("declined #{m.payload['n']}")
+    end
+    count.times { |n| @mq.publish({ "n" => n }, to: @queue, type: "order.v1") }
+    eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == count }
+    sub.cancel
+    @mq.peek_dead_letters(@queue, limit: 100).map { |d| d[:id] }
+  end
+
+  def token_of(response) = response["set-cookie"].to_s[/acemq_csrf=(\h{64})/, 1]
+
+  def post(path, form, token:, env: {})
+    http.post(path, env.merge(input: URI.encode_www_form(form.merge("_csrf" => token)),
+                              "CONTENT_TYPE" => "application/x-www-form-urlencoded",
+                              "HTTP_COOKIE" => "acemq_csrf=#{token}"))
+  end
+
+  it "shows the overview with every queue's counts, and its numbers as JSON for the page's refresh" do
+    dead_letters(2)
+    # The broker's ready count catches up with a read's give-back a moment
+    # after it (dead_letters peeked).
+    page = eventually { http.get("/").then { |p| p.body.include?(%(data-k="q:#{@queue}:dlq">2<)) && p } }
+    expect(page.status).to eq(200)
+    expect(page.body).to include(@queue)
+    expect(token_of(page)).to match(/\h{64}/)
+    values = JSON.parse(http.get("/overview.json").body)["values"]
+    expect(values).to include("q:#{@queue}:dlq" => "2", "q:#{@queue}:ready" => "0")
+    expect(http.get("/queues/#{@queue}").body).to include("Ladder", "#{@queue}.retry.", "declined 1")
+    expect(http.get("/queues/no-such-queue/dlq").status).to eq(404)
+  end
+
+  it "pages the DLQ and filters it by reason, type, error class and id, saying what each read cost" do
+    ids = dead_letters(7) # 0, 3, 6 raise (ArgumentError)
+    first = http.get("/queues/#{@queue}/dlq")
+    expect(first.body.scan(/<article class="letter" id="dl-([^"]+)"/).flatten).to eq(ids.first(3))
+    expect(first.body).to include("Read 7 messages", "Page 2 →")
+    last = http.get("/queues/#{@queue}/dlq?page=3")
+    expect(last.body.scan(/<article class="letter" id="dl-([^"]+)"/).flatten).to eq(ids.last(1))
+    expect(last.body).not_to include("Page 4")
+    by_class = http.get("/queues/#{@queue}/dlq?error_class=ArgumentError")
+    expect(by_class.body.scan(/class="reason">([^<]+)</).flatten.map { |r| r[/bad \d/] }).to eq(["bad 0", "bad 3", "bad 6"])
+    expect(http.get("/queues/#{@queue}/dlq?reason=declined+4").body.scan(/id="dl-([^"]+)"/).flatten).to eq([ids[4]])
+    expect(http.get("/queues/#{@queue}/dlq?type=order.v1&id=#{ids[5]}").body.scan(/id="dl-([^"]+)"/).flatten).to eq([ids[5]])
+    expect(http.get("/queues/#{@queue}/dlq?type=other.v1").body).to include("None match.")
+    expect(@mq.peek_dead_letters(@queue, limit: 100).map { |d| d[:id] }).to eq(ids)
+  end
+
+  it "refuses a POST without the CSRF token, or from another origin, and changes nothing" do
+    ids = dead_letters(2)
+    token = token_of(http.get("/"))
+    no_token = http.post("/queues/#{@queue}/dlq/purge", input: "confirmed=yes", "HTTP_COOKIE" => "acemq_csrf=#{token}")
+    expect(no_token.status).to eq(403)
+    expect(no_token.body).to include("CSRF token")
+    no_cookie = http.post("/queues/#{@queue}/dlq/purge", input: "confirmed=yes&_csrf=#{token}")
+    expect(no_cookie.status).to eq(403)
+    other = post("/queues/#{@queue}/dlq/purge", { "confirmed" => "yes" }, token: token,
+                                                                           env: { "HTTP_ORIGIN" => "http://evil.example", "HTTP_HOST" => "example.org" })
+    expect(other.status).to eq(403)
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq(ids)
+  end
+
+  it "asks first, then replays one through the engine's replay (attempt 1, the failure in its history)" do
+    ids = dead_letters(3)
+    token = token_of(http.get("/"))
+    ask = post("/queues/#{@queue}/dlq/replay", { "one" => ids[1] }, token: token)
+    expect(ask.body).to include("Replay 1 dead letter from #{dlq} to #{@queue}?", %(name="confirmed" value="yes"))
+    expect(@mq.peek_dead_letters(@queue).size).to eq(3)
+    done = post("/queues/#{@queue}/dlq/replay", { "ids[]" => ids[1], "confirmed" => "yes" }, token: token)
+    expect(done.body).to include("Replayed 1 dead letter from #{dlq} to #{@queue}; 2 others left in the DLQ.")
+    got = []
+    sub = @mq.consume(@queue) do |m|
+      got << [m.id, m.attempt, m.headers["x-acemq-history"]&.first&.fetch("reason")]
+      AceMQ::AMQP::Ack.accept
+    end
+    eventually { got.size == 1 }
+    sub.cancel
+    expect(got).to eq([[ids[1], 1, "declined 1"]])
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq([ids[0], ids[2]])
+  end
+
+  it "replays all matching a filter, discards the selected, purges, each saying what it did" do
+    ids = dead_letters(6) # 0 and 3 raise
+    token = token_of(http.get("/"))
+    filter = { "scope" => "filter", "error_class" => "ArgumentError" }
+    expect(post("/queues/#{@queue}/dlq/replay", filter, token: token).body).to include("matching error_class")
+    expect(post("/queues/#{@queue}/dlq/replay", filter.merge("confirmed" => "yes"), token: token).body)
+      .to include("Replayed 2 dead letters", "4 others left")
+    expect(post("/queues/#{@queue}/dlq/discard", {}, token: token).status).to eq(422)
+    gone = post("/queues/#{@queue}/dlq/discard", { "ids[]" => ids[1], "confirmed" => "yes" }, token: token)
+    expect(gone.body).to include("Discarded 1 dead letter from #{dlq}.")
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq([ids[2], ids[4], ids[5]])
+    expect(post("/queues/#{@queue}/dlq/purge", { "confirmed" => "yes" }, token: token).body)
+      .to include("Purged #{dlq}: 3 dead letters discarded.")
+    expect(@mq.peek_dead_letters(@queue)).to eq([])
+  end
+
+  it "in read-only mode (configured, or set per request by the host) shows no action and refuses every POST" do
+    ids = dead_letters(2)
+    [AceMQ::Web.new(connection: @mq, queues: [@queue], runners: [], read_only: true), app].each do |ro|
+      env = ro.equal?(app) ? { AceMQ::Web::READ_ONLY_ENV => true } : {}
+      req = Rack::MockRequest.new(ro)
+      page = req.get("/queues/#{@queue}/dlq", env)
+      expect(page.body).to include("read-only")
+      expect(page.body).not_to include("Replay selected", "Purge the DLQ")
+      token = token_of(page)
+      refused = req.post("/queues/#{@queue}/dlq/purge", env.merge(input: "confirmed=yes&_csrf=#{token}",
+                                                                   "HTTP_COOKIE" => "acemq_csrf=#{token}"))
+      expect(refused.status).to eq(403)
+      expect(refused.body).to include("read-only")
+    end
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq(ids)
+  end
+
+  # A page refreshed every 2 s for an hour is 1,800 reads of the DLQ; each
+  # read gives every message back, which counts toward a quorum queue's
+  # delivery limit on 3.10 and 4.0, and the engine moves one near a limit to
+  # the tail as a fresh copy (REFRESH_AT). 200 reads here go past that
+  # point many times over: none lost, the order as it was (the page covers
+  # the whole DLQ, so the moved copies go back in the same order), and the
+  # page says when it moved some.
+  it "loses and reorders nothing over 200 reads of a quorum DLQ's page, and says when it moved dead letters" do
+    ids = dead_letters(3)
+    moved = 0
+    200.times do |i|
+      body = http.get("/queues/#{@queue}/dlq").body
+      expect(body.scan(/<article class="letter" id="dl-([^"]+)"/).flatten).to eq(ids), "read #{i + 1}"
+      moved += 1 if body.include?(%(id="moved"))
+    end
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq(ids)
+    # 3.10 and 4.0 count each give-back: a copy every 10 reads (core's
+    # REFRESH_AT); 4.3 counts none of them, and nothing needs moving.
+    expect(moved).to be >= 19 if @mq.server_version.to_s < "4.1"
+  end
+
+  it "is served by `acemq web`'s WEBrick adapter, cookies and forms included" do
+    ids = dead_letters(1)
+    server = AceMQ::Web::Server.new(app, port: 0, log: StringIO.new)
+    thread = Thread.new { server.start }
+    client = WebHelpers::Client.new("http://127.0.0.1:#{server.port}")
+    expect(client.get("/").code).to eq("200")
+    token = client.cookies.fetch("acemq_csrf")
+    expect(client.post("/queues/#{@queue}/dlq/discard", { "one" => ids[0], "_csrf" => token }).body)
+      .to include("Discard 1 dead letter")
+    expect(client.post("/queues/#{@queue}/dlq/discard", { "ids[]" => ids[0], "confirmed" => "yes" }).code).to eq("403")
+    expect(@mq.peek_dead_letters(@queue).map { |d| d[:id] }).to eq(ids)
+  ensure
+    server&.shutdown
+    thread&.join(5)
+  end
+
+  it "is mounted in spec/dummy behind the host's sign-in: 404 without it, read-only for a viewer" do
+    dead_letters(1)
+    pid, base = WebHelpers.start_dummy(queues: [@queue])
+    anonymous = WebHelpers::Client.new(base)
+    expect(anonymous.get("/acemq").code).to eq("404")
+    expect(anonymous.get("/acemq/queues/#{@queue}/dlq").code).to eq("404")
+    viewer = WebHelpers::Client.new(base)
+    viewer.get("/login/viewer")
+    page = viewer.get("/acemq/queues/#{@queue}/dlq")
+    expect(page.code).to eq("200")
+    expect(page.body).to include("read-only", %(action="/acemq/queues/#{@queue}/dlq"))
+    token = viewer.cookies.fetch("acemq_csrf")
+    expect(viewer.post("/acemq/queues/#{@queue}/dlq/purge", { "confirmed" => "yes", "_csrf" => token }).code).to eq("403")
+    admin = WebHelpers::Client.new(base)
+    admin.get("/login/admin")
+    expect(admin.get("/acemq").body).to include(@queue, "Overview")
+    expect(admin.get("/acemq").body).not_to include(%(id="read-only"))
+    expect(@mq.peek_dead_letters(@queue).size).to eq(1)
+  ensure
+    WebHelpers.stop(pid)
+  end
+end

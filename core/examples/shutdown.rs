@@ -22,7 +22,7 @@ async fn serve(url: &str, queue: &str, handler_time: Duration, shutdown_timeout:
     let mq = Connection::open(url).await?;
     mq.apply(&Topology::new().queue(queue)).await?;
     let options = ConsumeOptions { concurrency: 2, ..ConsumeOptions::default() };
-    supervisor.register("PaymentsConsumer", queue, options.concurrency, options.prefetch);
+    supervisor.register_consumer("PaymentsConsumer", queue, &options);
     let payments = mq
         .consume(queue, options, move |message: Message| async move {
             println!("handling {}", message.envelope.id);

@@ -130,9 +130,14 @@ pub struct GuardStats {
     /// Handlers that never finished (a Rust future dropped or panicking, a
     /// Ruby thread killed): their key was forgotten.
     pub abandoned: u64,
-    /// Deliveries whose key another consumer holds a live, unconfirmed claim
-    /// on: retried rather than accepted, so that if that consumer died the
-    /// message still runs once its claim expires.
+    /// Deliveries that found their key claimed by another handler (live,
+    /// unconfirmed): sent round the ladder to wait rather than accepted, so
+    /// that if that handler died the message still runs once its claim
+    /// expires. A count of such deliveries since the guard was made, not
+    /// the number waiting now.
+    pub claimed_elsewhere: u64,
+    /// The old name of [`GuardStats::claimed_elsewhere`], which it equals.
+    #[deprecated(note = "a count of deliveries, not a live gauge: read `claimed_elsewhere`")]
     pub in_progress: u64,
 }
 
@@ -448,6 +453,8 @@ store_failed(&e)
             confirm_errors: get(&self.confirm_errors),
             forget_errors: get(&self.forget_errors),
             abandoned: get(&self.abandoned),
+            claimed_elsewhere: get(&self.in_progress),
+            #[allow(deprecated)]
             in_progress: get(&self.in_progress),
         }
     }

@@ -248,6 +248,12 @@ impl Supervisor {
         inner.slots.len() - 1
     }
 
+    /// [`Supervisor::register`] with the concurrency and prefetch the
+    /// consumer is opened with, read from its options rather than repeated.
+    pub fn register_consumer(&self, name: &str, queue: &str, options: &crate::ConsumeOptions) -> usize {
+        self.register(name, queue, options.concurrency, options.prefetch)
+    }
+
     /// Booted: every consumer is subscribed. Also the way back from quiet.
     pub fn running(&self) {
         let mut inner = self.lock();

@@ -148,4 +148,10 @@ impl Supervisor {
             0
         }
     }
+
+    /// [`Supervisor::exit_code`] as what `main` returns:
+    /// `async fn main() -> std::process::ExitCode`.
+    pub fn exit_status(&self, drained: &Drained) -> std::process::ExitCode {
+        std::process::ExitCode::from(self.exit_code(drained) as u8)
+    }
 }

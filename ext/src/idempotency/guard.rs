@@ -142,7 +142,7 @@ impl RbGuard {
             ("confirm_errors", s.confirm_errors),
             ("forget_errors", s.forget_errors),
             ("abandoned", s.abandoned),
-            ("in_progress", s.in_progress),
+            ("in_progress", s.claimed_elsewhere),
         ] {
             h.aset(ruby.to_symbol(name), n)?;
         }

@@ -300,7 +300,7 @@ fn step_by_step_as_the_extension_drives_it() {
         Some(Outcome::Ack(Ack::Accept))
     );
     assert_eq!(guard.stats().duplicates, 2);
-    assert_eq!(guard.stats().in_progress, 1);
+    assert_eq!(guard.stats().claimed_elsewhere, 1);
 }
 
 #[test]

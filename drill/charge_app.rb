@@ -9,7 +9,8 @@ require "active_record"
 require "acemq"
 require "acemq/rails/active_record_idempotency_store"
 
-ActiveRecord::Base.establish_connection(ENV.fetch("DATABASE_URL"))
+# POOL: the ordering drill's runner has a handler thread per partition.
+ActiveRecord::Base.establish_connection(ENV["POOL"] ? { url: ENV.fetch("DATABASE_URL"), pool: Integer(ENV["POOL"]) } : ENV.fetch("DATABASE_URL"))
 ActiveRecord::Base.logger = nil
 
 class DrillCharge < ActiveRecord::Base
@@ -20,6 +21,9 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
   queue ENV.fetch("QUEUE"), type: ENV["QUEUE_TYPE"]&.to_sym
   concurrency Integer(ENV.fetch("CONCURRENCY", "2"))
   prefetch Integer(ENV["PREFETCH"]) if ENV["PREFETCH"]
+  # The ordering drill (drill/ordering.rb): one queue per partition, each
+  # consumed by one runner at a time, an order's partition by its account.
+  partitions Integer(ENV["PARTITIONS"]), by: ->(m) { m.payload.fetch("account_id") } if ENV["PARTITIONS"]
   # A claim left by a killed runner is taken over after this long, so the
   # drill does not wait the default five minutes for it.
   STORE = AceMQ::Rails::ActiveRecordIdempotencyStore.new(table: ENV.fetch("IDEMPOTENCY_TABLE"),
@@ -52,7 +56,9 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
   # are how the drill times a takeover.
   def call(message)
     order = message.payload.fetch("order_id")
-    log("start", order)
+    # Whether this copy went round the ladder (a retry, or a wait for a dead
+    # runner's claim): the ordering drill leaves those out of its check.
+    log("start", order, message.attempt > 1 || message.headers.key?("x-acemq-waits") ? "retried" : "first")
     ActiveRecord::Base.transaction do
       DrillCharge.create!(order_id: order, pid: Process.pid)
       sleep WORK if WORK.positive?
@@ -64,8 +70,8 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
 
   private
 
-  def log(what, order)
-    File.open(ENV.fetch("LOG"), "a") { |f| f.puts("#{what} #{order} #{format('%.6f', Time.now.to_f)}") }
+  def log(what, order, note = nil)
+    File.open(ENV.fetch("LOG"), "a") { |f| f.puts("#{what} #{order} #{format('%.6f', Time.now.to_f)}#{note && " #{note}"}") }
   end
 end
 

@@ -15,6 +15,7 @@ require_relative "node"
 require_relative "phases"
 require_relative "database_phases"
 require_relative "swarm"
+require_relative "ordering"
 
 module Drill
   # How long a dead runner's claim holds its message back. Short, so the
@@ -31,7 +32,7 @@ module Drill
   class Overrun < Exception; end # rubocop:disable Lint/InheritException
   PHASES = { "kill" => KillRunners, "close" => CloseConnections, "restart" => RestartBroker,
              "relays" => KillRelays, "poison" => PoisonFlood, "db" => DatabaseOutage,
-             "swarm" => KillSwarmChild }.freeze
+             "swarm" => KillSwarmChild, "order" => PartitionOrder }.freeze
 
   def self.main
     $stdout.sync = true

@@ -348,12 +348,13 @@ module Drill
 
     attr_reader :mq
 
-    def publish(payload, to:, exchange: "", deadline:)
+    # partition: extra publish options (partition_key:, partitions:).
+    def publish(payload, to:, exchange: "", deadline:, **partition)
       envelope = AceMQ::AMQP::Envelope.new(type: "drill.order.v1")
       first = Drill.now
       @first_attempt[payload["order_id"]] = Time.now.to_f if payload.is_a?(Hash)
       begin
-        @mq.publish(payload, to: to, exchange: exchange, envelope: envelope)
+        @mq.publish(payload, to: to, exchange: exchange, envelope: envelope, **partition)
         @published += 1
         @longest = [@longest, Drill.now - first].max
       rescue AceMQ::AMQP::Error => e

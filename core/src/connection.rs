@@ -133,6 +133,10 @@ pub struct PublishOptions {
     pub delay: Option<Duration>,
     /// Deliver it at this time instead (a time past is now). Not with `delay`.
     pub at: Option<std::time::SystemTime>,
+    /// Send it to the partition of the routing key's queue that this key
+    /// hashes to (`{queue}.pN`, see [`crate::partition`]): messages with one
+    /// key are handled in the order they were published.
+    pub partition: Option<crate::partition::PartitionKey>,
 }
 
 /// One message for [`Connection::send_json_batch`]: a JSON body and where it
@@ -406,6 +410,8 @@ impl Connection {
     pub async fn publish<T: Serialize + ?Sized>(&self, payload: &T, routing_key: &str, options: PublishOptions) -> Result<Envelope> {
         let body = serde_json::to_vec(payload)?;
         let env = self.envelope_for(&options);
+        let partitioned = options.partition.as_ref().map(|p| p.queue(routing_key)).transpose()?;
+        let routing_key = partitioned.as_deref().unwrap_or(routing_key);
         self.send_json(&body, &options.exchange, routing_key, &env).await?.wait().await?;
         Ok(env)
     }

@@ -86,6 +86,13 @@ pub struct ConsumeOptions {
     /// Hand out at most so many messages per period, in this process
     /// ([`Throttle`]). None: as fast as the handlers take them.
     pub throttle: Option<Throttle>,
+    /// The queue is single active consumer and its order matters (a
+    /// partition, [`crate::partition`]): stopping does not cancel on the
+    /// broker, which would hand the next consumer the messages behind the
+    /// ones this one still holds; it stops handing out, and closing the
+    /// channel gives back what was held, at the head and in order, as the
+    /// next consumer takes over. Default false.
+    pub keep_order: bool,
 }
 
 impl Default for ConsumeOptions {
@@ -135,6 +142,7 @@ impl ConsumeOptions {
             name: None,
             circuit_breaker: None,
             throttle: None,
+            keep_order: false,
         }
     }
 }
@@ -984,7 +992,7 @@ impl Consumer {
     /// skips waiting for the broker's cancel-ok.
     pub async fn stop(&self) {
         if !self.stopped.swap(true, Ordering::AcqRel) {
-            self.link.stop().await;
+            self.link.stop(!self.options.keep_order).await;
         }
     }
 

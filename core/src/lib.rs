@@ -60,6 +60,7 @@ pub mod limits;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod outbox;
+pub mod partition;
 pub mod runner;
 pub mod runtime;
 pub mod sql;

@@ -131,6 +131,15 @@ impl QueueSpec {
         QueueSpec { name: name.into(), arguments: Headers::new(), dead_letter_queue: true, queue_type: QueueType::Classic }
     }
 
+    /// One consumer at a time: `x-single-active-consumer`. The broker hands
+    /// every message to one subscribed consumer, the others wait, and the
+    /// next one takes over when it goes (since RabbitMQ 3.8). What keeps a
+    /// queue's order across several runners (see [`crate::partition`]).
+    pub fn single_active_consumer(mut self) -> Self {
+        self.arguments.insert("x-single-active-consumer".into(), serde_json::Value::Bool(true));
+        self
+    }
+
     /// The same queue as another type.
     pub fn with_type(mut self, queue_type: QueueType) -> Self {
         self.queue_type = queue_type;
@@ -235,6 +244,17 @@ impl Topology {
     /// Add a durable queue (and its `{name}.dlq`).
     pub fn queue(mut self, name: impl Into<String>) -> Self {
         self.queues.push(QueueSpec::new(name));
+        self
+    }
+
+    /// Add a partitioned queue: `{name}.p0` … `{name}.p{partitions-1}`, each
+    /// with one active consumer at a time and a DLQ of its own (see
+    /// [`crate::partition`]).
+    pub fn partitioned_queue(mut self, name: impl Into<String>, partitions: u16) -> Self {
+        let name = name.into();
+        for p in 0..partitions {
+            self.queues.push(QueueSpec::new(crate::partition::partition_queue(&name, p)).single_active_consumer());
+        }
         self
     }
 

@@ -143,6 +143,7 @@ impl RbConnection {
             o.circuit_breaker =
                 Some(acemq::CircuitBreaker::new(failures, seconds(ruby, "circuit_breaker within", within)?, seconds(ruby, "circuit_breaker pause", pause)?));
         }
+        o.keep_order = opt(&options, "keep_order")?.unwrap_or(false);
         if let Some((limit, per)) = opt::<(u32, f64)>(&options, "throttle")? {
             o.throttle = Some(acemq::Throttle::new(limit, seconds(ruby, "throttle per", per)?));
         }

@@ -14,6 +14,7 @@ mod idempotency;
 mod json;
 mod outbox;
 mod outgoing;
+mod partition;
 mod runner;
 mod sql;
 mod stream;
@@ -55,6 +56,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     connection::init(ruby, amqp)?;
     delay::init(ruby, amqp)?;
     outgoing::init(ruby, amqp)?;
+    partition::init(ruby, amqp)?;
     stream::init(ruby, amqp)?;
     consumer::init(ruby, amqp)?;
     delivery::init(ruby, amqp)?;

@@ -52,6 +52,7 @@ static HEADERS: LazyId = LazyId::new("headers");
 static TRACE: LazyId = LazyId::new("trace");
 static DELAY: LazyId = LazyId::new("delay");
 static AT: LazyId = LazyId::new("at");
+static PARTITION: LazyId = LazyId::new("partition");
 
 fn opt<T: magnus::TryConvert>(options: &RHash, key: &LazyId) -> Result<Option<T>, Error> {
     options.lookup::<_, Option<T>>(**key)
@@ -81,6 +82,8 @@ pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: Vec<u8>, opti
         // A value past what a Duration holds is past any limit: core refuses it.
         delay: opt::<f64>(&options, &DELAY)?.map(|s| secs(s)),
         at: opt::<f64>(&options, &AT)?.map(|s| std::time::UNIX_EPOCH.checked_add(secs(s)).unwrap_or(std::time::UNIX_EPOCH + acemq::delay::MAX_DELAY * 1000)),
+        // [key, partitions]: the partition queue is core's choice.
+        partition: opt::<(String, u16)>(&options, &PARTITION)?.map(|(key, n)| acemq::partition::PartitionKey::new(key, n)),
     };
     {
         use crate::errors::IntoRuby;
@@ -88,6 +91,13 @@ pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: Vec<u8>, opti
     }
     let envelope = conn.envelope_for(&publish);
     let routing_key: String = opt(&options, &TO)?.unwrap_or_default();
+    let routing_key = match &publish.partition {
+        Some(p) => {
+            use crate::errors::IntoRuby;
+            p.queue(&routing_key).rb(ruby)?
+        }
+        None => routing_key,
+    };
     Ok(OutgoingMessage { body, exchange: publish.exchange, routing_key, envelope })
 }
 

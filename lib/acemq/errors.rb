@@ -84,6 +84,11 @@ module AceMQ
     # for longer than confirm_timeout. Consumers keep running on their own
     # connection; the block lifts when the alarm clears.
     class Blocked < Error; end
+
+    # A publish to a partitioned consumer whose key came out nil: the
+    # class's partitions by: must return a key for every message.
+    class PartitionKeyMissing < Error; end
+
     # Not raised: what a startup check found questionable in a consumer's
     # settings (a quorum queue's delivery limit below max_attempts, an
     # idempotent consumer with no retries to wait on), handed to on_error

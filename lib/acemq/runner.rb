@@ -125,15 +125,20 @@ module AceMQ
       AceMQ::Rails.publisher = @publish
       @consumers.each do |klass|
         klass.topology.apply(@consume)
-        index = @supervisor._register(klass.name, klass.queue_name, klass.concurrency, klass.prefetch || 0)
-        # Recorded before it subscribes: _attach pauses it at once.
-        @supervisor._pause(klass.name) if @paused_at_boot.include?(klass.name)
         # One instance for the life of the process: the guide's consumers
         # memoise their guard in it.
-        slot = { klass: klass, index: index, instance: klass.new, subscription: nil, restart_at: nil }
-        slot[:subscription] = subscribe(slot)
-        @supervisor._attach(index, slot[:subscription].native)
-        @slots << slot
+        instance = klass.new
+        # A partitioned class is one subscription per partition queue, each
+        # a slot of its own (all under the class's name, for pause).
+        klass.consume_queues.each do |queue|
+          index = @supervisor._register(klass.name, queue, klass.partitions ? 1 : klass.concurrency, klass.prefetch || 0)
+          # Recorded before it subscribes: _attach pauses it at once.
+          @supervisor._pause(klass.name) if @paused_at_boot.include?(klass.name)
+          slot = { klass: klass, index: index, instance: instance, queue: queue, subscription: nil, restart_at: nil }
+          slot[:subscription] = subscribe(slot)
+          @supervisor._attach(index, slot[:subscription].native)
+          @slots << slot
+        end
         d = klass.describe
         @logger.info("acemq: #{d[:name]} on #{d[:queue]} (concurrency #{d[:concurrency]}, prefetch " \
                      "#{d[:prefetch] || 'default'}#{d[:batch] > 1 ? ", batch #{d[:batch]}" : ''}" \
@@ -152,7 +157,7 @@ module AceMQ
       klass = slot[:klass]
       on_error = ->(error) { @logger.warn("acemq: #{klass.name}: #{error.class}: #{error.message}") }
       klass.subscribe(@consume, instance: slot[:instance], around: @executor, on_error: on_error,
-                                consumer_timeout: @config.consumer_timeout)
+                                consumer_timeout: @config.consumer_timeout, queue: slot[:queue])
     end
 
     # Every handler thread that touches ActiveRecord holds a connection for
@@ -171,12 +176,12 @@ module AceMQ
       rescue StandardError
         return
       end
-      threads = consumers.sum(&:concurrency)
+      threads = consumers.sum(&:threads)
       return if pool.size >= threads
 
       raise AMQP::ConfigurationError,
             "the ActiveRecord pool has #{pool.size} connections and the consumers run #{threads} threads " \
-            "(#{consumers.map { |k| "#{k.name} #{k.concurrency}" }.join(', ')}): set pool: #{threads} (or more) " \
+            "(#{consumers.map { |k| "#{k.name} #{k.threads}" }.join(', ')}): set pool: #{threads} (or more) " \
             "in config/database.yml, e.g. RAILS_MAX_THREADS=#{threads}, or lower a consumer's concurrency"
     end
 

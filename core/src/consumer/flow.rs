@@ -165,7 +165,7 @@ impl Breaker {
                 Some(Transition {
                     to: BreakerState::Open,
                     reason: format!(
-                        "{} failures within {}s: paused for {}s",
+                        "{} failures within {}: paused for {}",
                         o.failures,
                         crate::checks::human(o.within),
                         crate::checks::human(o.pause)

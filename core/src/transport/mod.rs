@@ -178,9 +178,11 @@ impl Link {
         }
     }
 
-    pub(crate) async fn stop(&self) {
+    /// `cancel`: cancel the consumer on the broker (false: only stop
+    /// handing out; the close gives back what is held).
+    pub(crate) async fn stop(&self, cancel: bool) {
         match self {
-            Link::Amqp(c) => c.stop().await,
+            Link::Amqp(c) => c.stop(cancel).await,
             Link::Memory { out, .. } => {
                 // As on RabbitMQ: what was delivered and not yet handed to a
                 // handler is not run; it stays unacknowledged until close,

@@ -86,9 +86,16 @@ module AceMQ
       # delay: (seconds) or at: (a Time) delivers it later, through the delay
       # cascade (docs/delays.md): whole seconds, rounded up, up to 2^28 - 1 s.
       # The envelope returned is the one delivered then.
-      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil, delay: nil, at: nil)
+      #
+      # partition_key: with partitions: (the count the queue's consumers
+      # declared) sends it to the partition queue of `to` that the key hashes
+      # to (`to.pN`, docs/ordering.md): messages with one key are handled in
+      # the order they were published.
+      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil, delay: nil, at: nil,
+                  partition_key: nil, partitions: nil)
         Tracing.publish(exchange, to) do |span|
-          out, env = outgoing(payload, to, exchange, envelope, type, headers, delay: delay, at: at)
+          out, env = outgoing(payload, to, exchange, envelope, type, headers, delay: delay, at: at,
+                                                                              partition: Connection.partition(partition_key, partitions))
           span&.set_attribute("messaging.message.id", env.id.to_s)
           _publish(out)
           env
@@ -149,8 +156,12 @@ module AceMQ
       # after `pause` seconds one message is tried before it takes more.
       # throttle: { limit: 100, per: 1 } hands out at most `limit` messages
       # per `per` seconds in this process (docs/flow.md).
+      # keep_order: true for a single-active-consumer queue whose order
+      # matters (a partition): stopping leaves the broker's consumer in place
+      # until the close gives back what it held, in order (docs/ordering.md).
       def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil,
-                  timeout: nil, consumer_timeout: nil, name: nil, circuit_breaker: nil, throttle: nil, &handler)
+                  timeout: nil, consumer_timeout: nil, name: nil, circuit_breaker: nil, throttle: nil, keep_order: false,
+                  &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
 
         concurrency = Integer(concurrency)
@@ -178,9 +189,22 @@ module AceMQ
                                          consumer_timeout: consumer_timeout && Float(consumer_timeout),
                                          claim_timeout: claim_timeout, name: name&.to_s,
                                          circuit_breaker: Connection.circuit_breaker(circuit_breaker),
-                                         throttle: Connection.throttle(throttle) })
+                                         throttle: Connection.throttle(throttle), keep_order: keep_order ? true : false })
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
         Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
+      end
+
+      # [key, count] as the engine takes it, or nil.
+      def self.partition(key, count)
+        return nil if key.nil? && count.nil?
+        if key.nil? || count.nil?
+          raise ConfigurationError, "partition_key: and partitions: go together (the key, and the count the consumers declared)"
+        end
+
+        n = Integer(count, exception: false)
+        raise ConfigurationError, "partitions: must be a whole number (got #{count.inspect})" unless n
+
+        [key.to_s, n]
       end
 
       # { failures:, within:, pause: } as the engine takes it; core checks
@@ -194,8 +218,9 @@ module AceMQ
           raise ConfigurationError, "circuit_breaker takes failures:, within: and pause: (seconds), e.g. " \
                                     "{ failures: 10, within: 30, pause: 60 } (got #{options.inspect})"
         end
-        [Integer(o[:failures]), Float(o[:within]), Float(o[:pause])]
-      rescue ArgumentError, TypeError
+        values = [Integer(o[:failures], exception: false), Float(o[:within], exception: false), Float(o[:pause], exception: false)]
+        return values unless values.include?(nil)
+
         raise ConfigurationError, "circuit_breaker: failures is a whole number, within and pause seconds (got #{options.inspect})"
       end
 
@@ -208,8 +233,9 @@ module AceMQ
           raise ConfigurationError, "throttle takes limit: and per: (seconds, default 1), e.g. { limit: 100, per: 1 } " \
                                     "(got #{options.inspect})"
         end
-        [Integer(o[:limit]), Float(o.fetch(:per, 1))]
-      rescue ArgumentError, TypeError
+        values = [Integer(o[:limit], exception: false), Float(o.fetch(:per, 1), exception: false)]
+        return values unless values.include?(nil)
+
         raise ConfigurationError, "throttle: limit is a whole number of messages, per seconds (got #{options.inspect})"
       end
 
@@ -333,9 +359,10 @@ module AceMQ
       # outbox row) come through here, and a batch through #publish_options and its
       # engine's _push, which reads them the same way, so they all carry the
       # same.
-      def outgoing(payload, to, exchange, envelope, type, headers, delay: nil, at: nil)
-        out = Outgoing._build(self, encode(payload),
-                              publish_options(to, exchange, envelope, type, headers, delay: delay, at: at))
+      def outgoing(payload, to, exchange, envelope, type, headers, delay: nil, at: nil, partition: nil)
+        options = publish_options(to, exchange, envelope, type, headers, delay: delay, at: at)
+        options[:partition] = partition if partition
+        out = Outgoing._build(self, encode(payload), options)
         [out, out.__send__(:_envelope)]
       end
 

@@ -28,8 +28,12 @@ module AceMQ
       # retry ladder have their defaults in core).
       SETTINGS = {
         queue: nil, queue_arguments: nil, queue_type: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
-        bindings: [].freeze, on_error: nil, idempotency: nil, timeout: nil, circuit_breaker: nil, throttle: nil
+        bindings: [].freeze, on_error: nil, idempotency: nil, timeout: nil, circuit_breaker: nil, throttle: nil,
+        partitions: nil
       }.freeze
+
+      # What a partitions by: callable is given at publish time.
+      Outgoing = Struct.new(:payload, :type, :headers)
 
       class << self
         # The classes to run: every subclass, at any depth, that names a
@@ -125,6 +129,44 @@ module AceMQ
           set(:batch, positive(:batch, size))
         end
 
+        # Order per key across runners (docs/ordering.md): the queue becomes
+        # `count` partition queues (`queue.p0` ...), each consumed by one
+        # runner at a time (x-single-active-consumer, one handler thread per
+        # partition), and a message goes to the partition its key hashes to.
+        # Publish with `PaymentsConsumer.publish(payload)`; by: is called with
+        # the outgoing message (payload, type, headers) and returns the key.
+        #
+        #   partitions 8, by: ->(m) { m.payload["account_id"] }
+        def partitions(count = nil, by: nil)
+          return setting(:partitions) if count.nil?
+          raise AMQP::ConfigurationError, "#{self}: partitions needs by: (a callable returning the key)" unless by.respond_to?(:call)
+
+          AMQP.partition_queues("check", positive(:partitions, count))
+          set(:partitions, { count: Integer(count), by: by }.freeze)
+        end
+
+        # The queues it consumes: its queue, or its partition queues.
+        def consume_queues
+          p = partitions
+          p ? AMQP.partition_queues(queue_name, p[:count]) : [queue_name]
+        end
+
+        # Handler threads per process: one per partition when partitioned.
+        def threads = partitions ? partitions[:count] : concurrency
+
+        # Publish to this class's queue through AceMQ::Rails.publisher; to
+        # the key's partition when it is partitioned. options as
+        # Connection#publish takes them.
+        def publish(payload, **options)
+          p = partitions
+          return AceMQ::Rails.publisher.publish(payload, to: queue_name, **options) unless p
+
+          key = p[:by].call(Outgoing.new(payload, options[:type], options[:headers]))
+          raise AMQP::PartitionKeyMissing, "#{self}: partitions by: returned nil for #{payload.inspect[0, 200]}" if key.nil?
+
+          AceMQ::Rails.publisher.publish(payload, to: queue_name, partition_key: key.to_s, partitions: p[:count], **options)
+        end
+
         # Pause when the handler keeps failing, rather than send valid
         # messages round the retry ladder into the DLQ while a downstream is
         # down: `failures` raises, retries or timeouts (not rejects) within
@@ -195,6 +237,13 @@ module AceMQ
           raise AMQP::ConfigurationError, "#{self} has no queue: add `queue \"name\"` to the class" unless queue_name
 
           t = AMQP::Topology.new
+          if partitions
+            raise AMQP::ConfigurationError, "#{self}: a partitioned queue takes no bindings: publish with #{self}.publish" unless bindings.empty?
+
+            args = (queue_arguments || {}).merge("x-single-active-consumer" => true)
+            consume_queues.each { |q| t.queue(q, arguments: args, type: queue_type) }
+            return t
+          end
           bindings.map { |e, type, _| [e, type] }.uniq.each { |e, type| t.exchange(e, type: type) }
           t.queue(queue_name, arguments: queue_arguments, type: queue_type)
           bindings.each { |e, _, key| t.bind(queue_name, to: e, routing_key: key) }
@@ -218,18 +267,22 @@ module AceMQ
         # Subscribe `instance` on connection. around: wraps every call (the
         # runner passes the Rails executor); on_error: is the fallback when
         # the class declares none.
-        def subscribe(connection, instance: new, around: nil, on_error: nil, consumer_timeout: nil)
+        # queue: one of consume_queues (default the first: the queue itself).
+        def subscribe(connection, instance: new, around: nil, on_error: nil, consumer_timeout: nil, queue: consume_queues.first)
           handler = Around.wrap(pipeline(instance), around, report: ErrorReport.new(self))
-          connection.consume(queue_name, concurrency: concurrency, prefetch: prefetch, retries: retries,
+          # One handler at a time per partition: the order is the queue's.
+          connection.consume(queue, concurrency: partitions ? 1 : concurrency, prefetch: prefetch, retries: retries,
                                          batch: batch, queue_type: queue_type, on_error: self.on_error || on_error,
                                          timeout: timeout, consumer_timeout: consumer_timeout, name: name,
-                                         circuit_breaker: circuit_breaker, throttle: throttle, &handler)
+                                         circuit_breaker: circuit_breaker, throttle: throttle,
+                                         keep_order: !partitions.nil?, &handler)
         end
 
         # Settings as a Hash, for logs and the health endpoint.
         def describe
           { name: name, queue: queue_name, concurrency: concurrency, prefetch: prefetch, batch: batch, timeout: timeout,
-            bindings: bindings.map { |e, _, k| "#{e}/#{k}" }, idempotent: !idempotency.nil? }
+            bindings: bindings.map { |e, _, k| "#{e}/#{k}" }, idempotent: !idempotency.nil?,
+            partitions: partitions&.fetch(:count) }
         end
 
         private

@@ -424,13 +424,13 @@ impl AmqpConsumer {
 
     /// Stop new deliveries. What is buffered and not yet handed out goes back
     /// to the queue when the channel closes.
-    pub(crate) async fn stop(&self) {
+    pub(crate) async fn stop(&self, cancel: bool) {
         self.stopped.store(true, std::sync::atomic::Ordering::Release);
         // At once, not after the broker's cancel-ok: a handler thread that
         // finishes meanwhile must not start a buffered delivery.
         self.feed.stop_handing_out();
         let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if g.channel.status().connected() {
+        if cancel && g.channel.status().connected() {
             let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.basic_cancel(g.tag.clone(), BasicCancelOptions::default())).await;
         }
         self.feed.close();

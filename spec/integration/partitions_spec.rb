@@ -1,0 +1,79 @@
+# frozen_string_literal: true
+
+require "acemq/rails"
+
+# Partitions (issue 36 part 1) against RabbitMQ: a key always lands in the
+# partition the engine computes, the partition queues are single active
+# consumer (a second subscriber gets nothing until the first goes, then
+# takes over in order), and a bad key is refused with its own error while
+# the publisher goes on. Several runner processes and kill -9:
+# drill/ordering.rb (`DRILL_PHASES=order rake drill`).
+RSpec.describe "partitioned queues" do
+  let(:queue) { unique("parts") }
+  let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL, origin: unique("parts-spec")) }
+  let(:other) { AceMQ::AMQP::Connection.open(AMQP_URL, origin: unique("parts-spec-2")) }
+
+  after do
+    other.close
+    mq.close
+  end
+
+  def consumer_class(q)
+    Class.new(AceMQ::Rails::Consumer) do
+      queue q
+      partitions 4, by: ->(m) { m.payload["account_id"] }
+      def self.name = "PartsSpecConsumer"
+    end
+  end
+
+  it "sends each key to the partition the engine computes, and refuses a nil key without stopping" do
+    klass = consumer_class(queue)
+    klass.topology.apply(mq)
+    expect(klass.consume_queues).to eq((0..3).map { |p| "#{queue}.p#{p}" })
+    AceMQ::Rails.publisher = mq
+    keys = (1..12).map { |n| "acct-#{n}" }
+    keys.each { |k| klass.publish({ "account_id" => k }) }
+    expect { klass.publish({ "account_id" => nil }) }.to raise_error(AceMQ::AMQP::PartitionKeyMissing, /returned nil/)
+    klass.publish({ "account_id" => "acct-1" })
+    expected = (keys + ["acct-1"]).map { |k| AceMQ::AMQP.partition_queue(queue, k, 4) }.tally
+    eventually { klass.consume_queues.to_h { |q| [q, mq.queue_counts(q)[:ready]] } == klass.consume_queues.to_h { |q| [q, expected[q].to_i] } }
+    expect(expected.size).to be > 1 # the keys spread
+    expect { mq.publish({}, to: queue, partition_key: "k") }.to raise_error(AceMQ::AMQP::ConfigurationError, /go together/)
+  ensure
+    AceMQ::Rails.publisher = nil
+  end
+
+  it "hands a partition to one subscriber at a time, and to the next, in order, when it goes" do
+    klass = consumer_class(queue)
+    klass.topology.apply(mq)
+    part = AceMQ::AMQP.partition_queue(queue, "acct-7", 4)
+    10.times { |n| mq.publish({ "account_id" => "acct-7", "n" => n }, to: queue, partition_key: "acct-7", partitions: 4) }
+    first = []
+    second = []
+    gate = Queue.new
+    # keep_order: what a partitioned consumer class subscribes with.
+    a = mq.consume(part, prefetch: 4, keep_order: true) do |m|
+      first << m.payload["n"]
+      gate.pop if first.size == 3 # hold the third until told
+      AceMQ::AMQP::Ack.accept
+    end
+    eventually { first.size == 3 }
+    b = other.consume(part, prefetch: 4, keep_order: true) do |m|
+      second << m.payload["n"]
+      AceMQ::AMQP::Ack.accept
+    end
+    sleep 0.5
+    expect(second).to eq([]) # standing by: the partition is the first's
+    # A runner stopping: takes nothing more, lets the held one finish, and
+    # closes; the broker gives what it held back at the head, in order.
+    a.stop_taking
+    sleep 0.3
+    expect(second).to eq([]) # still the first's while it holds messages
+    gate << :go
+    a.cancel
+    eventually { first.size + second.size >= 10 }
+    expect(first).to eq([0, 1, 2])
+    expect(second).to eq((3..9).to_a) # taken over from where the first stopped, in order
+    b.cancel
+  end
+end

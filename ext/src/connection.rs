@@ -244,6 +244,12 @@ impl RbConnection {
         self.inner.memory_broker().and_then(|b| b.depth(&queue)).map(|d| (d.ready, d.unacked))
     }
 
+    /// [ready, consumers] or nil for each queue, in order, on one channel.
+    fn queue_counts_many(ruby: &Ruby, rb_self: &Self, queues: Vec<String>) -> Result<Vec<Option<(u64, u64)>>, Error> {
+        let counts = gvl::block_on(ruby, rb_self.inner.queue_counts_many(&queues))?.rb(ruby)?;
+        Ok(counts.into_iter().map(|c| c.map(|c| (c.ready, c.consumers))).collect())
+    }
+
     fn queue_counts(ruby: &Ruby, rb_self: &Self, queue: String) -> Result<Option<(u64, u64)>, Error> {
         let counts = gvl::block_on(ruby, rb_self.inner.queue_counts(&queue))?.rb(ruby)?;
         Ok(counts.map(|c| (c.ready, c.consumers)))
@@ -302,6 +308,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;
     class.define_private_method("_queue_depth", method!(RbConnection::queue_depth, 1))?;
     class.define_private_method("_queue_counts", method!(RbConnection::queue_counts, 1))?;
+    class.define_private_method("_queue_counts_many", method!(RbConnection::queue_counts_many, 1))?;
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
     class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
     class.define_private_method("_replay", method!(RbConnection::replay, 7))?;

@@ -134,7 +134,7 @@ module AceMQ
 
     def counts
       names = @targets.flat_map { |t| [t.queue, *t.rungs, t.dlq] }
-      names.to_h { |n| [n, @mq.queue_counts(n)] }.compact
+      @mq.queue_counts_many(names).compact
     end
 
     def listing

@@ -432,6 +432,14 @@ impl Backend {
     }
 
     /// Ready messages and consumers of `queue`; None when it does not exist.
+    /// [`Backend::queue_counts`] of each, in order, on one channel.
+    pub(crate) async fn queue_counts_many(&self, queues: &[String]) -> Result<Vec<Option<QueueCounts>>> {
+        match self {
+            Backend::Memory(b) => Ok(queues.iter().map(|q| b.counts(q)).collect()),
+            Backend::Amqp(a) => a.queue_counts_many(queues).await,
+        }
+    }
+
     pub(crate) async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>> {
         match self {
             Backend::Memory(b) => Ok(b.counts(queue)),

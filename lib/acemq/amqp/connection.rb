@@ -342,6 +342,12 @@ module AceMQ
         ready && { ready: ready, consumers: consumers }
       end
 
+      # queue_counts of each name, asked on one channel: { name => counts or nil }.
+      def queue_counts_many(queues)
+        names = queues.map(&:to_s)
+        names.zip(_queue_counts_many(names)).to_h { |n, (ready, consumers)| [n, ready && { ready: ready, consumers: consumers }] }
+      end
+
       # server_version (native): the broker's version as its connection.start
       # said ("4.3.6"), nil on memory://. RabbitMQ's delivery limits, what
       # counts toward them and where consumer_timeout applies differ by

@@ -50,6 +50,7 @@ mod message;
 mod replay;
 mod retry;
 mod stream;
+mod teardown;
 mod topology;
 mod transport;
 mod wire;
@@ -86,6 +87,7 @@ pub use message::{DeliveryInfo, Message};
 pub use replay::{DeadLetter, DeadLetterPage, ReplayOptions, ReplayReport, REFRESHED_BY_HEADER, REFRESH_AT};
 pub use retry::{dlq_name, rung_name, RetryPolicy};
 pub use stream::{OutgoingMessage, PublishStream, STREAM_CHUNK, STREAM_WINDOW};
+pub use teardown::{TeardownOptions, TeardownReport};
 pub use topology::{BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology, DEFAULT_DELIVERY_LIMIT, DLQ_DELIVERY_LIMIT};
 pub use trace::TraceContext;
 pub use wire::{

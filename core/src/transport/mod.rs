@@ -440,6 +440,19 @@ impl Backend {
         }
     }
 
+    /// Delete `queues` (what [`Connection::teardown`](crate::Connection::teardown) decided).
+    pub(crate) async fn delete_queues(&self, queues: &[String]) -> Result<()> {
+        match self {
+            Backend::Memory(b) => {
+                for q in queues {
+                    b.delete_queue(q);
+                }
+                Ok(())
+            }
+            Backend::Amqp(a) => a.delete_queues(queues).await,
+        }
+    }
+
     pub(crate) async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>> {
         match self {
             Backend::Memory(b) => Ok(b.counts(queue)),

@@ -21,6 +21,7 @@ pub(crate) use fields::to_basic_properties;
 mod in_order;
 mod publish;
 mod redial;
+mod request;
 mod supervisor;
 
 pub(crate) use declare::{all, bind, declare_exchange, declare_queue};
@@ -226,6 +227,20 @@ impl AmqpBackend {
                 if err.is_not_found() { Ok(None) } else { Err(err) }
             }
         }
+    }
+}
+
+impl AmqpBackend {
+    /// queue.delete each of `queues`, on one channel.
+    pub(crate) async fn delete_queues(&self, queues: &[String]) -> Result<()> {
+        let ch = self.open_channel(false).await?;
+        for queue in queues {
+            ch.queue_delete(ShortString::from(queue.as_str()), lapin::options::QueueDeleteOptions::default())
+                .await
+                .map_err(|e| map_error(&e, &format!("deleting queue '{queue}'")))?;
+        }
+        let _ = ch.close(200, ShortString::from("OK")).await;
+        Ok(())
     }
 }
 

@@ -37,8 +37,10 @@ module AceMQ
     # read_only: true, or a callable given the Rack env; page_size: dead
     # letters a DLQ page shows; rabbitmqctl: a command (Array or String) to
     # run `list_queues` with for unacked counts, nil for none.
+    # control_token: the runners' control token for Pause/Resume (default
+    # ACEMQ_CONTROL_TOKEN; none is needed for a runner on this machine).
     Config = Struct.new(:url, :connection, :queues, :runners, :outbox, :read_only, :page_size, :rabbitmqctl,
-                        keyword_init: true)
+                        :control_token, keyword_init: true)
 
     READ_ONLY_ENV = "acemq.web.read_only"
     CSRF_COOKIE = "acemq_csrf"

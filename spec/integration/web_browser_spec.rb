@@ -27,6 +27,8 @@ browser_missing =
   end
 
 RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
+  include RunnerHelpers
+
   SHOTS = File.expand_path(ENV.fetch("ACEMQ_WEB_SCREENSHOTS", "tmp/web-screenshots"), File.expand_path("../..", __dir__))
 
   before(:all) do
@@ -47,7 +49,13 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     end
     @ids = (1..4).map { |n| @mq.publish({ "order" => n, "amount_cents" => 1000 + n }, to: @queue, type: "order.placed.v1").id }
     eventually(timeout: 10) { @mq.queue_counts("#{@queue}.dlq")&.dig(:ready) == 4 }
-    @pid, @base = WebHelpers.start_dummy(queues: [@queue, @other])
+    # A runner of its own (on a third queue), whose health endpoint the
+    # overview shows.
+    @receipts = unique("web-receipts")
+    @runner = start_runner({ "QUEUE" => @receipts, "ORIGIN" => unique("web-runner") },
+                           app: File.join(RunnerHelpers::ROOT, "spec", "fixtures", "status_app.rb"))
+    @pid, @base = WebHelpers.start_dummy(queues: [@queue, @other, @receipts],
+                                         runners: ["http://127.0.0.1:#{@runner.health_port}"])
 
     options = Selenium::WebDriver::Chrome::Options.new
     %w[--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
@@ -68,6 +76,7 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
   after(:all) do
     @browser&.driver&.quit
     WebHelpers.stop(@pid)
+    reap_runners if @runner
     @sub&.cancel
     @mq&.close
     FileUtils.rm_rf(@profile) if @profile
@@ -103,6 +112,7 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     5.times { |n| @mq.publish({ "to" => "user#{n}@example.com" }, to: @other) }
     expect(page).to have_css(ready, exact_text: "5", wait: 8)
     expect(page.evaluate_script("window.notReloaded")).to be(true)
+    expect(page).to have_css("#runners", text: "StatusSpecConsumer: up")
     shot("overview")
   end
 

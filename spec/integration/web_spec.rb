@@ -9,6 +9,8 @@ require "acemq/web/server"
 # (Rack 2 with Rails 6.1 on Debian 12, Rack 3 with Rails 7.2 in the unstable
 # chroot, which has no Chromium for spec/integration/web_browser_spec.rb).
 RSpec.describe "AceMQ::Web (Rack)" do
+  include RunnerHelpers
+
   before(:all) { @mq = AceMQ::AMQP::Connection.open(AMQP_URL) }
   after(:all) { @mq.close }
 
@@ -159,6 +161,28 @@ RSpec.describe "AceMQ::Web (Rack)" do
     # 3.10 and 4.0 count each give-back: a copy every 10 reads (core's
     # REFRESH_AT); 4.3 counts none of them, and nothing needs moving.
     expect(moved).to be >= 19 if @mq.server_version.to_s < "4.1"
+  end
+
+  it "shows a runner's state and consumers from its health endpoint, and pauses and resumes one through it" do
+    queue = unique("web-runner")
+    runner = start_runner({ "QUEUE" => queue, "ORIGIN" => unique("web-runner") },
+                          app: File.join(RunnerHelpers::ROOT, "spec", "fixtures", "status_app.rb"))
+    web = AceMQ::Web.new(connection: @mq, queues: [queue], runners: ["http://127.0.0.1:#{runner.health_port}"])
+    req = Rack::MockRequest.new(web)
+    page = req.get("/")
+    expect(page.body).to include("StatusSpecConsumer: up", "Pause StatusSpecConsumer")
+    token = token_of(page)
+    form = "runner=0&consumer=StatusSpecConsumer&_csrf=#{token}"
+    paused = req.post("/runners/pause", input: form, "HTTP_COOKIE" => "acemq_csrf=#{token}")
+    expect(paused.body).to include("answered 200: paused StatusSpecConsumer")
+    page = req.get("/")
+    expect(page.body).to include("StatusSpecConsumer: paused", "Resume StatusSpecConsumer")
+    expect(req.post("/runners/resume", input: "runner=0&consumer=StatusSpecConsumer",
+                                       "HTTP_COOKIE" => "acemq_csrf=#{token}").status).to eq(403)
+    expect(req.post("/runners/resume", input: form, "HTTP_COOKIE" => "acemq_csrf=#{token}").body).to include("resumed")
+    expect(req.get("/").body).to include("StatusSpecConsumer: up")
+  ensure
+    reap_runners
   end
 
   it "is served by `acemq web`'s WEBrick adapter, cookies and forms included" do

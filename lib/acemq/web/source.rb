@@ -125,6 +125,19 @@ module AceMQ
 
       def counts(name) = connection.queue_counts(name)
 
+      # POST /consumers/NAME/pause|resume on a runner's health endpoint, with
+      # its control token when one is set (ACEMQ_CONTROL_TOKEN): [code, body].
+      def control(base, name, action)
+        uri = URI("#{base}/consumers/#{URI.encode_www_form_component(name)}/#{action}")
+        req = Net::HTTP::Post.new(uri.request_uri)
+        token = @config.control_token || ENV.fetch("ACEMQ_CONTROL_TOKEN", nil)
+        req["Authorization"] = "Bearer #{token}" if token && !token.empty?
+        res = Net::HTTP.start(uri.host, uri.port, open_timeout: RUNNER_TIMEOUT, read_timeout: 5) { |h| h.request(req) }
+        [res.code.to_i, res.body.to_s]
+      rescue SystemCallError, IOError, SocketError, Timeout::Error => e
+        [502, e.message]
+      end
+
       private
 
       def url
@@ -186,7 +199,8 @@ module AceMQ
       def consumers_of(status)
         Array(status["consumers"]).map do |c|
           state = c["state"] || (c["paused"] ? "paused" : nil) || (c["up"] == false ? "down" : "up")
-          { name: c["name"], queue: c["queue"], state: state, restarts: c["restarts"], last_failure: c["last_failure"] }
+          { name: c["name"], queue: c["queue"], state: state, restarts: c["restarts"], last_failure: c["last_failure"],
+            paused: c["paused"] ? true : false, breaker: c["breaker"] }
         end
       end
 

@@ -35,6 +35,8 @@ module AceMQ
           end
         elsif @req.post? && (m = %r{\A/queues/([^/]+)/dlq/(replay|discard|purge)\z}.match(path))
           return with_queue(m[1]) { |t| act(t, m[2]) }
+        elsif @req.post? && (m = %r{\A/runners/(pause|resume)\z}.match(path))
+          return control(m[1])
         end
         refuse(404, "Not found", "Nothing at #{path}.")
       end
@@ -122,6 +124,27 @@ module AceMQ
         @done = perform
         @title = "Done"
         page(:done)
+      end
+
+      # Pause or resume a consumer: the runner's own control request (POST
+      # /consumers/NAME/pause on its health endpoint), the one mechanism
+      # `acemq ctl pause` uses. Reversible, so it asks nothing first.
+      def control(action)
+        return refuse(403, "Read-only", "This dashboard is read-only here: nothing was changed.") if @req.read_only?
+        unless @req.csrf_ok?
+          return refuse(403, "Refused: CSRF token",
+                        "The form's CSRF token is missing or does not match this browser's: nothing was changed. " \
+                        "Reload the page and try again.")
+        end
+
+        runner = @source.runners[Integer(@req.params["runner"].to_s, exception: false) || -1]
+        name = @req.params["consumer"].to_s
+        return refuse(422, "No such runner", "No runner #{@req.params['runner'].inspect} here.") if runner.nil? || name.empty?
+
+        code, said = @source.control(runner, name, action)
+        @title = code == 200 ? "Done" : "Refused by the runner"
+        @message = "#{runner} answered #{code}: #{said.strip}"
+        page(:message, status: code == 200 ? 200 : 502)
       end
 
       def perform

@@ -29,7 +29,7 @@ module AceMQ
       SETTINGS = {
         queue: nil, queue_arguments: nil, queue_type: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
         bindings: [].freeze, on_error: nil, idempotency: nil, timeout: nil, circuit_breaker: nil, throttle: nil,
-        partitions: nil
+        partitions: nil, single_active_consumer: false
       }.freeze
 
       # What a partitions by: callable is given at publish time.
@@ -145,6 +145,17 @@ module AceMQ
           set(:partitions, { count: Integer(count), by: by }.freeze)
         end
 
+        # One consumer of the queue at a time across every runner
+        # (x-single-active-consumer): the others stand by and the next takes
+        # over, from where the first stopped, when it goes. With concurrency
+        # 1 the queue is handled in the order it was published; partitions
+        # are the same per key, with the work spread (docs/ordering.md).
+        def single_active_consumer(on = nil)
+          return setting(:single_active_consumer) if on.nil?
+
+          set(:single_active_consumer, on ? true : false)
+        end
+
         # The queues it consumes: its queue, or its partition queues.
         def consume_queues
           p = partitions
@@ -245,7 +256,8 @@ module AceMQ
             return t
           end
           bindings.map { |e, type, _| [e, type] }.uniq.each { |e, type| t.exchange(e, type: type) }
-          t.queue(queue_name, arguments: queue_arguments, type: queue_type)
+          arguments = single_active_consumer ? (queue_arguments || {}).merge("x-single-active-consumer" => true) : queue_arguments
+          t.queue(queue_name, arguments: arguments, type: queue_type)
           bindings.each { |e, _, key| t.bind(queue_name, to: e, routing_key: key) }
           t
         end
@@ -255,7 +267,11 @@ module AceMQ
         # Patterns.idempotent Proc, which answers call_many for batch).
         def pipeline(instance)
           guard = idempotency
-          handler = guard ? AMQP::Patterns.idempotent(guard[:store], key: guard[:key]) { |m| instance.call(m) } : instance
+          handler = if guard
+                      AMQP::Patterns.idempotent(guard[:store], key: guard[:key]) { |m| Replying.to(m) { instance.call(m) } }
+                    else
+                      instance.respond_to?(:call_many) ? instance : Replying.wrap(instance)
+                    end
           if batch > 1 && !handler.respond_to?(:call_many)
             raise AMQP::ConfigurationError,
                   "#{self}: batch #{batch} needs the idempotent macro (a batch is claimed and confirmed by the guard); " \
@@ -275,7 +291,7 @@ module AceMQ
                                          batch: batch, queue_type: queue_type, on_error: self.on_error || on_error,
                                          timeout: timeout, consumer_timeout: consumer_timeout, name: name,
                                          circuit_breaker: circuit_breaker, throttle: throttle,
-                                         keep_order: !partitions.nil?, &handler)
+                                         keep_order: !partitions.nil? || single_active_consumer, &handler)
         end
 
         # Settings as a Hash, for logs and the health endpoint.
@@ -361,10 +377,22 @@ module AceMQ
       # connection AceMQ::Rails.publisher opens.
       def publish(payload, to:, **options) = AceMQ::Rails.publisher.publish(payload, to: to, **options)
 
+      # Answer the request being handled (one sent with Connection#request):
+      # payload to its reply_to with its correlation_id, on the same
+      # connection as publish. to: names the request when the consumer is
+      # called directly (a spec). A reply is at most once: a requester that
+      # has given up never sees it (docs/request-reply.md).
+      def reply(payload, to: Replying.current, **options)
+        raise AMQP::ConfigurationError, "reply needs the request: call it from call(message), or pass to: message" unless to
+
+        AceMQ::Rails.publisher.reply(to, payload, **options)
+      end
+
       def logger = AceMQ::Rails.logger
     end
   end
 end
 
 require "acemq/rails/around"
+require "acemq/rails/replying"
 require "acemq/rails/error_report"

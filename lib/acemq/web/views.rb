@@ -99,12 +99,8 @@ module AceMQ
       # then do it and say what was done.
 
       def act(target, action)
-        return refuse(403, "Read-only", "This dashboard is read-only here: nothing was changed.") if @req.read_only?
-        unless @req.csrf_ok?
-          return refuse(403, "Refused: CSRF token",
-                        "The form's CSRF token is missing or does not match this browser's: nothing was changed. " \
-                        "Reload the page and try again.")
-        end
+        refused = refusal
+        return refused if refused
 
         @target = target
         @action = action
@@ -130,12 +126,8 @@ module AceMQ
       # /consumers/NAME/pause on its health endpoint), the one mechanism
       # `acemq ctl pause` uses. Reversible, so it asks nothing first.
       def control(action)
-        return refuse(403, "Read-only", "This dashboard is read-only here: nothing was changed.") if @req.read_only?
-        unless @req.csrf_ok?
-          return refuse(403, "Refused: CSRF token",
-                        "The form's CSRF token is missing or does not match this browser's: nothing was changed. " \
-                        "Reload the page and try again.")
-        end
+        refused = refusal
+        return refused if refused
 
         runner = @source.runners[Integer(@req.params["runner"].to_s, exception: false) || -1]
         name = @req.params["consumer"].to_s
@@ -145,6 +137,16 @@ module AceMQ
         @title = code == 200 ? "Done" : "Refused by the runner"
         @message = "#{runner} answered #{code}: #{said.strip}"
         page(:message, status: code == 200 ? 200 : 502)
+      end
+
+      # Why a POST changes nothing: read-only here, or no matching CSRF token.
+      def refusal
+        return refuse(403, "Read-only", "This dashboard is read-only here: nothing was changed.") if @req.read_only?
+        return nil if @req.csrf_ok?
+
+        refuse(403, "Refused: CSRF token",
+               "The form's CSRF token is missing or does not match this browser's: nothing was changed. " \
+               "Reload the page and try again.")
       end
 
       def perform

@@ -177,6 +177,8 @@ struct Inner {
     applied: std::sync::Mutex<std::collections::HashMap<String, (QueueType, Option<u64>)>>,
     /// What of the delay cascade this connection has declared.
     delays: std::sync::Mutex<crate::delay::Declared>,
+    /// Requests in flight and the reply channel (`crate::request`).
+    replies: Arc<crate::request::Replies>,
 }
 
 /// A connection inherited by a forked child is leaked there, never dropped:
@@ -258,6 +260,7 @@ impl Connection {
                 pid: std::process::id(),
                 applied: Default::default(),
                 delays: Default::default(),
+                replies: Default::default(),
             }),
         })
     }
@@ -307,6 +310,10 @@ impl Connection {
             crate::limits::queue(q)?;
         }
         self.inner.backend.queue_counts_many(queues).await
+    }
+
+    pub(crate) fn replies(&self) -> Arc<crate::request::Replies> {
+        self.inner.replies.clone()
     }
 
     pub(crate) fn delays(&self) -> std::sync::MutexGuard<'_, crate::delay::Declared> {

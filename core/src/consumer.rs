@@ -198,6 +198,11 @@ impl Body {
     pub fn text(&self) -> Option<&str> {
         crate::wire::utf8(&self.0.body).ok()
     }
+
+    /// The body of a message no consumer delivered (a reply: `crate::request`).
+    pub(crate) fn of(raw: RawDelivery) -> Body {
+        Body(Arc::new(raw))
+    }
 }
 
 impl std::fmt::Debug for Body {

@@ -14,6 +14,7 @@ mod idempotency;
 mod json;
 mod outbox;
 mod outgoing;
+mod request;
 mod partition;
 mod runner;
 mod sql;
@@ -55,6 +56,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     amqp.define_module_function("_encode", function!(encode, 1))?;
     connection::init(ruby, amqp)?;
     delay::init(ruby, amqp)?;
+    request::init(ruby, amqp)?;
     outgoing::init(ruby, amqp)?;
     partition::init(ruby, amqp)?;
     stream::init(ruby, amqp)?;

@@ -69,7 +69,12 @@ struct State {
     next_consumer: u64,
     /// Delayed publishes (`crate::delay`), due on this broker's clock.
     delayed: Vec<(u64, Stored)>,
+    /// Direct reply-to addresses (`crate::request`) and who takes their replies.
+    reply_sinks: HashMap<String, ReplySink>,
 }
+
+/// Takes the replies sent to one direct reply-to address.
+pub(crate) type ReplySink = Arc<dyn Fn(RawDelivery) + Send + Sync>;
 
 /// One in-process broker, shared by every connection that opens the same
 /// `memory://name` in this process.
@@ -260,9 +265,32 @@ impl MemoryBroker {
         out
     }
 
+    /// Give the replies to `address` (an `amq.rabbitmq.reply-to.*` name) to
+    /// `sink`, as RabbitMQ gives them to the channel that consumed it.
+    pub(crate) fn reply_sink(&self, address: &str, sink: ReplySink) {
+        self.lock().reply_sinks.insert(address.to_owned(), sink);
+    }
+
     pub(crate) fn publish(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<()> {
         let mut st = self.lock();
         let now = self.now_ms();
+        // A reply: straight to the requester, never queued; dropped when it
+        // is gone, as RabbitMQ drops it.
+        if exchange.is_empty() && routing_key.starts_with(crate::request::REPLY_TO) {
+            let sink = st.reply_sinks.get(routing_key).cloned();
+            drop(st);
+            if let Some(sink) = sink {
+                sink(RawDelivery {
+                    tag: 0,
+                    exchange: String::new(),
+                    routing_key: routing_key.to_owned(),
+                    redelivered: false,
+                    body: body.to_vec(),
+                    props: props.clone(),
+                });
+            }
+            return Ok(());
+        }
         let targets = self.route(&st, exchange, routing_key)?;
         // Delayed: held until due on this clock (an `advance` brings it
         // forward), then routed as published. The route is checked now, as

@@ -102,6 +102,50 @@ module AceMQ
         end
       end
 
+      # Send payload to `to` as a request and wait for the reply, which is
+      # returned as a Message (the replier's envelope; its
+      # delivery.properties.correlation_id is the request's). Over RabbitMQ's
+      # direct reply-to: no queue per request; any number of threads may
+      # have requests in flight on one connection (docs/request-reply.md).
+      #
+      # Raises TimeoutError when no reply comes within timeout: seconds (the
+      # request may still be handled; a reply after that is dropped and
+      # counted in #late_replies), and what publish raises when the request
+      # cannot be sent (Unroutable for a queue nobody declared).
+      def request(payload, to:, timeout: 5, exchange: "", envelope: nil, type: nil, headers: nil)
+        timeout = Float(timeout)
+        unless timeout.finite? && timeout.positive?
+          raise ConfigurationError, "timeout: must be a number of seconds above 0, got #{timeout.inspect}"
+        end
+
+        Tracing.publish(exchange, to) do |span|
+          out, env = outgoing(payload, to, exchange, envelope, type, headers)
+          span&.set_attribute("messaging.message.id", env.id.to_s)
+          Message.from_native(_request(out, timeout))
+        end
+      rescue ArgumentError, TypeError
+        raise ConfigurationError, "timeout: must be a number of seconds above 0, got #{timeout.inspect}"
+      end
+
+      # Answer `request` (a Message that came from #request): payload to its
+      # reply_to, with its correlation_id and an envelope of its own; returns
+      # that Envelope. A requester that has gone away is not an error: the
+      # reply is dropped, as RabbitMQ drops it.
+      def reply(request, payload, type: nil, headers: nil)
+        props = request.respond_to?(:delivery) ? request.delivery&.properties : nil
+        unless props&.reply_to
+          raise ConfigurationError, "reply needs a message sent with request (it has no reply_to): a published " \
+                                    "message has nobody to answer"
+        end
+
+        out, env = outgoing(payload, props.reply_to, "", nil, type, headers)
+        _reply(out, props.reply_to, props.correlation_id)
+        env
+      end
+
+      # late_replies (native): replies that came after their request had
+      # timed out, and were dropped.
+
       # Publish many and wait for their confirms together:
       #
       #   mq.batch { |b| orders.each { |o| b.publish(o, to: "orders") } }

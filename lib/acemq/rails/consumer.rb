@@ -267,7 +267,11 @@ module AceMQ
         # Patterns.idempotent Proc, which answers call_many for batch).
         def pipeline(instance)
           guard = idempotency
-          handler = guard ? AMQP::Patterns.idempotent(guard[:store], key: guard[:key]) { |m| instance.call(m) } : instance
+          handler = if guard
+                      AMQP::Patterns.idempotent(guard[:store], key: guard[:key]) { |m| Replying.to(m) { instance.call(m) } }
+                    else
+                      instance.respond_to?(:call_many) ? instance : Replying.wrap(instance)
+                    end
           if batch > 1 && !handler.respond_to?(:call_many)
             raise AMQP::ConfigurationError,
                   "#{self}: batch #{batch} needs the idempotent macro (a batch is claimed and confirmed by the guard); " \
@@ -373,10 +377,22 @@ module AceMQ
       # connection AceMQ::Rails.publisher opens.
       def publish(payload, to:, **options) = AceMQ::Rails.publisher.publish(payload, to: to, **options)
 
+      # Answer the request being handled (one sent with Connection#request):
+      # payload to its reply_to with its correlation_id, on the same
+      # connection as publish. to: names the request when the consumer is
+      # called directly (a spec). A reply is at most once: a requester that
+      # has given up never sees it (docs/request-reply.md).
+      def reply(payload, to: Replying.current, **options)
+        raise AMQP::ConfigurationError, "reply needs the request: call it from call(message), or pass to: message" unless to
+
+        AceMQ::Rails.publisher.reply(to, payload, **options)
+      end
+
       def logger = AceMQ::Rails.logger
     end
   end
 end
 
 require "acemq/rails/around"
+require "acemq/rails/replying"
 require "acemq/rails/error_report"

@@ -131,6 +131,13 @@ impl AmqpBackend {
         self.unblocked().await?;
         self.check_exchange(exchange).await?;
         let ch = self.publish_channel().await?;
+        self.send_on(ch, exchange, routing_key, body, props).await
+    }
+
+    /// Send one on `ch` (the publishing channel, or a request's channel,
+    /// which must be the one consuming its replies), mandatory, its confirm
+    /// to be awaited.
+    pub(super) async fn send_on(&self, ch: Channel, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<AmqpConfirm> {
         let confirm = ch
             .basic_publish(
                 ShortString::from(exchange),

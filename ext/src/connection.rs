@@ -292,6 +292,26 @@ fn check_retries(ruby: &Ruby, max_attempts: Option<u32>, initial_delay: Option<f
     retry_policy(ruby, max_attempts, initial_delay, max_delay)?.validate().rb(ruby)
 }
 
+/// `Topology#teardown`: core's [`acemq::Connection::teardown`] for these
+/// queues and ladders (each `[max_attempts, initial_delay, max_delay]`, nils
+/// for the defaults); the names deleted and the messages they held.
+fn teardown(
+    ruby: &Ruby,
+    rb_self: &RbConnection,
+    queues: Vec<String>,
+    ladders: Vec<(Option<u32>, Option<f64>, Option<f64>)>,
+    force: bool,
+) -> Result<(Vec<String>, u64), Error> {
+    let mut topology = Topology::new();
+    for name in queues {
+        topology = topology.queue(name);
+    }
+    let retry = ladders.into_iter().map(|(a, i, m)| retry_policy(ruby, a, i, m)).collect::<Result<Vec<_>, _>>()?;
+    let options = acemq::TeardownOptions { retry, force };
+    let report = gvl::block_on(ruby, rb_self.inner.teardown(&topology, &options))?.rb(ruby)?;
+    Ok((report.deleted, report.messages))
+}
+
 fn rung_queues(ruby: &Ruby, queue: String, max_attempts: Option<u32>, initial_delay: Option<f64>, max_delay: Option<f64>) -> Result<Vec<String>, Error> {
     Ok(retry_policy(ruby, max_attempts, initial_delay, max_delay)?.rung_queues(&queue))
 }
@@ -304,6 +324,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_publish", method!(RbConnection::publish, 1))?;
     class.define_private_method("_batch", method!(RbConnection::batch, 1))?;
     class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
+    class.define_private_method("_teardown", method!(teardown, 3))?;
     class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;
     class.define_private_method("_queue_depth", method!(RbConnection::queue_depth, 1))?;

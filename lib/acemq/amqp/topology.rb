@@ -66,6 +66,25 @@ module AceMQ
         connection.__send__(:_apply, @exchanges, @queues, @bindings)
         self
       end
+
+      # Deletes this topology's queues, each with its retry rungs and its
+      # DLQ: for tests, and for retiring a consumer. `retries:` is the
+      # ladder the consumer was opened with (a Hash as `consume` takes it,
+      # or an Array of them), the default ladder when nil. Exchanges stay;
+      # bindings go with their queues; queues already gone are skipped.
+      #
+      # Refuses with ConfigurationError, deleting nothing, when any of those
+      # queues holds a message or has a consumer; `force: true` deletes them
+      # anyway. Returns the names deleted. Core's Connection::teardown does
+      # the work, for Rust and Ruby alike.
+      def teardown(connection, retries: nil, force: false)
+        ladders = (retries.is_a?(Array) ? retries : [retries].compact).map do |r|
+          policy = RetryPolicy.from(r)
+          [policy.max_attempts, policy.initial_delay, policy.max_delay]
+        end
+        deleted, _messages = connection.__send__(:_teardown, @queues.map(&:first), ladders, force ? true : false)
+        deleted
+      end
     end
   end
 end

@@ -142,3 +142,35 @@ async fn a_throttle_hands_out_its_limit_then_paces_the_rest() {
         mq.close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_key_routes_to_the_partition_core_computes_and_keeps_its_order() {
+    use acemq::partition::{partition_of, partition_queue, PartitionKey};
+    for mq in transports().await {
+        let q = unique("parts");
+        mq.apply(&Topology::new().partitioned_queue(&q, 4)).await.unwrap();
+        let keys = ["acct-1", "acct-2", "acct-3", "acct-4", "acct-5", "acct-6"];
+        for n in 0..30 {
+            let key = keys[n % keys.len()];
+            let options = PublishOptions { partition: Some(PartitionKey::new(key, 4)), ..Default::default() };
+            mq.publish(&json!({ "key": key, "n": n }), &q, options).await.unwrap();
+        }
+        let bad = PublishOptions { partition: Some(PartitionKey::new("acct-1", 0)), ..Default::default() };
+        assert!(mq.publish(&json!({}), &q, bad).await.is_err(), "a partition count of 0 is refused");
+        let mut seen = 0;
+        for p in 0..4u16 {
+            let c = mq.consumer(&partition_queue(&q, p), ConsumeOptions::default()).await.unwrap();
+            let expected: Vec<usize> = (0..30).filter(|n| partition_of(keys[n % keys.len()], 4) == p).collect();
+            for &n in &expected {
+                let d = next(&c).await;
+                // In publish order within the partition, and only its keys.
+                assert_eq!(d.message.payload["n"], n, "partition {p}");
+                c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+            }
+            seen += expected.len();
+            c.close().await;
+        }
+        assert_eq!(seen, 30);
+        mq.close().await;
+    }
+}

@@ -75,33 +75,31 @@ impl Supervisor {
     /// subscription, until [`Supervisor::resume`]; a paused consumer is
     /// reported as paused, and the runner stays ready.
     pub async fn pause(&self, name: &str) -> Result<()> {
-        let slots = self.named(name)?;
-        {
-            let mut inner = self.lock();
-            for &i in &slots {
-                inner.slots[i].paused = true;
-            }
-        }
-        for i in slots {
-            for c in self.attached.of(i) {
-                c.pause().await;
-            }
-        }
-        Ok(())
+        self.set_paused(name, true).await
     }
 
     /// Take deliveries again after [`Supervisor::pause`].
     pub async fn resume(&self, name: &str) -> Result<()> {
+        self.set_paused(name, false).await
+    }
+
+    /// The slots' wish first (a consumer attached meanwhile follows it),
+    /// then each consumer serving them now.
+    async fn set_paused(&self, name: &str, paused: bool) -> Result<()> {
         let slots = self.named(name)?;
         {
             let mut inner = self.lock();
             for &i in &slots {
-                inner.slots[i].paused = false;
+                inner.slots[i].paused = paused;
             }
         }
         for i in slots {
             for c in self.attached.of(i) {
-                c.resume().await?;
+                if paused {
+                    c.pause().await;
+                } else {
+                    c.resume().await?;
+                }
             }
         }
         Ok(())

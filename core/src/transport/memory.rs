@@ -513,13 +513,21 @@ impl MemoryBroker {
     pub(crate) fn requeue(&self, consumer: u64, tag: u64) {
         let mut st = self.lock();
         let Some(c) = st.consumers.get_mut(&consumer) else { return };
-        let Some(mut m) = c.unacked.remove(&tag) else { return };
+        let Some(m) = c.unacked.remove(&tag) else { return };
         let q = c.queue.clone();
-        m.redelivered = true;
-        if let Some(queue) = st.queues.get_mut(&q) {
-            queue.ready.push_front(m);
+        self.give_back(&mut st, &q, vec![m]);
+    }
+
+    /// Put `held` (in delivery order) back at the head of `queue`, marked
+    /// redelivered, and deliver again.
+    fn give_back(&self, st: &mut State, queue: &str, held: Vec<Stored>) {
+        if let Some(q) = st.queues.get_mut(queue) {
+            for mut m in held.into_iter().rev() {
+                m.redelivered = true;
+                q.ready.push_front(m);
+            }
         }
-        self.dispatch(&mut st, &q);
+        self.dispatch(st, queue);
     }
 
     /// Deliver nothing more to `consumer`, and give what it holds and has
@@ -529,15 +537,9 @@ impl MemoryBroker {
         let mut st = self.lock();
         let Some(c) = st.consumers.get_mut(&consumer) else { return };
         c.paused = true;
-        let held: Vec<Stored> = c.out.drain().into_iter().rev().filter_map(|d| c.unacked.remove(&d.tag)).collect();
+        let held: Vec<Stored> = c.out.drain().into_iter().filter_map(|d| c.unacked.remove(&d.tag)).collect();
         let q = c.queue.clone();
-        if let Some(queue) = st.queues.get_mut(&q) {
-            for mut m in held {
-                m.redelivered = true;
-                queue.ready.push_front(m);
-            }
-        }
-        self.dispatch(&mut st, &q);
+        self.give_back(&mut st, &q, held);
     }
 
     /// Deliver to `consumer` again.

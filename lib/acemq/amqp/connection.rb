@@ -435,11 +435,13 @@ module AceMQ
         unless delay.nil? || (delay.is_a?(Numeric) && delay.real? && delay.to_f.finite? && delay >= 0)
           raise ConfigurationError, "delay: must be a number of seconds, 0 or more, got #{delay.inspect}"
         end
-        unless at.nil? || at.respond_to?(:to_time)
+        # Time#to_time comes with the date library, which a plain script may
+        # not have loaded: a Time is taken as it is.
+        unless at.nil? || at.is_a?(Time) || at.respond_to?(:to_time)
           raise ConfigurationError, "at: must be a Time (or anything with to_time), got #{at.inspect}"
         end
 
-        { delay: delay&.to_f, at: at&.to_time&.to_f }
+        { delay: delay&.to_f, at: at && (at.is_a?(Time) ? at : at.to_time).to_f }
       end
 
       # The engine writes JSON.generate's bytes itself for Hashes, Arrays,

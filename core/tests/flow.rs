@@ -10,15 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{next, transports, unique};
+use support::{eventually, next, transports, unique};
 
-async fn eventually<F: Fn() -> Fut, Fut: std::future::Future<Output = bool>>(what: &str, limit: Duration, f: F) {
-    let until = Instant::now() + limit;
-    while !f().await {
-        assert!(Instant::now() < until, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_consumer_gives_back_what_it_buffered_unspent_and_resumes_in_order() {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 mod support;
-use support::{transports, unique};
+use support::{eventually, transports, unique};
 
 #[derive(Debug)]
 struct GatewayDown;
@@ -41,14 +41,6 @@ impl Handler for Charge {
         self.gateway(&message)?;
         let _ = amount;
         Ok(Ack::accept())
-    }
-}
-
-async fn eventually(what: &str, done: impl Fn() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "not within 10 s: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -99,7 +91,7 @@ async fn the_guard_is_passed_as_it_is_and_its_claim_timeout_becomes_the_deadline
         for _ in 0..2 {
             mq.publish(&json!({"n": 1}), &q, twice.clone()).await.unwrap();
         }
-        eventually("a duplicate", || guard.stats().duplicates == 1).await;
+        eventually("a duplicate", Duration::from_secs(10), || async { guard.stats().duplicates == 1 }).await;
         handle.cancel().await;
         assert_eq!(runs.load(Ordering::SeqCst), 1);
 

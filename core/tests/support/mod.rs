@@ -21,3 +21,13 @@ pub async fn transports() -> Vec<Connection> {
 pub async fn next(c: &Consumer) -> acemq::Delivery {
     tokio::time::timeout(Duration::from_secs(10), c.next()).await.expect("no delivery within 10s").expect("consumer closed")
 }
+
+/// Wait until `f` answers true, polling every 20 ms; fail naming `what`
+/// after `limit`.
+pub async fn eventually<F: Fn() -> Fut, Fut: std::future::Future<Output = bool>>(what: &str, limit: Duration, f: F) {
+    let until = std::time::Instant::now() + limit;
+    while !f().await {
+        assert!(std::time::Instant::now() < until, "not within {limit:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

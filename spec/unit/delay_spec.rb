@@ -3,6 +3,7 @@
 require "spec_helper"
 require "acemq/amqp/patterns"
 require "sqlite3"
+require "acemq/status"
 
 # Delayed publish on memory://, on its clock: half an hour passes in an
 # advance_clock, and the message arrives once due, with its envelope.
@@ -31,6 +32,8 @@ RSpec.describe "delayed publish on memory://" do
     nothing_yet
     # 1800 s = 1024 + 512 + 256 + 8: on RabbitMQ it waits in level 10 first.
     expect(mq.delayed).to eq([{ level: 10, queue: "acemq.delay.10", seconds: 1024, waiting: 1 }])
+    report = AceMQ::Status.render(AceMQ::Status.new(connection: mq, targets: [], interval: 0).collect)
+    expect(report).to include("delayed: 1 waiting (1024s: 1)")
     mq.advance_clock(29 * 60)
     nothing_yet
     expect(mq.delayed.map { |l| l[:level] }).to eq([5]) # 60 s left

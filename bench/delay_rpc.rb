@@ -13,6 +13,7 @@
 #    reply awaited together), 1 and 8 in flight; both against one raw-lapin
 #    responder process. Target >= 0.90x.
 require_relative "common"
+$stdout.sync = true
 require "acemq/amqp"
 
 RPC = File.expand_path("../target/release/examples/bench_rpc", __dir__)

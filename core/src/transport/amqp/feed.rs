@@ -38,6 +38,11 @@ struct State {
     /// Paused: readers leave the stream alone (the pause takes it, cancels
     /// the broker's consumer and gives back what it buffered).
     paused: bool,
+    /// The stream after `close`, kept until `release`: dropping a lapin
+    /// stream sends basic.cancel, and on a single-active-consumer queue a
+    /// cancel before the channel's close hands the next consumer the
+    /// messages behind the ones this channel still holds.
+    parked: Option<lapin::Consumer>,
     /// Readers waiting for their turn: blocked threads, async tasks.
     waiting: usize,
     waiting_async: usize,
@@ -187,12 +192,20 @@ impl Feed {
     pub(super) fn close(&self) {
         let mut st = self.lock();
         st.closed = true;
-        st.stream = None;
+        if let Some(stream) = st.stream.take() {
+            st.parked = Some(stream);
+        }
         drop(st);
         self.turn.notify_all();
         self.turn_async.notify_waiters();
         self.interrupt.notify_waiters();
         self.ended.notify_one();
+    }
+
+    /// Drop the stream kept by `close` (its channel is closed by now).
+    pub(super) fn release(&self) {
+        let parked = self.lock().parked.take();
+        drop(parked);
     }
 
     /// Wake every blocked reader: they return `Empty` (an unblock function:

@@ -430,7 +430,13 @@ impl AmqpConsumer {
         // finishes meanwhile must not start a buffered delivery.
         self.feed.stop_handing_out();
         let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if cancel && g.channel.status().connected() {
+        if !cancel {
+            // keep_order: the broker's consumer stays until the close, which
+            // gives back what this channel holds at the head, in order, and
+            // only then makes the next consumer active.
+            return;
+        }
+        if g.channel.status().connected() {
             let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.basic_cancel(g.tag.clone(), BasicCancelOptions::default())).await;
         }
         self.feed.close();
@@ -456,5 +462,8 @@ impl AmqpConsumer {
             // backing off, and sees the stop within one pause.
             let _ = tokio::time::timeout(Duration::from_secs(6), task).await;
         }
+        // Only now: dropped before the channel's close, the stream would
+        // send basic.cancel first (see Feed::close).
+        self.feed.release();
     }
 }

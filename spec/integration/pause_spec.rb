@@ -21,12 +21,7 @@ RSpec.describe "pausing a consumer at run time (processes)" do
   before { AceMQ::AMQP::Topology.new.queue(queue).apply(mq) }
 
   after do
-    (@runners || []).each do |r|
-      Process.kill("KILL", -r.pid)
-    rescue Errno::ESRCH
-      nil
-    end
-    reap_runners
+    reap_runner_groups
     close_bunny
     mq.close
   end

@@ -21,13 +21,7 @@ RSpec.describe "acemq run --processes (a supervisor of forked runners)" do
   before { AceMQ::AMQP::Topology.new.queue(queue).queue(beats).apply(mq) }
 
   after do
-    # The parent and its children are one process group of the spec's own.
-    (@runners || []).each do |r|
-      Process.kill("KILL", -r.pid)
-    rescue Errno::ESRCH
-      nil
-    end
-    reap_runners
+    reap_runner_groups
     close_bunny
     mq.close
   end

@@ -58,6 +58,17 @@ module RunnerHelpers
     end
   end
 
+  # reap_runners for runners with children (`--processes`): each runner
+  # and its children are one process group of the spec's own (pgroup: true).
+  def reap_runner_groups
+    (@runners || []).each do |r|
+      Process.kill("KILL", -r.pid)
+    rescue Errno::ESRCH
+      nil
+    end
+    reap_runners
+  end
+
   # Ready messages on a RabbitMQ queue, through a Bunny session of the spec's own.
   def ready_count(queue)
     require "bunny"

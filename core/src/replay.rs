@@ -100,6 +100,13 @@ fn reason_of(h: &crate::headers::Headers) -> Option<String> {
     h.get(REASON_HEADER).and_then(Value::as_str).map(str::to_owned).or_else(|| broker_reason(h))
 }
 
+/// Every id asked for has been found: nothing further can match (a DLQ
+/// holds each message id once; a duplicate from a crash mid-replay is the
+/// same message).
+fn all_found(options: &ReplayOptions, matched: usize) -> bool {
+    !options.ids.is_empty() && matched >= options.ids.len()
+}
+
 fn matches(raw: &RawDelivery, options: &ReplayOptions) -> bool {
     let h = raw.props.headers();
     let reason_ok = options.reason.as_deref().is_none_or(|want| reason_of(h).is_some_and(|r| r.contains(want)));
@@ -389,7 +396,7 @@ impl Connection {
                     }
                 }
                 keeper.keep_or_refresh(&raw, refresh_all).await?;
-                if page.more && !whole {
+                if (page.more || all_found(filter, matched)) && !whole {
                     page.partial = true;
                     break;
                 }
@@ -443,6 +450,10 @@ impl Connection {
         }
         let backend = self.backend();
         let dlq = dlq_name(queue);
+        // As a browse: a DLQ of BROWSE_WHOLE or fewer is read to its end,
+        // so what stays goes back in one turn and keeps its order; a deeper
+        // one is left once every id asked for is found.
+        let whole = backend.queue_counts(&dlq).await?.is_some_and(|c| c.ready <= BROWSE_WHOLE);
         let reader = backend.reader(&dlq).await?;
         let mut keeper = Keeper::new(backend, &reader, dlq);
         let mut report = ReplayReport::default();
@@ -461,6 +472,9 @@ impl Connection {
                 if take == Take::Discard {
                     reader.ack(tag).await?;
                     report.replayed += 1;
+                    if !whole && all_found(&options, report.replayed) {
+                        break;
+                    }
                     continue;
                 }
                 let mut copy = revived(raw);
@@ -468,6 +482,9 @@ impl Connection {
                 backend.send("", queue, &copy.body, &copy.props).await?.wait().await?;
                 reader.ack(tag).await?;
                 report.replayed += 1;
+                if !whole && all_found(&options, report.replayed) {
+                    break;
+                }
             }
             Ok(())
         }

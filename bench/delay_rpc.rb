@@ -146,5 +146,7 @@ Process.wait(server.pid)
 puts "  load average at end: #{File.read('/proc/loadavg').split.first}"
 mq.close
 bunny = Bunny.new(BenchCommon::URL, logger: Logger.new(nil)).tap(&:start)
-BenchCommon.delete_queues(bunny, bunny.create_channel, names.flat_map { |q| [q, "#{q}.dlq"] })
+# Each queue with its DLQ and the rungs its consumer declared.
+BenchCommon.delete_queues(bunny, bunny.create_channel,
+                          (names + BenchCommon.queues_named("acemq-bench-delay-").select { |q| q.include?(tag) }).uniq)
 bunny.close

@@ -76,4 +76,39 @@ RSpec.describe "partitioned queues" do
     expect(second).to eq((3..9).to_a) # taken over from where the first stopped, in order
     b.cancel
   end
+
+  it "pauses a partition's consumer without handing the standby anything out of order" do
+    klass = consumer_class(queue)
+    klass.topology.apply(mq)
+    part = AceMQ::AMQP.partition_queue(queue, "acct-9", 4)
+    10.times { |n| mq.publish({ "account_id" => "acct-9", "n" => n }, to: queue, partition_key: "acct-9", partitions: 4) }
+    first = []
+    second = []
+    gate = Queue.new
+    a = mq.consume(part, prefetch: 4, keep_order: true) do |m|
+      first << m.payload["n"]
+      gate.pop if first.size == 3
+      AceMQ::AMQP::Ack.accept
+    end
+    eventually { first.size == 3 }
+    b = other.consume(part, prefetch: 4, keep_order: true) do |m|
+      second << m.payload["n"]
+      AceMQ::AMQP::Ack.accept
+    end
+    pausing = Thread.new { a.pause } # waits for the handler holding 2
+    sleep 0.3
+    expect(second).to eq([]) # nothing handed over while a holds messages
+    gate << :go
+    pausing.join(10)
+    expect(a.paused?).to be(true)
+    eventually { second.size == 7 }
+    expect(first).to eq([0, 1, 2])
+    expect(second).to eq((3..9).to_a) # the held window first, in order
+    a.resume # a stands by now: b has the partition
+    mq.publish({ "account_id" => "acct-9", "n" => 10 }, to: queue, partition_key: "acct-9", partitions: 4)
+    eventually { second.last == 10 }
+    expect(first).to eq([0, 1, 2])
+    a.cancel
+    b.cancel
+  end
 end

@@ -346,13 +346,38 @@ impl Consumer {
         let want = self.flow.operator.load(Ordering::Acquire) || self.flow.breaker.as_ref().is_some_and(Breaker::holds);
         let mut applied = self.flow.applied.lock().await;
         if want && !*applied {
-            self.link.pause().await;
+            if self.options.keep_order {
+                self.pause_in_order().await;
+            } else {
+                self.link.pause().await;
+            }
             *applied = true;
         } else if !want && *applied {
             self.link.resume().await?;
             *applied = false;
         }
         Ok(())
+    }
+
+    /// A pause of a single-active-consumer queue whose order matters: a
+    /// cancel would make a standby consumer active at once, and it would take
+    /// the messages behind the ones given back. So nothing more is handed
+    /// out, what handlers hold settles on this channel (closed under them,
+    /// their acknowledgements would be lost and the messages run twice), and
+    /// then the channel closes: the broker puts back what it held at the
+    /// head, in order, before the next consumer takes the queue. The
+    /// subscription comes back paused (it takes nothing while a standby is
+    /// active, and gives back what it is sent when none is).
+    async fn pause_in_order(&self) {
+        self.link.hold();
+        let until = Instant::now() + self.options.timeout.min(Duration::from_secs(60));
+        while Instant::now() < until
+            && (!self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+                || self.background.running.load(Ordering::Acquire) > 0)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.link.pause_closing().await;
     }
 
     /// The breaker's transition: an event (and so a metric), and the task

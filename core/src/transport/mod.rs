@@ -202,6 +202,24 @@ impl Link {
         }
     }
 
+    /// Hand nothing more out, and keep what is buffered (the first step of
+    /// [`Link::pause_closing`]).
+    pub(crate) fn hold(&self) {
+        if let Link::Amqp(c) = self {
+            c.hold();
+        }
+    }
+
+    /// Pause by closing the channel (the broker requeues what it held, in
+    /// order); the subscription comes back paused. memory:// has no single
+    /// active consumer: the same as [`Link::pause`] there.
+    pub(crate) async fn pause_closing(&self) {
+        match self {
+            Link::Amqp(c) => c.pause_closing().await,
+            Link::Memory { broker, id, .. } => broker.pause(*id),
+        }
+    }
+
     /// Take deliveries again after [`Link::pause`].
     pub(crate) async fn resume(&self) -> Result<()> {
         match self {

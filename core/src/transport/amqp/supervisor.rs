@@ -381,6 +381,33 @@ impl AmqpConsumer {
         hold_back(&g, &self.feed).await;
     }
 
+    /// Hand nothing more out (see [`Feed::pause`]).
+    pub(crate) fn hold(&self) {
+        self.feed.pause();
+    }
+
+    /// Pause by closing the channel: what it delivered and nobody settled
+    /// goes back to the head of the queue, in order, before the broker makes
+    /// another consumer active. The supervisor subscribes again and, paused,
+    /// holds nothing of the new channel ([`hold_back`]).
+    pub(crate) async fn pause_closing(&self) {
+        let mut paused = self.paused.lock().await;
+        if *paused {
+            return;
+        }
+        *paused = true;
+        self.feed.pause();
+        let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        g.acks.finish();
+        let flusher = g.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(f) = flusher {
+            let _ = tokio::time::timeout(Duration::from_secs(5), f).await;
+        }
+        if g.channel.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.close(200, ShortString::from("paused"))).await;
+        }
+    }
+
     /// Consume again on the same channel (a new consumer tag, the same
     /// generation: tags on a channel go on counting). When the channel was
     /// lost meanwhile, the supervisor's resubscription brings the stream.

@@ -120,6 +120,8 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     sign_in("admin")
     page.click_link(@queue)
     expect(page).to have_css("h1", text: @queue)
+    expect(page).to have_css("#chart-box svg", minimum: 1, wait: 5)
+    shot("queue")
     page.click_link("Browse its dead letters")
     page.fill_in("Reason contains", with: "order 3")
     page.click_button("Filter")

@@ -102,10 +102,11 @@ module AceMQ
       # A sample of one queue (its ready and DLQ counts), kept: the queue
       # page's chart refreshes from it.
       def sample_queue(target)
-        q = counts(target.queue)
-        d = counts(target.dlq)
-        keep(target.queue, Sample.new(at: Process.clock_gettime(Process::CLOCK_MONOTONIC), ready: q&.dig(:ready),
-                                      dlq: d&.dig(:ready)))
+        status = Status.new(connection: connection, targets: [target], interval: 0,
+                            metrics_url: runners.first&.then { |r| "#{r}/metrics" })
+        c = status.sample[:consumers].first
+        keep(target.queue, Sample.new(at: Process.clock_gettime(Process::CLOCK_MONOTONIC), ready: c[:queue][:ready],
+                                      done: c[:queue][:consumed_total]&.values&.sum, dlq: c[:dlq][:ready]))
       end
 
       # One page of the DLQ, with what it cost.

@@ -201,6 +201,25 @@ RSpec.describe "AceMQ::Web (Rack)" do
     thread&.join(5)
   end
 
+  it "is served by `acemq web --queue`, without an application, until TERM" do
+    dead_letters(1)
+    reader, writer = IO.pipe
+    pid = Process.spawn({ "AMQP_URL" => AMQP_URL }, RbConfig.ruby, "-I", File.join(RunnerHelpers::ROOT, "lib"),
+                        RunnerHelpers::EXE, "web", "--queue", @queue, "--port", "0", "--read-only",
+                        out: writer, err: File::NULL)
+    writer.close
+    url = reader.wait_readable(20) && reader.gets.to_s[%r{http://\S+}]
+    expect(url).to match(%r{\Ahttp://127\.0\.0\.1:\d+/\z})
+    page = WebHelpers::Client.new(url).get("/queues/#{@queue}/dlq")
+    expect(page.code).to eq("200")
+    expect(page.body).to include("bad 0", "read-only")
+    Process.kill("TERM", pid)
+    expect(Process.wait2(pid).last.exitstatus).to eq(0)
+    pid = nil
+  ensure
+    Process.kill("KILL", pid) if pid
+  end
+
   it "is mounted in spec/dummy behind the host's sign-in: 404 without it, read-only for a viewer" do
     dead_letters(1)
     pid, base = WebHelpers.start_dummy(queues: [@queue])

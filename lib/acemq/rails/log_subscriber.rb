@@ -62,7 +62,9 @@ module AceMQ
       def subscription(event)
         p = event.payload
         line = "AceMQ subscription #{p[:state]} #{p[:queue]}#{p[:reason] ? ": #{p[:reason]}" : ''}"
-        p[:state] == "resubscribed" ? info(line) : warn(line)
+        # A loss, or a breaker that opened, is a warning; coming back, an
+        # operator's pause and the breaker's other steps are information.
+        %w[failed cancelled circuit_open].include?(p[:state].to_s) ? warn(line) : info(line)
       end
 
       def runner(event)

@@ -95,6 +95,26 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
 
   def dlq_ids = @mq.peek_dead_letters(@queue, limit: 50).map { |d| d[:id] }
 
+  # Run the block, which leaves the page (a click that submits a form or
+  # follows a link), and return once the next document has loaded.
+  # Capybara retries a query whose element went stale, but not Chromium's
+  # "Node with given id does not belong to the document", which a query
+  # begun on the page being left can meet (seen once, in a loaded run).
+  def navigating
+    page.execute_script("window.acemqLeaving = true")
+    yield
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+    until begin
+      page.evaluate_script("window.acemqLeaving === undefined && document.readyState === 'complete'")
+    rescue Selenium::WebDriver::Error::WebDriverError
+      false
+    end
+      raise "the page did not change within 10 s" if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+      sleep 0.05
+    end
+  end
+
   it "refuses the dashboard to a browser without the host's sign-in" do
     page.driver.browser.manage.delete_all_cookies
     go("/acemq")
@@ -118,23 +138,23 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
 
   it "finds a dead letter by a filter, replays it after asking, and the running consumer handles it" do
     sign_in("admin")
-    page.click_link(@queue)
+    navigating { page.click_link(@queue) }
     expect(page).to have_css("h1", text: @queue)
     expect(page).to have_css("#chart-box svg", minimum: 1, wait: 5)
     shot("queue")
-    page.click_link("Browse its dead letters")
+    navigating { page.click_link("Browse its dead letters") }
     page.fill_in("Reason contains", with: "order 3")
-    page.click_button("Filter")
+    navigating { page.click_button("Filter") }
     expect(page).to have_css("article.letter", count: 1)
     letter = page.find("article.letter")
     expect(letter).to have_text("card declined for order 3")
     expect(letter).to have_text(%("order": 3))
     shot("dlq-filtered")
     @state[:fixed] = true
-    letter.click_button("Replay…")
+    navigating { letter.click_button("Replay…") }
     expect(page).to have_css("#question", text: "Replay 1 dead letter from #{@queue}.dlq to #{@queue}?")
     shot("confirm-replay")
-    page.click_button("Yes, replay")
+    navigating { page.click_button("Yes, replay") }
     expect(page).to have_css("#done", text: "Replayed 1 dead letter from #{@queue}.dlq to #{@queue}")
     shot("replayed")
     expect(eventually(timeout: 10) { @handled.empty? ? nil : @handled.pop }).to eq(3)
@@ -146,14 +166,14 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     go("/acemq/queues/#{@queue}/dlq")
     before = dlq_ids
     page.check("Select #{before.first}")
-    page.click_button("Discard selected…")
+    navigating { page.click_button("Discard selected…") }
     expect(page).to have_css("#question", text: "Discard 1 dead letter from #{@queue}.dlq for good?")
     shot("confirm-discard")
-    page.click_link("Cancel")
+    navigating { page.click_link("Cancel") }
     expect(dlq_ids).to eq(before)
     page.check("Select #{before.first}")
-    page.click_button("Discard selected…")
-    page.click_button("Yes, discard")
+    navigating { page.click_button("Discard selected…") }
+    navigating { page.click_button("Yes, discard") }
     expect(page).to have_css("#done", text: "Discarded 1 dead letter")
     expect(dlq_ids).to eq(before.drop(1))
   end
@@ -167,7 +187,7 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     shot("read-only")
     before = dlq_ids
     # The form the page carries (with its token), sent by hand.
-    page.execute_script(<<~JS)
+    navigating { page.execute_script(<<~JS) }
       var f = document.getElementById("letters");
       f.action = f.action.replace(/replay$/, "purge");
       var c = document.createElement("input"); c.type = "hidden"; c.name = "confirmed"; c.value = "yes"; f.appendChild(c);
@@ -184,7 +204,7 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     page.execute_script(<<~JS)
       document.querySelectorAll("input[name=_csrf]").forEach(function (i) { i.remove(); });
     JS
-    page.click_button("Purge the DLQ…")
+    navigating { page.click_button("Purge the DLQ…") }
     expect(page).to have_css("h1", text: "Refused: CSRF token")
     expect(dlq_ids).to eq(before)
   end
@@ -211,7 +231,7 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
       page.evaluate_script("document.activeElement.textContent") == "Replay…"
     end
     expect(found).to be(true)
-    page.driver.browser.action.send_keys(:enter).perform
+    navigating { page.driver.browser.action.send_keys(:enter).perform }
     expect(page).to have_css("#question", text: "Replay 1 dead letter")
   end
 end

@@ -90,7 +90,7 @@ module AceMQ
 
     # One pass, with no interval and no DLQ read: each consumer's queue,
     # rungs and DLQ counts and the runner's consumed totals (consumed_total
-    # by outcome) now, and the outbox. AceMQ::Web's overview refreshes from
+    # by outcome) now, the outbox, and what waits in the delay cascade. AceMQ::Web's overview refreshes from
     # this every 2 s, keeps the samples, and takes its rates from them.
     def sample(listed = nil)
       metrics = scrape
@@ -104,7 +104,8 @@ module AceMQ
           queue[:consumed_total] = consumed.transform_values(&:to_i) if consumed
           { name: t.name, queue: queue, rungs: t.rungs.map { |r| row(r, now, listed) }, dlq: row(t.dlq, now, listed) }
         end,
-        outbox: outbox
+        outbox: outbox,
+        delayed: delayed
       }
     end
 

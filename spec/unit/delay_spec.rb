@@ -4,6 +4,8 @@ require "spec_helper"
 require "acemq/amqp/patterns"
 require "sqlite3"
 require "acemq/status"
+require "acemq/web"
+require "rack/mock"
 
 # Delayed publish on memory://, on its clock: half an hour passes in an
 # advance_clock, and the message arrives once due, with its envelope.
@@ -34,6 +36,10 @@ RSpec.describe "delayed publish on memory://" do
     expect(mq.delayed).to eq([{ level: 10, queue: "acemq.delay.10", seconds: 1024, waiting: 1 }])
     report = AceMQ::Status.render(AceMQ::Status.new(connection: mq, targets: [], interval: 0).collect)
     expect(report).to include("delayed: 1 waiting (1024s: 1)")
+    # The dashboard's overview says the same, and refreshes it.
+    web = Rack::MockRequest.new(AceMQ::Web.new(connection: mq, queues: [queue], runners: []))
+    expect(web.get("/").body).to include(%(<p data-k="delayed" id="delayed">1 waiting (1024s: 1)</p>))
+    expect(JSON.parse(web.get("/overview.json").body)["values"]).to include("delayed" => "1 waiting (1024s: 1)")
     mq.advance_clock(29 * 60)
     nothing_yet
     expect(mq.delayed.map { |l| l[:level] }).to eq([5]) # 60 s left

@@ -67,6 +67,7 @@ module AceMQ
           values["#{k}:dlq"] = num(c[:dlq][:ready])
         end
         values["outbox"] = outbox_text(@snap[:outbox])
+        values["delayed"] = delayed_text(@snap[:delayed])
         values["at"] = @snap[:at]
         { values: values, runners: render(:runners) }
       end
@@ -199,6 +200,10 @@ module AceMQ
         age = outbox[:oldest_age] ? "oldest #{outbox[:oldest_age]} s" : "none waiting"
         "#{num(outbox[:waiting])} waiting, #{age}#{outbox[:failing].to_i.positive? ? ", #{outbox[:failing]} failing" : ''}"
       end
+
+      # What waits in the delay cascade (docs/delays.md), as acemq status
+      # says it.
+      def delayed_text(delayed) = Status::Report.delayed(delayed || []).delete_prefix("delayed: ")
 
       def plural(n, word) = "#{num(n)} #{word}#{n == 1 ? '' : 's'}"
 

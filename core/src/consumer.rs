@@ -86,6 +86,10 @@ pub struct ConsumeOptions {
     /// Hand out at most so many messages per period, in this process
     /// ([`Throttle`]). None: as fast as the handlers take them.
     pub throttle: Option<Throttle>,
+    /// Share the throttle's limit with every process whose consumer of the
+    /// same name uses the same store: leases of tokens from a SQL row
+    /// ([`crate::throttle`]). Needs `throttle`. None: the limit is per process.
+    pub throttle_store: Option<crate::throttle::SharedStore>,
     /// The queue is single active consumer and its order matters (a
     /// partition, [`crate::partition`]): stopping does not cancel on the
     /// broker, which would hand the next consumer the messages behind the
@@ -142,6 +146,7 @@ impl ConsumeOptions {
             name: None,
             circuit_breaker: None,
             throttle: None,
+            throttle_store: None,
             keep_order: false,
         }
     }
@@ -406,7 +411,7 @@ impl Consumer {
             _ => options.broker_consumer_timeout,
         };
         crate::checks::handler_timeout(options.timeout, broker_timeout, options.claim_timeout)?;
-        let flow = flow::Flow::new(&options)?;
+        let flow = flow::Flow::new(queue, &options)?;
         let warnings: Vec<String> = [
             crate::checks::delivery_limit(
                 queue,

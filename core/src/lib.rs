@@ -66,6 +66,7 @@ pub mod partition;
 pub mod runner;
 pub mod runtime;
 pub mod sql;
+pub mod throttle;
 pub mod trace;
 
 #[cfg(feature = "fuzzing")]

@@ -263,6 +263,80 @@ impl Bucket {
     }
 }
 
+/// A throttle's leases from a store shared across processes
+/// ([`crate::throttle`]): the tokens this process may still hand out in the
+/// current window.
+pub(crate) struct Shared {
+    store: Arc<dyn crate::throttle::ThrottleStore>,
+    name: String,
+    throttle: Throttle,
+    queue: String,
+    /// (tokens left, until epoch ms, spent: the store granted none).
+    lease: Mutex<(u32, i64, bool)>,
+    /// One lease asked for at a time, per consumer.
+    asking: Mutex<()>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("name", &self.name).field("lease", &self.lease).finish()
+    }
+}
+
+impl Shared {
+    /// Take a token of the lease, asking the store for the next lease when
+    /// this one is used up or has lapsed; or say how long to wait: until the
+    /// window ends when the store granted none, [`STORE_RETRY`] when it
+    /// failed (the failure is a `throttle_store_failed` event).
+    ///
+    /// [`STORE_RETRY`]: crate::throttle::STORE_RETRY
+    pub(crate) fn take(&self) -> Result<(), Duration> {
+        let now = crate::throttle::now_ms();
+        let wait = |until: i64| Duration::from_millis(u64::try_from(until - now).unwrap_or(0).max(1));
+        {
+            let mut l = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+            if now < l.1 {
+                if l.0 > 0 {
+                    l.0 -= 1;
+                    return Ok(());
+                }
+                if l.2 {
+                    return Err(wait(l.1));
+                }
+            }
+        }
+        let Ok(_asking) = self.asking.try_lock() else { return Err(Duration::from_millis(2)) };
+        match self.store.lease(&self.name, self.throttle, crate::throttle::lease_size(self.throttle.limit)) {
+            Ok(lease) => {
+                let mut l = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+                *l = (lease.tokens, lease.until_ms, lease.tokens == 0);
+                if l.0 > 0 {
+                    l.0 -= 1;
+                    Ok(())
+                } else {
+                    Err(wait(lease.until_ms))
+                }
+            }
+            Err(e) => {
+                crate::events::subscription(
+                    "throttle_store_failed",
+                    &self.queue,
+                    Some(format!("{}: {e}; handing nothing out, asking again in {}s", self.name, crate::throttle::STORE_RETRY.as_secs())),
+                );
+                Err(crate::throttle::STORE_RETRY)
+            }
+        }
+    }
+
+    /// Give a token back to the lease (a delivery that did not come).
+    fn refund(&self) {
+        let mut l = self.lease.lock().unwrap_or_else(|p| p.into_inner());
+        if crate::throttle::now_ms() < l.1 {
+            l.0 += 1;
+        }
+    }
+}
+
 /// A consumer's flow state: what pauses it and what paces it.
 #[derive(Debug, Default)]
 pub(super) struct Flow {
@@ -272,12 +346,13 @@ pub(super) struct Flow {
     applied: tokio::sync::Mutex<bool>,
     breaker: Option<Breaker>,
     bucket: Option<Bucket>,
+    shared: Option<Arc<Shared>>,
     watching: AtomicBool,
     wake: Arc<Notify>,
 }
 
 impl Flow {
-    pub(super) fn new(options: &super::ConsumeOptions) -> crate::Result<Flow> {
+    pub(super) fn new(queue: &str, options: &super::ConsumeOptions) -> crate::Result<Flow> {
         if let Some(b) = &options.circuit_breaker {
             b.validate()?;
         }
@@ -287,6 +362,20 @@ impl Flow {
         Ok(Flow {
             breaker: options.circuit_breaker.map(Breaker::new),
             bucket: options.throttle.map(Bucket::new),
+            shared: match (&options.throttle, &options.throttle_store) {
+                (Some(t), Some(store)) => Some(Arc::new(Shared {
+                    store: store.0.clone(),
+                    name: options.name.clone().unwrap_or_else(|| queue.to_owned()),
+                    throttle: *t,
+                    queue: queue.to_owned(),
+                    lease: Mutex::new((0, 0, false)),
+                    asking: Mutex::new(()),
+                })),
+                (None, Some(_)) => {
+                    return Err(crate::Error::invalid("a throttle store needs a throttle: give the limit and period it shares"))
+                }
+                _ => None,
+            },
             ..Flow::default()
         })
     }
@@ -422,7 +511,7 @@ impl Consumer {
         let Some(bucket) = &self.flow.bucket else { return true };
         let until = Instant::now() + timeout;
         loop {
-            match bucket.take(Instant::now()) {
+            match bucket.take(Instant::now()).and_then(|()| self.take_shared(bucket)) {
                 Ok(()) => return true,
                 Err(wait) => {
                     let left = until.saturating_duration_since(Instant::now());
@@ -438,15 +527,43 @@ impl Consumer {
     /// The throttle's next token, awaited.
     pub(super) async fn flow_token(&self) {
         let Some(bucket) = &self.flow.bucket else { return };
-        while let Err(wait) = bucket.take(Instant::now()) {
+        loop {
+            let wait = match bucket.take(Instant::now()) {
+                Err(wait) => wait,
+                Ok(()) => match self.flow.shared.clone() {
+                    None => return,
+                    // The store's round trip off the runtime's workers.
+                    Some(shared) => match crate::sql::blocking::off_runtime(move || Ok(shared.take())).await {
+                        Ok(Ok(())) => return,
+                        Ok(Err(wait)) => {
+                            bucket.refund();
+                            wait
+                        }
+                        Err(_) => {
+                            bucket.refund();
+                            crate::throttle::STORE_RETRY
+                        }
+                    },
+                },
+            };
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// After the local bucket's token, a token of the shared lease (when
+    /// there is a store); without one, the local token goes back.
+    fn take_shared(&self, bucket: &Bucket) -> Result<(), Duration> {
+        let Some(shared) = &self.flow.shared else { return Ok(()) };
+        shared.take().inspect_err(|_| bucket.refund())
     }
 
     /// A token taken for a delivery that did not come.
     pub(super) fn flow_refund(&self) {
         if let Some(bucket) = &self.flow.bucket {
             bucket.refund();
+        }
+        if let Some(shared) = &self.flow.shared {
+            shared.refund();
         }
     }
 

@@ -147,6 +147,10 @@ impl RbConnection {
         if let Some((limit, per)) = opt::<(u32, f64)>(&options, "throttle")? {
             o.throttle = Some(acemq::Throttle::new(limit, seconds(ruby, "throttle per", per)?));
         }
+        // The SQL adapter of a throttle shared across processes.
+        if let Some(adapter) = opt::<magnus::Value>(&options, "throttle_store")? {
+            o.throttle_store = Some(crate::throttle::store(ruby, adapter)?);
+        }
         let conn = &rb_self.inner;
         let consumer = gvl::block_on(ruby, conn.consumer(&queue, o))?.rb(ruby)?;
         Ok(RbConsumer::new(consumer))

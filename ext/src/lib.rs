@@ -20,6 +20,7 @@ mod runner;
 mod sql;
 mod stream;
 mod table;
+mod throttle;
 
 use magnus::{function, prelude::*, Error, RModule, RString, Ruby, Value};
 

@@ -199,7 +199,10 @@ module AceMQ
       # it had buffered goes back to the queue with no attempt spent, and
       # after `pause` seconds one message is tried before it takes more.
       # throttle: { limit: 100, per: 1 } hands out at most `limit` messages
-      # per `per` seconds in this process (docs/flow.md).
+      # per `per` seconds in this process (docs/flow.md); with store: (a SQL
+      # connection, as SQL.connect takes: its own, or SQL.per_thread { ... })
+      # at most `limit` per window across every process whose consumer of the
+      # same name shares the store.
       # keep_order: true for a single-active-consumer queue whose order
       # matters (a partition): stopping leaves the broker's consumer in place
       # until the close gives back what it held, in order (docs/ordering.md).
@@ -233,7 +236,10 @@ module AceMQ
                                          consumer_timeout: consumer_timeout && Float(consumer_timeout),
                                          claim_timeout: claim_timeout, name: name&.to_s,
                                          circuit_breaker: Connection.circuit_breaker(circuit_breaker),
-                                         throttle: Connection.throttle(throttle), keep_order: keep_order ? true : false })
+                                         throttle: Connection.throttle(throttle), keep_order: keep_order ? true : false,
+                                         throttle_store: throttle_store = Connection.throttle_store(throttle) })
+        # The engine calls the adapter while the subscription lives.
+        native.instance_variable_set(:@throttle_store, throttle_store) if throttle_store
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
         Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
       end
@@ -273,14 +279,21 @@ module AceMQ
         return nil if options.nil?
 
         o = Hash(options).transform_keys(&:to_sym)
-        unless o.key?(:limit) && (o.keys - %i[limit per]).empty?
-          raise ConfigurationError, "throttle takes limit: and per: (seconds, default 1), e.g. { limit: 100, per: 1 } " \
+        unless o.key?(:limit) && (o.keys - %i[limit per store]).empty?
+          raise ConfigurationError, "throttle takes limit:, per: (seconds, default 1) and store: (a SQL connection shared " \
+                                    "across processes, optional), e.g. { limit: 100, per: 1 } " \
                                     "(got #{options.inspect})"
         end
         values = [Integer(o[:limit], exception: false), Float(o.fetch(:per, 1), exception: false)]
         return values unless values.include?(nil)
 
         raise ConfigurationError, "throttle: limit is a whole number of messages, per seconds (got #{options.inspect})"
+      end
+
+      # The SQL adapter of a throttle's store:, or nil.
+      def self.throttle_store(options)
+        store = options && Hash(options).transform_keys(&:to_sym)[:store]
+        store && SQL.connect(store)
       end
 
       # Move dead letters from {queue}.dlq back to queue, with the attempt

@@ -194,11 +194,17 @@ module AceMQ
         end
 
         # At most `limit` messages per `per` seconds, in each process
-        # (docs/flow.md): `throttle 100, per: 1`.
-        def throttle(limit = nil, per: 1)
+        # (docs/flow.md): `throttle 100, per: 1`. With store: (a SQL
+        # connection as SQL.connect takes it; under --processes one opened in
+        # each process, e.g. `store: AceMQ::AMQP::SQL.per_thread { PG.connect(url) }`
+        # or `store: -> { ActiveRecord::Base.connection }`), across every
+        # process sharing it.
+        def throttle(limit = nil, per: 1, store: nil)
           return setting(:throttle) if limit.nil?
 
-          set(:throttle, { limit: positive(:throttle, limit), per: positive_seconds(:per, per) })
+          settings = { limit: positive(:throttle, limit), per: positive_seconds(:per, per) }
+          settings[:store] = store if store
+          set(:throttle, settings)
         end
 
         # Bind the queue to an exchange, declared at boot with it:

@@ -251,6 +251,61 @@ impl<C: ConnectionSource + Send + Sync> ThrottleStore for SqlThrottleStore<C> {
     }
 }
 
+/// A [`ThrottleStore`] over an async source (a
+/// [`PgConnection`](crate::sql::PgConnection), a MySQL one, a pool): the
+/// same statements as [`SqlThrottleStore`], awaited. The consumer asks for a
+/// lease off the runtime's workers (tokio's blocking pool), and the lease
+/// waits there on the runtime for its round trip.
+pub struct AsyncSqlThrottleStore<S> {
+    source: S,
+    table: String,
+    created: AtomicBool,
+}
+
+impl<S: crate::sql::AsyncConnectionSource> AsyncSqlThrottleStore<S> {
+    /// A store over `source`, in [`DEFAULT_TABLE`].
+    pub fn new(source: S) -> Self {
+        AsyncSqlThrottleStore { source, table: DEFAULT_TABLE.to_owned(), created: AtomicBool::new(false) }
+    }
+
+    /// In `table` instead (a plain identifier).
+    pub fn with_table(mut self, table: &str) -> Result<Self> {
+        crate::sql::table_name("throttle", table)?;
+        self.table = table.to_owned();
+        Ok(self)
+    }
+
+    /// Create the table if it does not exist.
+    pub async fn create_schema(&self) -> Result<()> {
+        let c = self.source.connection().await?;
+        c.execute(&Statements::new(&self.table, c.dialect()).create_table, &[]).await?;
+        self.created.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// A lease at `now_ms` (epoch milliseconds), awaited.
+    pub async fn lease_at(&self, name: &str, throttle: Throttle, want: u32, now_ms: i64) -> Result<Lease> {
+        if !self.created.load(Ordering::Acquire) {
+            self.create_schema().await?;
+        }
+        let c = self.source.connection().await?;
+        take_lease(&c, &self.table, name, throttle, want, now_ms).await
+    }
+}
+
+impl<S: crate::sql::AsyncConnectionSource> ThrottleStore for AsyncSqlThrottleStore<S> {
+    fn lease(&self, name: &str, throttle: Throttle, want: u32) -> Result<Lease> {
+        let f = self.lease_at(name, throttle, want, now_ms());
+        // Called off the runtime's workers: in tokio's blocking pool (the
+        // runtime is current there) or on a thread of its own.
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => h.block_on(f),
+            Err(_) => crate::runtime::handle().block_on(f),
+        }
+        .map_err(|e| Error::store(format!("the throttle store failed: {e}")))
+    }
+}
+
 #[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;

@@ -62,9 +62,10 @@ module AceMQ
       def subscription(event)
         p = event.payload
         line = "AceMQ subscription #{p[:state]} #{p[:queue]}#{p[:reason] ? ": #{p[:reason]}" : ''}"
-        # A loss, or a breaker that opened, is a warning; coming back, an
-        # operator's pause and the breaker's other steps are information.
-        %w[failed cancelled circuit_open].include?(p[:state].to_s) ? warn(line) : info(line)
+        # A loss, a breaker that opened or a shared throttle's store that
+        # failed is a warning; coming back, an operator's pause and the
+        # breaker's other steps are information.
+        %w[failed cancelled circuit_open throttle_store_failed].include?(p[:state].to_s) ? warn(line) : info(line)
       end
 
       def runner(event)

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "acemq/amqp"
+require "acemq/rails"
 require "json"
 require "rbconfig"
 require "tmpdir"
@@ -86,5 +86,86 @@ RSpec.describe "throttle shared across processes" do
     Dir.mktmpdir do |dir|
       run_shared("sqlite", File.join(dir, "throttle.db"), processes: 2, messages: 50)
     end
+  end
+
+  # An adapter of the seam's three methods over SQLite that fails its first
+  # `failures` statements, as a database that is down would.
+  class FlakySQLite
+    attr_reader :calls
+
+    def initialize(failures)
+      require "sqlite3"
+      @db = SQLite3::Database.new(":memory:")
+      @failures = failures
+      @calls = 0
+    end
+
+    def dialect = "sqlite"
+
+    def execute(sql, params)
+      fail_maybe
+      @db.execute(sql, params)
+      @db.changes
+    end
+
+    def query(sql, params)
+      fail_maybe
+      @db.execute(sql, params)
+    end
+
+    private
+
+    def fail_maybe
+      @calls += 1
+      return unless @failures.positive?
+
+      @failures -= 1
+      raise IOError, "database is down"
+    end
+  end
+
+  it "hands nothing out while its store fails, says so, and goes on when it answers, losing nothing" do
+    queue = unique("throttle-outage")
+    mq = AceMQ::AMQP::Connection.open(AMQP_URL)
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    3.times { |n| mq.publish({ "n" => n }, to: queue) }
+    events = []
+    listener = AceMQ.subscribe("subscription.acemq") { |e| events << e[:reason] if e[:state] == "throttle_store_failed" && e[:queue] == queue }
+    seen = []
+    store = FlakySQLite.new(2)
+    sub = mq.consume(queue, throttle: { limit: 10, per: 1, store: store }) do |m|
+      seen << m.payload["n"]
+      AceMQ::AMQP::Ack.accept
+    end
+    eventually(timeout: 10) { seen.size == 3 }
+    expect(seen).to eq([0, 1, 2])
+    expect(events.size).to eq(2)
+    expect(events.first).to include("IOError: database is down")
+    expect(sub.stats[:dead_lettered]).to eq(0)
+    sub.cancel
+  ensure
+    AceMQ.unsubscribe(listener) if listener
+    mq&.close
+  end
+
+  it "takes store: in a consumer class and refuses a store it cannot drive" do
+    db = Object.new
+    def db.dialect = "sqlite"
+    def db.execute(*) = 0
+    def db.query(*) = []
+    klass = Class.new(AceMQ::Rails::Consumer) do
+      queue "orders"
+      throttle 20, per: 1, store: db
+    end
+    expect(klass.throttle).to eq(limit: 20, per: 1.0, store: db)
+    mq = AceMQ::AMQP::Connection.open(AMQP_URL)
+    queue = unique("throttle-bad-store")
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    expect { mq.consume(queue, throttle: { limit: 5, store: Object.new }) { nil } }
+      .to raise_error(AceMQ::AMQP::SQL::UnsupportedConnection, /cannot use Object as a SQL connection/)
+    expect { mq.consume(queue, throttle: { limit: 5, stor: db }) { nil } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /store: \(a SQL connection/)
+  ensure
+    mq&.close
   end
 end

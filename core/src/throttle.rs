@@ -194,54 +194,64 @@ pub(crate) fn now_ms() -> i64 {
 /// the table created on first use (`CREATE TABLE IF NOT EXISTS`).
 pub struct SqlThrottleStore<C = Box<dyn ConnectionSource + Send + Sync>> {
     source: C,
-    table: String,
+    table: Table,
+}
+
+/// A store's table and whether this store has created it yet.
+#[derive(Debug)]
+struct Table {
+    name: String,
     created: AtomicBool,
+}
+
+impl Table {
+    fn new(name: &str) -> Result<Table> {
+        crate::sql::table_name("throttle", name)?;
+        Ok(Table { name: name.to_owned(), created: AtomicBool::new(false) })
+    }
+
+    fn created(&self) -> bool {
+        self.created.load(Ordering::Acquire)
+    }
+
+    fn create_table(&self, dialect: Dialect) -> String {
+        Statements::new(&self.name, dialect).create_table
+    }
 }
 
 impl<C: ConnectionSource> SqlThrottleStore<C> {
     /// A store over `source`, in [`DEFAULT_TABLE`].
     pub fn new(source: C) -> Self {
-        SqlThrottleStore { source, table: DEFAULT_TABLE.to_owned(), created: AtomicBool::new(false) }
+        SqlThrottleStore { source, table: Table { name: DEFAULT_TABLE.to_owned(), created: AtomicBool::new(false) } }
     }
 
     /// In `table` instead (a plain identifier).
-    pub fn with_table(mut self, table: &str) -> Result<Self> {
-        crate::sql::table_name("throttle", table)?;
-        self.table = table.to_owned();
-        Ok(self)
+    pub fn with_table(self, table: &str) -> Result<Self> {
+        Ok(SqlThrottleStore { source: self.source, table: Table::new(table)? })
     }
 
     /// The statement that creates the table, for a migration.
     pub fn schema_sql(&self, dialect: Dialect) -> String {
-        Statements::new(&self.table, dialect).create_table
+        self.table.create_table(dialect)
     }
 
     /// Create the table if it does not exist.
     pub fn create_schema(&self) -> Result<()> {
-        self.with_conn(|c| c.execute(&Statements::new(&self.table, c.dialect()).create_table, &[]).map(|_| ()))?;
-        self.created.store(true, Ordering::Release);
+        self.with_conn("create the throttle table", |c| c.execute(&self.table.create_table(c.dialect()), &[]).map(|_| ()))?;
+        self.table.created.store(true, Ordering::Release);
         Ok(())
     }
 
     /// [`ThrottleStore::lease`] at `now_ms` (epoch milliseconds).
     pub fn lease_at(&self, name: &str, throttle: Throttle, want: u32, now_ms: i64) -> Result<Lease> {
-        if !self.created.load(Ordering::Acquire) {
+        if !self.table.created() {
             self.create_schema()?;
         }
-        self.with_conn(|c| run(take_lease(&Blocking(c), &self.table, name, throttle, want, now_ms)))
+        self.with_conn("take a throttle lease", |c| run(take_lease(&Blocking(c), &self.table.name, name, throttle, want, now_ms)))
     }
 
-    fn with_conn<R>(&self, f: impl FnOnce(&dyn SqlConnection) -> Result<R>) -> Result<R> {
-        let mut f = Some(f);
-        let mut out = None;
-        self.source
-            .with_connection(&mut |c| {
-                let f = f.take().ok_or_else(|| Error::store("connection source called the throttle store twice"))?;
-                out = Some(f(c)?);
-                Ok(())
-            })
-            .map_err(|e| Error::store(format!("the throttle store failed: {e}")))?;
-        out.ok_or_else(|| Error::store("the connection source never lent the throttle store a connection"))
+    fn with_conn<R>(&self, doing: &str, f: impl FnOnce(&dyn SqlConnection) -> Result<R>) -> Result<R> {
+        crate::sql::lend(&self.source, doing, f).map_err(|e| Error::store(format!("the throttle store failed: {e}")))
     }
 }
 
@@ -258,38 +268,35 @@ impl<C: ConnectionSource + Send + Sync> ThrottleStore for SqlThrottleStore<C> {
 /// waits there on the runtime for its round trip.
 pub struct AsyncSqlThrottleStore<S> {
     source: S,
-    table: String,
-    created: AtomicBool,
+    table: Table,
 }
 
 impl<S: crate::sql::AsyncConnectionSource> AsyncSqlThrottleStore<S> {
     /// A store over `source`, in [`DEFAULT_TABLE`].
     pub fn new(source: S) -> Self {
-        AsyncSqlThrottleStore { source, table: DEFAULT_TABLE.to_owned(), created: AtomicBool::new(false) }
+        AsyncSqlThrottleStore { source, table: Table { name: DEFAULT_TABLE.to_owned(), created: AtomicBool::new(false) } }
     }
 
     /// In `table` instead (a plain identifier).
-    pub fn with_table(mut self, table: &str) -> Result<Self> {
-        crate::sql::table_name("throttle", table)?;
-        self.table = table.to_owned();
-        Ok(self)
+    pub fn with_table(self, table: &str) -> Result<Self> {
+        Ok(AsyncSqlThrottleStore { source: self.source, table: Table::new(table)? })
     }
 
     /// Create the table if it does not exist.
     pub async fn create_schema(&self) -> Result<()> {
         let c = self.source.connection().await?;
-        c.execute(&Statements::new(&self.table, c.dialect()).create_table, &[]).await?;
-        self.created.store(true, Ordering::Release);
+        c.execute(&self.table.create_table(c.dialect()), &[]).await?;
+        self.table.created.store(true, Ordering::Release);
         Ok(())
     }
 
     /// A lease at `now_ms` (epoch milliseconds), awaited.
     pub async fn lease_at(&self, name: &str, throttle: Throttle, want: u32, now_ms: i64) -> Result<Lease> {
-        if !self.created.load(Ordering::Acquire) {
+        if !self.table.created() {
             self.create_schema().await?;
         }
         let c = self.source.connection().await?;
-        take_lease(&c, &self.table, name, throttle, want, now_ms).await
+        take_lease(&c, &self.table.name, name, throttle, want, now_ms).await
     }
 }
 

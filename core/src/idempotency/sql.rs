@@ -4,7 +4,7 @@ use super::clock::Clock;
 use super::options::SqlIdempotencyOptions;
 use super::rules::Keys;
 use super::store::IdempotencyStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sql::blocking::{run, Blocking};
 use crate::sql::ConnectionSource;
 use crate::sql::{Dialect, SqlConnection};
@@ -113,16 +113,7 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
     }
 
     fn with_conn<R>(&self, doing: &str, f: impl FnOnce(&dyn SqlConnection) -> Result<R>) -> Result<R> {
-        let mut f = Some(f);
-        let mut out = None;
-        self.source
-            .with_connection(&mut |c| {
-                let f = f.take().ok_or_else(|| Error::store("connection source called the store twice"))?;
-                out = Some(f(c)?);
-                Ok(())
-            })
-            .map_err(|e| self.keys.failed(doing, e))?;
-        out.ok_or_else(|| Error::store(format!("cannot {doing}: the connection source never lent a connection")))
+        crate::sql::lend(&self.source, doing, f).map_err(|e| self.keys.failed(doing, e))
     }
 }
 

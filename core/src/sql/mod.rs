@@ -86,6 +86,7 @@ mod sqlite_async;
 pub use sqlite_async::{AsyncSqliteConnection, AsyncSqliteSession};
 mod source;
 pub use source::{ConnectionSource, PerCall};
+pub(crate) use source::lend;
 
 // The plumbing both stores (idempotency, outbox) share, once: placeholders,
 // transactions, times, worker ids and which table names are accepted.

@@ -1,6 +1,6 @@
 //! Where the SQL store gets a connection: one it owns, or one per call.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sql::SqlConnection;
 
 /// Lends the SQL store a connection for the length of one call.
@@ -49,4 +49,19 @@ where
         let conn = (self.0)()?;
         f(&conn)
     }
+}
+
+/// Run `f` once on the connection `source` lends and return what it
+/// returns: the one way a blocking store gets its result out of
+/// [`ConnectionSource::with_connection`]. `doing` names the call in the
+/// error of a source that never lends one.
+pub(crate) fn lend<R>(source: &(impl ConnectionSource + ?Sized), doing: &str, f: impl FnOnce(&dyn SqlConnection) -> Result<R>) -> Result<R> {
+    let mut f = Some(f);
+    let mut out = None;
+    source.with_connection(&mut |c| {
+        let f = f.take().ok_or_else(|| Error::store("connection source called the store twice"))?;
+        out = Some(f(c)?);
+        Ok(())
+    })?;
+    out.ok_or_else(|| Error::store(format!("cannot {doing}: the connection source never lent a connection")))
 }

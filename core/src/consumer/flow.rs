@@ -318,6 +318,9 @@ impl Shared {
                 }
             }
             Err(e) => {
+                // Every handler thread waits out the retry, not only this one.
+                let retry = i64::try_from(crate::throttle::STORE_RETRY.as_millis()).unwrap_or(i64::MAX);
+                *self.lease.lock().unwrap_or_else(|p| p.into_inner()) = (0, now.saturating_add(retry), true);
                 crate::events::subscription(
                     "throttle_store_failed",
                     &self.queue,

@@ -302,17 +302,9 @@ pub(crate) fn level_of(secs: u64) -> Option<u32> {
 mod tests {
     use super::*;
 
+    /// AMQP topic matching, as the memory broker routes.
     fn topic(pattern: &str, key: &str) -> bool {
-        fn go(p: &[&str], k: &[&str]) -> bool {
-            match (p.first(), k.first()) {
-                (None, None) => true,
-                (Some(&"#"), _) => go(&p[1..], k) || (!k.is_empty() && go(p, &k[1..])),
-                (Some(&"*"), Some(_)) => go(&p[1..], &k[1..]),
-                (Some(a), Some(b)) if a == b => go(&p[1..], &k[1..]),
-                _ => false,
-            }
-        }
-        go(&pattern.split('.').collect::<Vec<_>>(), &key.split('.').collect::<Vec<_>>())
+        crate::transport::memory::topic_matches(pattern, key)
     }
 
     /// Walk a key through the cascade as the broker would: the queues it

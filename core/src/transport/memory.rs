@@ -447,26 +447,19 @@ impl MemoryBroker {
         if let Some(d) = st.delayed.iter().map(|(d, _)| *d).min() {
             next = Some(next.map_or(d, |n| n.min(d)));
         }
-        for (_, mut m) in due {
-            if let Ok(targets) = self.route(st, &m.exchange, &m.routing_key) {
-                m.enqueued_at = now;
-                for t in targets {
-                    if let Some(q) = st.queues.get_mut(&t) {
-                        if let Some(ttl) = q.ttl_ms {
-                            next = Some(next.map_or(now + ttl, |n| n.min(now + ttl)));
-                        }
-                        q.ready.push_back(m.clone());
-                        touched.push(t);
-                    }
-                }
-            }
-        }
-        for (dlx, dlrk, mut m) in dead {
-            let rk = dlrk.unwrap_or_else(|| m.routing_key.clone());
-            // Dead-lettering drops a message that matches nothing, as RabbitMQ does.
-            if let Ok(targets) = self.route(st, &dlx, &rk) {
-                m.exchange = dlx.clone();
-                m.routing_key = rk.clone();
+        // Each goes where it was published to (a delayed message now due) or
+        // to its dead-letter exchange; one that matches nothing there is
+        // dropped, as RabbitMQ drops it.
+        let moves = due.into_iter().map(|(_, m)| (m.exchange.clone(), m.routing_key.clone(), m)).chain(dead.into_iter().map(
+            |(dlx, dlrk, m)| {
+                let rk = dlrk.unwrap_or_else(|| m.routing_key.clone());
+                (dlx, rk, m)
+            },
+        ));
+        for (exchange, routing_key, mut m) in moves {
+            if let Ok(targets) = self.route(st, &exchange, &routing_key) {
+                m.exchange = exchange;
+                m.routing_key = routing_key;
                 m.enqueued_at = now;
                 for t in targets {
                     if let Some(q) = st.queues.get_mut(&t) {
@@ -612,7 +605,7 @@ fn differing_argument(current: &Headers, received: &Headers) -> Option<(String, 
 }
 
 /// AMQP topic matching: words separated by dots, `*` one word, `#` zero or more.
-fn topic_matches(pattern: &str, key: &str) -> bool {
+pub(crate) fn topic_matches(pattern: &str, key: &str) -> bool {
     fn go(p: &[&str], k: &[&str]) -> bool {
         match (p.first(), k.first()) {
             (None, None) => true,

@@ -338,6 +338,19 @@ impl Generation {
     pub(super) fn retire(&self) {
         self.acks.retire();
     }
+
+    /// Send the last acks (each bounded by 5 s), then close the channel with
+    /// `reason`: anything still unsettled is requeued by the broker, in order.
+    async fn settle_and_close(&self, reason: &str) {
+        self.acks.finish();
+        let flusher = self.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(f) = flusher {
+            let _ = tokio::time::timeout(Duration::from_secs(5), f).await;
+        }
+        if self.channel.status().connected() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), self.channel.close(200, ShortString::from(reason))).await;
+        }
+    }
 }
 
 impl AmqpConsumer {
@@ -398,14 +411,7 @@ impl AmqpConsumer {
         *paused = true;
         self.feed.pause();
         let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        g.acks.finish();
-        let flusher = g.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(f) = flusher {
-            let _ = tokio::time::timeout(Duration::from_secs(5), f).await;
-        }
-        if g.channel.status().connected() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.close(200, ShortString::from("paused"))).await;
-        }
+        g.settle_and_close("paused").await;
     }
 
     /// Consume again on the same channel (a new consumer tag, the same
@@ -475,14 +481,7 @@ impl AmqpConsumer {
         self.stopped.store(true, std::sync::atomic::Ordering::Release);
         self.feed.close();
         let g = self.generation.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        g.acks.finish();
-        let flusher = g.flusher.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(f) = flusher {
-            let _ = tokio::time::timeout(Duration::from_secs(5), f).await;
-        }
-        if g.channel.status().connected() {
-            let _ = tokio::time::timeout(Duration::from_secs(5), g.channel.close(200, ShortString::from("OK"))).await;
-        }
+        g.settle_and_close("OK").await;
         let supervisor = self.supervisor.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(task) = supervisor {
             // Its stream ends with the channel; if the broker is away it is

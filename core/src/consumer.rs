@@ -179,7 +179,7 @@ struct Watched {
 /// The deliveries handed out, each with a copy of what the deadline needs
 /// to settle it without its handler.
 #[derive(Default)]
-struct InFlight {
+struct Watchlist {
     next_id: AtomicU64,
     watched: Mutex<HashMap<u64, (Arc<Watched>, Arc<RawDelivery>)>>,
     watching: AtomicBool,
@@ -275,14 +275,14 @@ pub enum Next {
 /// How long a delivery was out before its settlement was decided, and
 /// whether its deadline decided it.
 #[derive(Debug, Clone, Copy)]
-struct Took {
+struct Turnaround {
     out: Duration,
     deadline: bool,
 }
 
 /// What the `process` event needs of a delivery, taken before the
 /// settlement consumes it (only when somebody listens).
-struct Seen {
+struct ProcessFacts {
     message_id: String,
     routing_key: String,
     attempt: u32,
@@ -290,8 +290,8 @@ struct Seen {
     error_class: Option<String>,
 }
 
-impl Seen {
-    fn of(raw: &RawDelivery, attempt: u32, settlement: &Settlement) -> Seen {
+impl ProcessFacts {
+    fn of(raw: &RawDelivery, attempt: u32, settlement: &Settlement) -> ProcessFacts {
         let (reason, error_class) = match settlement {
             Settlement::Accept => (None, None),
             Settlement::Retry { reason, error_class } | Settlement::Reject { reason, error_class } => {
@@ -299,7 +299,7 @@ impl Seen {
             }
             Settlement::Wait { reason, .. } => (Some(reason.clone()), None),
         };
-        Seen {
+        ProcessFacts {
             message_id: crate::wire::envelope_of(&raw.props).id,
             routing_key: raw.routing_key.clone(),
             attempt,
@@ -360,7 +360,7 @@ pub struct Consumer {
     counters: Counters,
     stopped: AtomicBool,
     background: Background,
-    inflight: InFlight,
+    watchlist: Watchlist,
     warnings: Vec<String>,
     flow: flow::Flow,
 }
@@ -442,7 +442,7 @@ impl Consumer {
             counters: Counters::default(),
             stopped: AtomicBool::new(false),
             background: Background::default(),
-            inflight: InFlight::default(),
+            watchlist: Watchlist::default(),
             warnings,
             flow,
         };
@@ -522,7 +522,7 @@ impl Consumer {
                 self.flow_refund();
                 return None;
             };
-            if let Some(d) = self.understand(raw).await {
+            if let Some(d) = self.parse_delivery(raw).await {
                 if self.flow_admits(d.watch.id) {
                     return Some(d);
                 }
@@ -603,7 +603,7 @@ impl Consumer {
         self.link.wake_all();
     }
 
-    async fn understand(&self, raw: RawDelivery) -> Option<Delivery> {
+    async fn parse_delivery(&self, raw: RawDelivery) -> Option<Delivery> {
         match decode(&self.queue, &raw) {
             Ok(message) => Some(self.hand_out(message, raw)),
             Err(undecodable) => {
@@ -639,14 +639,14 @@ impl Consumer {
         let settlement = outcome.settlement();
         self.flow_settled(delivery.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&delivery.span, &settlement);
-        let took = self.took(&delivery.watch, false);
-        tracing::Instrument::instrument(self.settle_raw(delivery.raw, attempt, settlement, took), span).await
+        let turnaround = self.turnaround(&delivery.watch, false);
+        tracing::Instrument::instrument(self.settle_raw(delivery.raw, attempt, settlement, turnaround), span).await
     }
 
     /// The settlement's rules, for a delivery already claimed by whoever
     /// settles it (its handler, or its deadline).
-    async fn settle_raw(&self, raw: Arc<RawDelivery>, attempt: u32, settlement: Settlement, took: Took) -> Result<()> {
-        let seen = crate::events::enabled().then(|| Seen::of(&raw, attempt, &settlement));
+    async fn settle_raw(&self, raw: Arc<RawDelivery>, attempt: u32, settlement: Settlement, turnaround: Turnaround) -> Result<()> {
+        let facts = crate::events::enabled().then(|| ProcessFacts::of(&raw, attempt, &settlement));
         let settled = match settlement {
             Settlement::Accept => {
                 self.link.ack(raw.tag);
@@ -664,26 +664,26 @@ impl Consumer {
                 .map(|()| ProcessOutcome::DeadLettered),
             Settlement::Wait { reason, up_to } => self.wait(Arc::unwrap_or_clone(raw), attempt, &reason, up_to).await,
         };
-        if let Some(seen) = seen {
-            self.processed(seen, took, settled.as_ref().ok().copied());
+        if let Some(facts) = facts {
+            self.processed(facts, turnaround, settled.as_ref().ok().copied());
         }
         settled.map(|_| ())
     }
 
     /// How long the delivery behind `watch` has been out, and whether its
     /// deadline is what settles it.
-    fn took(&self, watch: &Watched, deadline: bool) -> Took {
+    fn turnaround(&self, watch: &Watched, deadline: bool) -> Turnaround {
         let out = watch.deadline.checked_sub(self.options.timeout).map_or(Duration::ZERO, |t| t.elapsed());
-        Took { out, deadline }
+        Turnaround { out, deadline }
     }
 
     /// The `process` event for a settlement (`settled` None: it failed).
     #[cold]
-    fn processed(&self, seen: Seen, took: Took, settled: Option<ProcessOutcome>) {
-        let note = crate::events::take_note(&seen.message_id);
+    fn processed(&self, facts: ProcessFacts, turnaround: Turnaround, settled: Option<ProcessOutcome>) {
+        let note = crate::events::take_note(&facts.message_id);
         let outcome = match (settled, note) {
             (None, _) => ProcessOutcome::Failed,
-            (Some(ProcessOutcome::Retried), _) if took.deadline => ProcessOutcome::TimedOut,
+            (Some(ProcessOutcome::Retried), _) if turnaround.deadline => ProcessOutcome::TimedOut,
             (Some(ProcessOutcome::Accepted), Some(Note::Duplicate)) => ProcessOutcome::Duplicate,
             (Some(ProcessOutcome::Retried), Some(Note::InProgress)) => ProcessOutcome::InProgress,
             (Some(o), _) => o,
@@ -691,13 +691,13 @@ impl Consumer {
         crate::events::emit(|| Event::Process(events::Process {
             consumer: self.options.name.clone().unwrap_or_else(|| self.queue.clone()),
             queue: self.queue.clone(),
-            routing_key: seen.routing_key,
-            message_id: seen.message_id,
-            attempt: seen.attempt,
-            duration: took.out,
+            routing_key: facts.routing_key,
+            message_id: facts.message_id,
+            attempt: facts.attempt,
+            duration: turnaround.out,
             outcome,
-            reason: seen.reason,
-            error_class: seen.error_class,
+            reason: facts.reason,
+            error_class: facts.error_class,
         }));
     }
 
@@ -745,12 +745,12 @@ impl Consumer {
     /// A delivery just taken off the queue, watched by its deadline.
     fn hand_out(&self, message: Message, raw: RawDelivery) -> Delivery {
         let watch = Arc::new(Watched {
-            id: self.inflight.next_id.fetch_add(1, Ordering::Relaxed),
+            id: self.watchlist.next_id.fetch_add(1, Ordering::Relaxed),
             deadline: Instant::now() + self.options.timeout,
             settled: AtomicBool::new(false),
         });
         let raw = Arc::new(raw);
-        self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
+        self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
         let span = crate::trace::process_span(&message, raw.tag);
         Delivery { attempt: message.envelope.attempt, message, raw, watch, span }
     }
@@ -762,7 +762,7 @@ impl Consumer {
             self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&delivery.watch.id);
+        self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&delivery.watch.id);
         true
     }
 
@@ -774,7 +774,7 @@ impl Consumer {
     /// It ends when the consumer is closed or dropped.
     pub fn watch_deadlines(self: &Arc<Self>) {
         self.watch_flow();
-        if self.inflight.watching.swap(true, Ordering::AcqRel) {
+        if self.watchlist.watching.swap(true, Ordering::AcqRel) {
             return;
         }
         let weak = Arc::downgrade(self);
@@ -783,7 +783,7 @@ impl Consumer {
             loop {
                 tokio::time::sleep(tick).await;
                 let Some(this) = weak.upgrade() else { return };
-                if this.inflight.closed.load(Ordering::Acquire) {
+                if this.watchlist.closed.load(Ordering::Acquire) {
                     return;
                 }
                 this.expire(Instant::now());
@@ -793,16 +793,16 @@ impl Consumer {
 
     /// Settle, as retries, the deliveries whose deadline has passed.
     fn expire(self: &Arc<Self>, now: Instant) {
-        let expired: Vec<(Arc<RawDelivery>, Took, u64)> = {
-            let mut watched = self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner());
+        let expired: Vec<(Arc<RawDelivery>, Turnaround, u64)> = {
+            let mut watched = self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner());
             let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline <= now).map(|(id, _)| *id).collect();
             due.into_iter()
                 .filter_map(|id| watched.remove(&id))
                 .filter(|(w, _)| !w.settled.swap(true, Ordering::AcqRel))
-                .map(|(w, raw)| (raw, self.took(&w, true), w.id))
+                .map(|(w, raw)| (raw, self.turnaround(&w, true), w.id))
                 .collect()
         };
-        for (raw, took, id) in expired {
+        for (raw, turnaround, id) in expired {
             self.flow_settled(id, true);
             self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
             let attempt = crate::wire::envelope_of(&raw.props).attempt;
@@ -811,7 +811,7 @@ impl Consumer {
                 crate::checks::human(self.options.timeout)
             );
             let settlement = Settlement::Retry { reason, error_class: Some(TIMEOUT_CLASS.into()) };
-            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement, took).await });
+            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement, turnaround).await });
         }
     }
 
@@ -836,9 +836,9 @@ impl Consumer {
         let settlement = outcome.settlement();
         self.flow_settled(delivery.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&delivery.span, &settlement);
-        let took = self.took(&delivery.watch, false);
+        let turnaround = self.turnaround(&delivery.watch, false);
         self.in_background(move |this| {
-            tracing::Instrument::instrument(async move { this.settle_raw(delivery.raw, attempt, settlement, took).await }, span)
+            tracing::Instrument::instrument(async move { this.settle_raw(delivery.raw, attempt, settlement, turnaround).await }, span)
         });
     }
 
@@ -893,8 +893,8 @@ impl Consumer {
         self.link.ack(delivery.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         if crate::events::enabled() {
-            let seen = Seen::of(&delivery.raw, delivery.attempt, &Settlement::Accept);
-            self.processed(seen, self.took(&delivery.watch, false), Some(ProcessOutcome::Accepted));
+            let facts = ProcessFacts::of(&delivery.raw, delivery.attempt, &Settlement::Accept);
+            self.processed(facts, self.turnaround(&delivery.watch, false), Some(ProcessOutcome::Accepted));
         }
     }
 
@@ -1021,8 +1021,8 @@ impl Consumer {
         let _ = tokio::time::timeout(Duration::from_secs(30), self.background_idle()).await;
         // What is still handed out goes back to the queue with the
         // subscription; a handler settling one later is discarded.
-        self.inflight.closed.store(true, Ordering::Release);
-        for (w, _) in self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, v)| v) {
+        self.watchlist.closed.store(true, Ordering::Release);
+        for (w, _) in self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, v)| v) {
             w.settled.store(true, Ordering::Release);
         }
         self.link.close().await;

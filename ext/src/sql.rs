@@ -100,11 +100,11 @@ pub(crate) fn on_ruby<R>(ruby: &Ruby, f: impl FnOnce() -> acemq::Result<R>) -> R
 /// The Ruby adapter a store calls, kept alive by the GC for as long as the
 /// store: a store's `mark` marks it.
 #[derive(Default, Clone, Copy)]
-pub(crate) struct Kept(Option<Opaque<Value>>);
+pub(crate) struct MarkedAdapter(Option<Opaque<Value>>);
 
-impl Kept {
+impl MarkedAdapter {
     pub(crate) fn new(v: Value) -> Self {
-        Kept(Some(v.into()))
+        MarkedAdapter(Some(v.into()))
     }
 
     pub(crate) fn mark(&self, marker: &magnus::gc::Marker) {

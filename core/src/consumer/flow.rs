@@ -464,7 +464,7 @@ impl Consumer {
         self.link.hold();
         let until = Instant::now() + self.options.timeout.min(Duration::from_secs(60));
         while Instant::now() < until
-            && (!self.inflight.watched.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+            && (!self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
                 || self.background.running.load(Ordering::Acquire) > 0)
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -593,7 +593,7 @@ impl Consumer {
                     () = tokio::time::sleep_until(until) => {}
                 }
                 let Some(this) = weak.upgrade() else { return };
-                if this.inflight.closed.load(Ordering::Acquire) || this.stopped.load(Ordering::Acquire) {
+                if this.watchlist.closed.load(Ordering::Acquire) || this.stopped.load(Ordering::Acquire) {
                     return;
                 }
                 if let Some(t) = this.flow.breaker.as_ref().and_then(|b| b.tick(Instant::now())) {

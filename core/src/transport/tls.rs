@@ -362,7 +362,7 @@ impl TlsDial {
         let received = self.received.clone();
         async move {
             match connect.await {
-                Ok(tls) => Ok(Socket::Tls(Box::new(tls), Arc::new(Seen { failure, received }))),
+                Ok(tls) => Ok(Socket::Tls(Box::new(tls), Arc::new(StreamReport { failure, received }))),
                 Err(e) => {
                     record(&failure, &e);
                     Err(e)
@@ -393,12 +393,12 @@ fn record(failure: &Mutex<Option<rustls::Error>>, e: &io::Error) {
 /// for `amqps://`.
 pub(crate) enum Socket<S> {
     Plain(S),
-    Tls(Box<TlsStream<S>>, Arc<Seen>),
+    Tls(Box<TlsStream<S>>, Arc<StreamReport>),
 }
 
 /// What a dial's TLS stream reports back to it: its last TLS error, and
 /// whether any application data came through.
-pub(crate) struct Seen {
+pub(crate) struct StreamReport {
     failure: Arc<Mutex<Option<rustls::Error>>>,
     received: Arc<AtomicBool>,
 }

@@ -24,7 +24,7 @@ pub(crate) enum Inner {
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLIdempotencyStore", free_immediately, size, mark)]
 pub struct RbSqlStore {
     pub(crate) inner: Inner,
-    adapter: sql::Kept,
+    adapter: sql::MarkedAdapter,
 }
 
 impl DataTypeFunctions for RbSqlStore {
@@ -59,7 +59,7 @@ impl RbSqlStore {
         let o = options(ruby, table, retention, claim_timeout, worker)?;
         let conn = gvl::without_gvl(ruby, || SqliteConnection::open(&path), || {})?;
         let store = conn.and_then(|c| SqlIdempotencyStore::new(c, o));
-        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::Kept::default() })
+        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::default() })
     }
 
     fn new_ruby(
@@ -74,7 +74,7 @@ impl RbSqlStore {
         sql::begin();
         let source = RbSource::new(ruby, adapter)?;
         let store = SqlIdempotencyStore::new(source, o);
-        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::Kept::new(adapter) })
+        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::new(adapter) })
     }
 
     /// Run `f` on the store: without the GVL for a file, with it (and with

@@ -29,7 +29,7 @@ enum Inner {
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLOutboxStore", free_immediately, size, mark)]
 pub struct RbOutboxStore {
     inner: Inner,
-    adapter: sql::Kept,
+    adapter: sql::MarkedAdapter,
 }
 
 impl DataTypeFunctions for RbOutboxStore {
@@ -102,7 +102,7 @@ impl RbOutboxStore {
     ) -> Result<Self, Error> {
         let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
         let store = gvl::without_gvl(ruby, || SqliteConnection::open(&path).and_then(|c| SqlOutboxStore::new(c, o)), || {})?;
-        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::Kept::default() })
+        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::default() })
     }
 
     fn new_ruby(
@@ -118,7 +118,7 @@ impl RbOutboxStore {
         sql::begin();
         let source = RbSource::new(ruby, adapter)?;
         let store = SqlOutboxStore::new(source, o);
-        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::Kept::new(adapter) })
+        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::new(adapter) })
     }
 
     fn create_schema(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {

@@ -25,6 +25,9 @@ pub enum ExchangeKind {
 }
 
 impl ExchangeKind {
+    /// Every kind, in the order error messages list them.
+    pub const ALL: [ExchangeKind; 4] = [Self::Direct, Self::Topic, Self::Fanout, Self::Headers];
+
     /// Parse `direct`, `topic`, `fanout`, `headers`.
     pub fn parse(s: &str) -> Result<Self> {
         match s {
@@ -72,6 +75,9 @@ pub enum QueueType {
 }
 
 impl QueueType {
+    /// Every type, in the order error messages list them.
+    pub const ALL: [QueueType; 2] = [Self::Classic, Self::Quorum];
+
     /// Parse `classic` or `quorum`.
     pub fn parse(s: &str) -> Result<Self> {
         match s {

@@ -320,8 +320,24 @@ fn rung_queues(ruby: &Ruby, queue: String, max_attempts: Option<u32>, initial_de
     Ok(retry_policy(ruby, max_attempts, initial_delay, max_delay)?.rung_queues(&queue))
 }
 
+/// `Topology#exchange(type:)`'s check: core's name for the kind, or its
+/// ConfigurationError.
+fn exchange_type(ruby: &Ruby, kind: String) -> Result<&'static str, Error> {
+    Ok(ExchangeKind::parse(&kind).rb(ruby)?.as_str())
+}
+
+/// `Topology#queue(type:)`'s check (and the Rails DSL's): core's name for
+/// the type, or its ConfigurationError.
+fn queue_type(ruby: &Ruby, kind: String) -> Result<&'static str, Error> {
+    Ok(acemq::QueueType::parse(&kind).rb(ruby)?.as_str())
+}
+
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
+    amqp.define_module_function("_exchange_type", magnus::function!(exchange_type, 1))?;
+    amqp.define_module_function("_queue_type", magnus::function!(queue_type, 1))?;
+    amqp.const_set("EXCHANGE_TYPES", ruby.ary_from_iter(ExchangeKind::ALL.iter().map(|k| k.as_str())))?;
+    amqp.const_set("QUEUE_TYPES", ruby.ary_from_iter(acemq::QueueType::ALL.iter().map(|t| t.as_str())))?;
     amqp.define_module_function("_rung_queues", magnus::function!(rung_queues, 4))?;
     let class = amqp.define_class("Connection", ruby.class_object())?;
     class.define_singleton_method("_open", function!(RbConnection::open, 2))?;

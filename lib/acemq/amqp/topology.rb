@@ -16,7 +16,10 @@ module AceMQ
     # PreconditionFailed naming the argument. Nothing is ever deleted to make
     # a declaration fit.
     class Topology
-      EXCHANGE_TYPES = %w[direct topic fanout headers].freeze
+      # The engine's lists (core's ExchangeKind and QueueType), which also
+      # check a type given here.
+      EXCHANGE_TYPES = AMQP::EXCHANGE_TYPES.map(&:freeze).freeze
+      QUEUE_TYPES = AMQP::QUEUE_TYPES.map(&:freeze).freeze
 
       attr_reader :exchanges, :queues, :bindings
 
@@ -27,26 +30,16 @@ module AceMQ
       end
 
       def exchange(name, type: :direct)
-        type = type.to_s
-        unless EXCHANGE_TYPES.include?(type)
-          raise ConfigurationError, "unknown exchange type #{type.inspect}: use one of #{EXCHANGE_TYPES.join(', ')}"
-        end
-
-        @exchanges << [name.to_s, type]
+        @exchanges << [name.to_s, AMQP._exchange_type(type.to_s)]
         self
       end
-
-      QUEUE_TYPES = %w[classic quorum].freeze
 
       # `arguments:` are AMQP queue arguments (x-message-ttl, x-max-length, ...).
       # `type: :quorum` declares a quorum queue, and its DLQ and the
       # consumer's rungs as quorum queues too, dead-lettering at least once
       # (see docs/production.md); the default is classic.
       def queue(name, arguments: nil, type: nil)
-        type &&= type.to_s
-        if type && !QUEUE_TYPES.include?(type)
-          raise ConfigurationError, "unknown queue type #{type.inspect}: use :classic or :quorum"
-        end
+        type &&= AMQP._queue_type(type.to_s)
 
         unless arguments.nil? || arguments.is_a?(Hash)
           raise ConfigurationError, "arguments: must be a Hash of names to values, got #{arguments.class}"

@@ -59,13 +59,15 @@ module AceMQ
 
           name = name.to_s
           raise AMQP::ConfigurationError, "#{self}: queue needs a name" if name.empty?
-          if type && !AMQP::Topology::QUEUE_TYPES.include?(type.to_s)
-            raise AMQP::ConfigurationError, "#{self}: unknown queue type #{type.inspect}: use :classic or :quorum"
+          begin
+            type &&= AMQP._queue_type(type.to_s)
+          rescue AMQP::ConfigurationError => e
+            raise AMQP::ConfigurationError, "#{self}: #{e.message}"
           end
 
           set(:queue, name)
           set(:queue_arguments, arguments.transform_keys(&:to_s).freeze) if arguments
-          set(:queue_type, type.to_s) if type
+          set(:queue_type, type) if type
           name
         end
 

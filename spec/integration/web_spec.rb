@@ -25,17 +25,22 @@ RSpec.describe "AceMQ::Web (Rack)" do
 
   # n dead letters, rejected by a consumer: "declined N", error class none;
   # every third raises instead (class ArgumentError) and is dead-lettered
-  # at once by max_attempts 1. Returns their ids in DLQ order.
+  # at once by max_attempts 1. Each is published once the one before is in
+  # the DLQ, so the DLQ holds them in n's order (a consumer's threads
+  # dead-letter in the order they finish). Returns their ids in that order.
   def dead_letters(count)
     sub = @mq.consume(@queue, retries: { max_attempts: 1 }) do |m|
       raise ArgumentError, "bad #{m.payload['n']}" if (m.payload["n"] % 3).zero?
 
       AceMQ::AMQP::Ack.reject("declined #{m.payload['n']}")
     end
-    count.times { |n| @mq.publish({ "n" => n }, to: @queue, type: "order.v1") }
-    eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == count }
+    ids = Array.new(count) do |n|
+      id = @mq.publish({ "n" => n }, to: @queue, type: "order.v1").id
+      eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == n + 1 }
+      id
+    end
     sub.cancel
-    @mq.peek_dead_letters(@queue, limit: 100).map { |d| d[:id] }
+    ids
   end
 
   def token_of(response) = response["set-cookie"].to_s[/acemq_csrf=(\h{64})/, 1]

@@ -150,6 +150,26 @@ impl ConsumeOptions {
             keep_order: false,
         }
     }
+
+    /// The rules for a consumer's sizes, once: what `open` checks, and what
+    /// Ruby's `consume` and the Rails DSL check through the extension where
+    /// they are given. `prefetch` None is the default (always valid).
+    pub fn check_sizes(concurrency: u64, prefetch: Option<u64>, batch: u64) -> Result<()> {
+        if concurrency == 0 {
+            return Err(Error::invalid("concurrency must be at least 1"));
+        }
+        match prefetch {
+            Some(0) => return Err(Error::invalid("prefetch must be at least 1: unlimited prefetch is not offered")),
+            Some(p) if p > u64::from(u16::MAX) => {
+                return Err(Error::invalid(format!("prefetch must be at most 65535, AMQP's 16-bit field (got {p})")))
+            }
+            _ => {}
+        }
+        if batch == 0 {
+            return Err(Error::invalid("batch must be at least 1"));
+        }
+        Ok(())
+    }
 }
 
 /// One delivery being handled: the message and what is needed to settle it.
@@ -394,12 +414,7 @@ impl Consumer {
             return Err(Error::invalid("consume needs a queue name"));
         }
         crate::limits::ladder(queue, &options.retry)?;
-        if options.prefetch == 0 {
-            return Err(Error::invalid("prefetch must be at least 1: unlimited prefetch is not offered"));
-        }
-        if options.concurrency == 0 {
-            return Err(Error::invalid("concurrency must be at least 1"));
-        }
+        ConsumeOptions::check_sizes(options.concurrency as u64, Some(u64::from(options.prefetch)), 1)?;
         // RabbitMQ 4.3 no longer applies consumer_timeout to classic queues
         // (measured: a classic queue's consumer held a delivery 75 s past a
         // 2 s timeout untouched), so there the handler deadline answers

@@ -320,6 +320,13 @@ fn rung_queues(ruby: &Ruby, queue: String, max_attempts: Option<u32>, initial_de
     Ok(retry_policy(ruby, max_attempts, initial_delay, max_delay)?.rung_queues(&queue))
 }
 
+/// `consume`'s and the Rails DSL's check of concurrency, prefetch (nil: the
+/// default) and batch: core's rules. A negative count is refused as 0 is.
+fn check_sizes(ruby: &Ruby, concurrency: i64, prefetch: Option<i64>, batch: i64) -> Result<(), Error> {
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    ConsumeOptions::check_sizes(count(concurrency), prefetch.map(count), count(batch)).rb(ruby)
+}
+
 /// `Topology#exchange(type:)`'s check: core's name for the kind, or its
 /// ConfigurationError.
 fn exchange_type(ruby: &Ruby, kind: String) -> Result<&'static str, Error> {
@@ -334,6 +341,7 @@ fn queue_type(ruby: &Ruby, kind: String) -> Result<&'static str, Error> {
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
+    amqp.define_module_function("_check_sizes", magnus::function!(check_sizes, 3))?;
     amqp.define_module_function("_exchange_type", magnus::function!(exchange_type, 1))?;
     amqp.define_module_function("_queue_type", magnus::function!(queue_type, 1))?;
     amqp.const_set("EXCHANGE_TYPES", ruby.ary_from_iter(ExchangeKind::ALL.iter().map(|k| k.as_str())))?;

@@ -211,18 +211,12 @@ module AceMQ
                   &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
 
-        concurrency = Integer(concurrency)
-        raise ConfigurationError, "concurrency must be at least 1 (got #{concurrency})" if concurrency < 1
-
-        prefetch &&= Integer(prefetch)
-        # Checked here only because the wire field is 16 bits; the engine
-        # refuses 0 (unlimited prefetch is not offered) and picks the default.
-        if prefetch && !(0..65_535).cover?(prefetch)
-          raise ConfigurationError, "prefetch must be between 1 and 65535 (got #{prefetch})"
-        end
-
-        batch = Integer(batch)
-        raise ConfigurationError, "batch must be at least 1 (got #{batch})" if batch < 1
+        concurrency = Connection.count(:concurrency, concurrency)
+        prefetch = Connection.count(:prefetch, prefetch)
+        batch = Connection.count(:batch, batch)
+        # The engine's rules (at least 1 each, prefetch at most 65535), here
+        # where they were given.
+        AMQP._check_sizes(concurrency, prefetch, batch)
 
         policy = RetryPolicy.from(retries)
         claim_timeout = handler.respond_to?(:claim_timeout) ? handler.claim_timeout : nil

@@ -97,7 +97,7 @@ module AceMQ
         def concurrency(count = nil)
           return setting(:concurrency) if count.nil?
 
-          set(:concurrency, positive(:concurrency, count))
+          set(:concurrency, size(:concurrency, count))
         end
 
         # The handler deadline in seconds: a message whose handler has not
@@ -116,10 +116,7 @@ module AceMQ
         def prefetch(count = nil)
           return setting(:prefetch) if count.nil?
 
-          count = positive(:prefetch, count)
-          raise AMQP::ConfigurationError, "#{self}: prefetch must be at most 65535" if count > 65_535
-
-          set(:prefetch, count)
+          set(:prefetch, size(:prefetch, count))
         end
 
         # Hand the idempotency guard up to `size` buffered deliveries at once
@@ -128,7 +125,7 @@ module AceMQ
         def batch(size = nil)
           return setting(:batch) if size.nil?
 
-          set(:batch, positive(:batch, size))
+          set(:batch, size(:batch, size))
         end
 
         # Order per key across runners (docs/ordering.md): the queue becomes
@@ -337,6 +334,22 @@ module AceMQ
           raise AMQP::ConfigurationError, "#{self}: #{name} must be longer than zero seconds (got #{n})" unless n.positive?
 
           n
+        end
+
+        # concurrency, prefetch or batch, checked by the engine's rules
+        # (the ones consume applies) as the class is defined.
+        def size(name, value)
+          n = begin
+            Integer(value)
+          rescue ArgumentError, TypeError
+            raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
+          end
+          AMQP._check_sizes(name == :concurrency ? n : 1, name == :prefetch ? n : nil, name == :batch ? n : 1)
+          n
+        rescue AMQP::ConfigurationError => e
+          raise if e.message.start_with?(to_s)
+
+          raise AMQP::ConfigurationError, "#{self}: #{e.message}"
         end
 
         def positive(name, value)

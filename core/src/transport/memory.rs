@@ -299,6 +299,14 @@ impl MemoryBroker {
             .header(crate::delay::DUE_HEADER)
             .and_then(|v| crate::delay::due_value(&v))
             .map_or(0, |due| due.saturating_sub(self.wall_ms()));
+        let stored = Stored {
+            exchange: exchange.to_owned(),
+            routing_key: routing_key.to_owned(),
+            body: body.to_vec(),
+            props: props.clone(),
+            redelivered: false,
+            enqueued_at: now,
+        };
         if wait > 0 && !targets.is_empty() {
             if wait > crate::delay::MAX_DELAY.as_millis() as u64 + 1000 {
                 return Err(Error::invalid(format!(
@@ -306,14 +314,6 @@ impl MemoryBroker {
                     crate::delay::MAX_DELAY.as_secs()
                 )));
             }
-            let stored = Stored {
-                exchange: exchange.to_owned(),
-                routing_key: routing_key.to_owned(),
-                body: body.to_vec(),
-                props: props.clone(),
-                redelivered: false,
-                enqueued_at: now,
-            };
             st.delayed.push((now + wait, stored));
             drop(st);
             self.timer.notify_one();
@@ -328,14 +328,6 @@ impl MemoryBroker {
                 ),
             ));
         }
-        let stored = Stored {
-            exchange: exchange.to_owned(),
-            routing_key: routing_key.to_owned(),
-            body: body.to_vec(),
-            props: props.clone(),
-            redelivered: false,
-            enqueued_at: now,
-        };
         let mut ttl = false;
         for q in &targets {
             if let Some(queue) = st.queues.get_mut(q) {

@@ -339,25 +339,23 @@ module AceMQ
         # concurrency, prefetch or batch, checked by the engine's rules
         # (the ones consume applies) as the class is defined.
         def size(name, value)
-          n = begin
-            Integer(value)
-          rescue ArgumentError, TypeError
-            raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
+          n = whole(name, value)
+          begin
+            AMQP._check_sizes(name == :concurrency ? n : 1, name == :prefetch ? n : nil, name == :batch ? n : 1)
+          rescue AMQP::ConfigurationError => e
+            raise AMQP::ConfigurationError, "#{self}: #{e.message}"
           end
-          AMQP._check_sizes(name == :concurrency ? n : 1, name == :prefetch ? n : nil, name == :batch ? n : 1)
           n
-        rescue AMQP::ConfigurationError => e
-          raise if e.message.start_with?(to_s)
+        end
 
-          raise AMQP::ConfigurationError, "#{self}: #{e.message}"
+        def whole(name, value)
+          Integer(value)
+        rescue ArgumentError, TypeError
+          raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
         end
 
         def positive(name, value)
-          n = begin
-            Integer(value)
-          rescue ArgumentError, TypeError
-            raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
-          end
+          n = whole(name, value)
           raise AMQP::ConfigurationError, "#{self}: #{name} must be at least 1 (got #{n})" if n < 1
 
           n

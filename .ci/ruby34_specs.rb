@@ -10,10 +10,11 @@
 NEEDS_33 = Regexp.union(
   /require\s+"(?:sqlite3|pg|mysql2|bunny|rails|active_record|action_\w+|rspec\/rails)"/,
   # the drills' helpers load Bunny; so do the shared transport examples
-  # (ready_on) and the outbox helpers (outbox_bunny, outbox_sqlite,
-  # outbox_pg, outbox_mysql); rspec-rails needs Rails
+  # (ready_on), RunnerHelpers#ready_count and the outbox helpers
+  # (outbox_bunny, outbox_sqlite, outbox_pg, outbox_mysql); rspec-rails
+  # needs Rails
   %r{drill/support|drill/node},
-  /it_behaves_like "a transport"|outbox_(?:bunny|sqlite|pg|mysql)\b|under rspec-rails/,
+  /it_behaves_like "a transport"|\bready_count\b|outbox_(?:bunny|sqlite|pg|mysql)\b|under rspec-rails/,
   # bin/demo's steps 3-6 are SQLite through the sqlite3 gem
   %r{bin/demo},
   /\bSQLite3::|\bPG[.:]|\bMysql2\b|\bmysql_(?:client|admin)\b|\bBunny\b|\bActiveRecord\b|\bdummy\b|DocsSamples|rails_app|with_rails|Rails\.application|require_rails/

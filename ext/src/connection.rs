@@ -2,6 +2,7 @@
 //! adds the keywords, defaults and the consume loop.
 
 use crate::consumer::RbConsumer;
+use crate::convert::seconds;
 use crate::dead_letter::RbDeadLetter;
 use crate::errors::IntoRuby;
 use crate::outgoing::RbOutgoing;
@@ -22,15 +23,6 @@ pub struct RbConnection {
 pub(crate) fn opt<T: magnus::TryConvert>(options: &RHash, name: &str) -> Result<Option<T>, Error> {
     let ruby = Ruby::get_with(*options);
     options.lookup::<_, Option<T>>(ruby.to_symbol(name))
-}
-
-pub(crate) fn seconds(ruby: &Ruby, what: &str, secs: f64) -> Result<Duration, Error> {
-    Duration::try_from_secs_f64(secs).map_err(|_| {
-        Error::new(
-            ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
-            format!("{what} must be a number of seconds, zero or more (got {secs})"),
-        )
-    })
 }
 
 /// The `tls:` Hash as Connection.open checked it: Symbol keys, String

@@ -56,7 +56,7 @@ impl RbConsumer {
             Next::Closed => return Err(closed(ruby)),
             Next::Empty => {}
         }
-        let deadline = Instant::now() + crate::connection::seconds(ruby, "timeout", timeout)?;
+        let deadline = Instant::now() + crate::convert::seconds(ruby, "timeout", timeout)?;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
@@ -106,7 +106,7 @@ impl RbConsumer {
                 format!("delivery {tag} is not in flight on this consumer (settled twice?)"),
             ));
         };
-        match crate::delivery::outcome(ruby, result) {
+        match crate::convert::outcome(ruby, result) {
             Ok(Outcome::Ack(Ack::Accept)) => rb_self.inner.accept(d),
             Ok(outcome) => rb_self.inner.settle_later(d, outcome),
             Err(e) => {

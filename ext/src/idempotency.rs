@@ -42,9 +42,7 @@ pub(crate) fn required_key(ruby: &Ruby, v: Value) -> Result<String, Error> {
     key(ruby, v)?.ok_or_else(|| Error::new(ruby.exception_arg_error(), "an idempotency key is required, got nil"))
 }
 
-pub(crate) fn seconds(ruby: &Ruby, what: &str, secs: f64) -> Result<std::time::Duration, Error> {
-    crate::connection::seconds(ruby, what, secs)
-}
+pub(crate) use crate::convert::seconds;
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let patterns = amqp.define_module("Patterns")?;

@@ -327,7 +327,7 @@ pub fn encode(ruby: &Ruby, payload: Value) -> Result<Vec<u8>, Error> {
     if let Some(bytes) = generate(ruby, payload) {
         return Ok(bytes);
     }
-    let connection: magnus::RClass = crate::delivery::amqp_const(ruby, "Connection");
+    let connection: magnus::RClass = crate::convert::amqp_const(ruby, "Connection");
     let text: RString = connection.funcall("generate", (payload,))?;
     // SAFETY: the GVL is held; the bytes are copied before Ruby runs again.
     Ok(unsafe { text.as_slice() }.to_vec())

@@ -4,6 +4,7 @@
 
 mod connection;
 mod consumer;
+mod convert;
 mod dead_letter;
 mod delay;
 mod delivery;

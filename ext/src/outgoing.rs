@@ -105,7 +105,7 @@ fn secs(s: f64) -> std::time::Duration {
     std::time::Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(std::time::Duration::from_secs(u64::MAX / 2))
 }
 
-static ENVELOPE_CLASS: Lazy<RClass> = Lazy::new(|ruby| crate::delivery::amqp_const(ruby, "Envelope"));
+static ENVELOPE_CLASS: Lazy<RClass> = Lazy::new(|ruby| crate::convert::amqp_const(ruby, "Envelope"));
 /// The headers of an envelope that has none: one frozen Hash for all of them.
 static NO_HEADERS: Lazy<RHash> = Lazy::new(|ruby| {
     let h = ruby.hash_new();

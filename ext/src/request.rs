@@ -12,7 +12,7 @@ use magnus::{method, prelude::*, Error, RClass, RModule, Ruby};
 /// Send the request `out` and wait up to `timeout` seconds for its reply,
 /// returned as a NativeDelivery (Message.from_native reads it).
 fn request(ruby: &Ruby, rb_self: &RbConnection, out: &RbOutgoing, timeout: f64) -> Result<RbDelivery, Error> {
-    let timeout = crate::connection::seconds(ruby, "timeout:", timeout)?;
+    let timeout = crate::convert::seconds(ruby, "timeout:", timeout)?;
     let (conn, out) = (&rb_self.inner, &out.inner);
     let (message, body) =
         gvl::block_on(ruby, conn.send_request(&out.body, &out.exchange, &out.routing_key, &out.envelope, timeout))?.rb(ruby)?;

@@ -4,7 +4,7 @@
 
 mod verdict;
 
-use crate::connection::seconds;
+use crate::convert::seconds;
 use crate::errors::IntoRuby;
 use crate::gvl;
 use acemq::runner::{serve_health, HealthServer, Observation, RestartPolicy, RunnerOptions, Supervisor};

@@ -36,7 +36,7 @@ impl RbDecision {
     fn ack(ruby: &Ruby, rb_self: &Self) -> Result<Option<Value>, Error> {
         match &rb_self.0 {
             Decision::Run { .. } => Ok(None),
-            Decision::Settle { outcome, .. } => crate::delivery::ack(ruby, outcome.clone()).map(Some),
+            Decision::Settle { outcome, .. } => crate::convert::ack(ruby, outcome.clone()).map(Some),
         }
     }
 

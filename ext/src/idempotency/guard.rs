@@ -55,7 +55,7 @@ fn decided(ruby: &Ruby, before: Before, why: Option<String>) -> Result<RbDecisio
     };
     let mut outcome = before.outcome_without_running().expect("only Run runs the handler");
     if event == "missing_key" {
-        let fatal = crate::delivery::fatal_error_name(ruby)?;
+        let fatal = crate::convert::fatal_error_name(ruby)?;
         outcome = Outcome::Raised { class: fatal, message: why.unwrap_or_else(|| MISSING_KEY_RUBY.into()), fatal: true };
     }
     Ok(RbDecision(Decision::Settle { outcome, event }))
@@ -78,7 +78,7 @@ impl RbGuard {
     /// consumer reads it. Nil, or the message of a confirm/forget that
     /// failed (the handler's outcome stands either way).
     fn after(ruby: &Ruby, rb_self: &Self, store: Value, key: String, result: Value) -> Result<Option<String>, Error> {
-        let outcome = crate::delivery::outcome(ruby, result)?;
+        let outcome = crate::convert::outcome(ruby, result)?;
         let r = with_store(ruby, store, |s| rb_self.inner.after(s, &key, &outcome))?;
         Ok(r.err().map(|e| e.to_string()))
     }
@@ -114,7 +114,7 @@ impl RbGuard {
         for pair in settled {
             let (key, result): (String, Value) = magnus::TryConvert::try_convert(pair)?;
             keys.push(key);
-            outcomes.push(crate::delivery::outcome(ruby, result)?);
+            outcomes.push(crate::convert::outcome(ruby, result)?);
         }
         let pairs: Vec<(&str, &Outcome)> = keys.iter().map(String::as_str).zip(&outcomes).collect();
         let r = with_store(ruby, store, |s| {

@@ -120,7 +120,7 @@ impl RbCycle {
     /// past `seen`, or `timeout` seconds; whether an add did. Interruptible
     /// (Thread#kill, close) between slices.
     fn wait_for_add(ruby: &Ruby, rb_self: &Self, seen: u64, timeout: f64) -> Result<bool, Error> {
-        let timeout = crate::connection::seconds(ruby, "interval", timeout)?;
+        let timeout = crate::convert::seconds(ruby, "interval", timeout)?;
         let wake = rb_self.wake.clone();
         gvl::block_on(ruby, async move { wake.wait_past(seen, timeout).await })
     }
@@ -197,7 +197,7 @@ fn drive_until_pause(
 fn relay_options(ruby: &Ruby, interval: Option<f64>, batch_size: Option<i64>) -> Result<(f64, usize), Error> {
     let mut o = RelayOptions::default();
     if let Some(s) = interval {
-        o.interval = crate::connection::seconds(ruby, "interval", s)?;
+        o.interval = crate::convert::seconds(ruby, "interval", s)?;
     }
     if let Some(n) = batch_size {
         // A negative count is as unworkable as zero: let core say so.

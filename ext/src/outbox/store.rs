@@ -52,13 +52,13 @@ fn options(
         o.table = t;
     }
     if let Some(s) = lease {
-        o.lease = crate::connection::seconds(ruby, "lease", s)?;
+        o.lease = crate::convert::seconds(ruby, "lease", s)?;
     }
     if let Some(s) = backoff {
-        o.base_backoff = crate::connection::seconds(ruby, "backoff", s)?;
+        o.base_backoff = crate::convert::seconds(ruby, "backoff", s)?;
     }
     if let Some(s) = max_backoff {
-        o.max_backoff = crate::connection::seconds(ruby, "max_backoff", s)?;
+        o.max_backoff = crate::convert::seconds(ruby, "max_backoff", s)?;
     }
     Ok(o)
 }

@@ -172,11 +172,25 @@ impl ConsumeOptions {
     }
 }
 
-/// One delivery being handled: the message and what is needed to settle it.
+/// One delivery being handled: the message, for its handler, and the
+/// [`Settler`] that settles it. [`Delivery::into_parts`] parts them when the
+/// two go separate ways (the Ruby extension's delivery object keeps both).
 #[derive(Debug)]
 pub struct Delivery {
     /// The message, for the handler (see [`Delivery::take_message`]).
     pub message: Message,
+    settler: Settler,
+}
+
+/// What settles one delivery, apart from its message: give it to
+/// [`Consumer::accept`], [`Consumer::settle`] or [`Consumer::settle_later`]
+/// of the consumer that handed it out. Whoever holds it is the one owner of
+/// the delivery in flight: a settler dropped unsettled leaves its delivery
+/// to its deadline (a retry), or to the broker when the consumer closes.
+#[derive(Debug)]
+pub struct Settler {
+    /// The consumer that handed it out ([`Consumer::owns`]).
+    consumer: u64,
     /// The attempt it arrived as: what settling needs of the message, kept
     /// apart from it so that the message can be handed to the handler.
     attempt: u32,
@@ -192,8 +206,11 @@ pub struct Delivery {
 struct Watched {
     id: u64,
     deadline: Instant,
-    /// Set by whoever settles it first: its handler, or the deadline.
+    /// Set by whoever settles it first: its handler, the deadline, or the
+    /// consumer closing.
     settled: AtomicBool,
+    /// Set when it is the deadline that settled it: its handler is overdue.
+    timed_out: AtomicBool,
 }
 
 /// The deliveries handed out, each with a copy of what the deadline needs
@@ -205,6 +222,11 @@ struct Watchlist {
     watching: AtomicBool,
     closed: AtomicBool,
 }
+
+/// Each consumer's number, which its settlers carry: a settler given to
+/// another consumer would acknowledge that consumer's delivery of the same
+/// tag.
+static CONSUMER_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// A delivery's body, shared with the delivery ([`Delivery::shared_body`]).
 #[derive(Clone)]
@@ -236,28 +258,71 @@ impl std::fmt::Debug for Body {
     }
 }
 
-impl Delivery {
-    /// The delivery tag (unique within this consumer while unsettled).
+impl Settler {
+    /// The delivery tag (unique within its consumer while unsettled).
     pub fn tag(&self) -> u64 {
         self.raw.tag
     }
 
+    /// The body as it arrived, shared rather than copied.
+    pub fn shared_body(&self) -> Body {
+        Body(self.raw.clone())
+    }
+
+    /// Its consumer span (`process`, see [`crate::trace`]): from hand-out
+    /// until it is settled.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// Whether its deadline ([`ConsumeOptions::timeout`]) has settled it, as
+    /// a retry, before its handler did: the handler is overdue, and what it
+    /// returns will be discarded. What a pool of handler threads reads to
+    /// replace the one still running it.
+    pub fn is_overdue(&self) -> bool {
+        self.watch.timed_out.load(Ordering::Acquire)
+    }
+}
+
+impl From<Delivery> for Settler {
+    fn from(delivery: Delivery) -> Settler {
+        delivery.settler
+    }
+}
+
+impl Delivery {
+    /// The message and what settles it, apart.
+    pub fn into_parts(self) -> (Message, Settler) {
+        (self.message, self.settler)
+    }
+
+    /// What settles it.
+    pub fn settler(&self) -> &Settler {
+        &self.settler
+    }
+
+    /// The delivery tag (unique within this consumer while unsettled).
+    pub fn tag(&self) -> u64 {
+        self.settler.tag()
+    }
+
     /// The body as it arrived, byte for byte.
     pub fn body(&self) -> &[u8] {
-        &self.raw.body
+        &self.settler.raw.body
     }
 
     /// The body as it arrived, shared rather than copied: what a handler
     /// that outlives this borrow keeps (the Ruby extension's delivery
     /// object, whose payload is built from it when first read).
     pub fn shared_body(&self) -> Body {
-        Body(self.raw.clone())
+        self.settler.shared_body()
     }
 
     /// The message, moved out for a handler that takes it by value (the
-    /// push consumer, the Ruby extension's delivery object), without a
-    /// copy of its payload. What is left can still be settled: settling
-    /// reads nothing of `message`, which is empty afterwards.
+    /// push consumer), without a copy of its payload. What is left can
+    /// still be settled: settling reads nothing of `message`, which is
+    /// empty afterwards. [`Delivery::into_parts`] does the same without
+    /// leaving a hollow message behind.
     pub fn take_message(&mut self) -> Message {
         let hollow = Message {
             payload: Value::Null,
@@ -266,7 +331,7 @@ impl Delivery {
                 kind: None,
                 origin: None,
                 timestamp: None,
-                attempt: self.attempt,
+                attempt: self.settler.attempt,
                 headers: crate::headers::Headers::new(),
             },
             delivery: crate::message::DeliveryInfo::default(),
@@ -278,7 +343,7 @@ impl Delivery {
     /// until it is settled. Run the handler inside it (`.instrument(span)`)
     /// to make the handler's own spans its children.
     pub fn span(&self) -> &tracing::Span {
-        &self.span
+        self.settler.span()
     }
 }
 
@@ -373,6 +438,8 @@ fn settled_span(span: &tracing::Span, settlement: &Settlement) -> tracing::Span 
 
 /// A pull consumer on one queue.
 pub struct Consumer {
+    /// Its number, which its settlers carry ([`Consumer::owns`]).
+    id: u64,
     conn: Connection,
     queue: String,
     options: ConsumeOptions,
@@ -450,6 +517,7 @@ impl Consumer {
         let (link, declared) =
             futures_lite::future::zip(conn.backend().subscribe(queue, options.prefetch), conn.backend().apply(&ladder)).await;
         let consumer = Consumer {
+            id: CONSUMER_IDS.fetch_add(1, Ordering::Relaxed),
             conn,
             queue: queue.to_owned(),
             options,
@@ -520,6 +588,20 @@ impl Consumer {
         self.link.failure()
     }
 
+    /// Whether `settler` is of a delivery this consumer handed out: only
+    /// then may it settle it here (another consumer's tag names another
+    /// message on this one's channel).
+    pub fn owns(&self, settler: &Settler) -> bool {
+        settler.consumer == self.id
+    }
+
+    /// How many deliveries are handed out and not settled yet, by their
+    /// handler or their deadline. One whose handler dropped it unsettled is
+    /// counted until its deadline settles it.
+    pub fn in_flight(&self) -> usize {
+        self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// The next message, or None once stopped. A delivery that cannot be a
     /// message (not JSON, a foreign content type) is dead-lettered here with
     /// the reason, and the wait goes on.
@@ -538,13 +620,13 @@ impl Consumer {
                 return None;
             };
             if let Some(d) = self.parse_delivery(raw).await {
-                if self.flow_admits(d.watch.id) {
+                if self.flow_admits(d.settler.watch.id) {
                     return Some(d);
                 }
                 // Its circuit breaker is open: back to the queue, unspent.
                 self.flow_refund();
-                if self.claim(&d) {
-                    self.link.requeue(d.raw.tag).await;
+                if self.claim(&d.settler) {
+                    self.link.requeue(d.tag()).await;
                 }
             } else {
                 self.flow_refund();
@@ -573,14 +655,15 @@ impl Consumer {
                 Ok(message) => {
                     self.watch_deadlines();
                     let d = self.hand_out(message, raw);
-                    if self.flow_admits(d.watch.id) {
+                    if self.flow_admits(d.settler.watch.id) {
                         return Next::Delivery(Box::new(d));
                     }
                     // Its circuit breaker is open: back to the queue, unspent.
                     self.flow_refund();
-                    if self.claim(&d) {
+                    if self.claim(&d.settler) {
+                        let tag = d.tag();
                         self.in_background(move |this| async move {
-                            this.link.requeue(d.raw.tag).await;
+                            this.link.requeue(tag).await;
                             Ok(())
                         });
                     }
@@ -646,16 +729,20 @@ impl Consumer {
     /// subscription closes, when the broker redelivers it. A copy already
     /// confirmed is not taken back: that is a duplicate, never a loss. Use
     /// [`Consumer::settle_later`] to settle without awaiting.
-    pub async fn settle(&self, delivery: Delivery, outcome: Outcome) -> Result<()> {
-        if !self.claim(&delivery) {
+    pub async fn settle(&self, delivery: impl Into<Settler>, outcome: Outcome) -> Result<()> {
+        let settler = delivery.into();
+        if !self.owns(&settler) {
+            return Err(not_ours(&settler));
+        }
+        if !self.claim(&settler) {
             return Ok(());
         }
-        let attempt = delivery.attempt;
+        let attempt = settler.attempt;
         let settlement = outcome.settlement();
-        self.flow_settled(delivery.watch.id, matches!(settlement, Settlement::Retry { .. }));
-        let span = settled_span(&delivery.span, &settlement);
-        let turnaround = self.turnaround(&delivery.watch, false);
-        tracing::Instrument::instrument(self.settle_raw(delivery.raw, attempt, settlement, turnaround), span).await
+        self.flow_settled(settler.watch.id, matches!(settlement, Settlement::Retry { .. }));
+        let span = settled_span(&settler.span, &settlement);
+        let turnaround = self.turnaround(&settler.watch, false);
+        tracing::Instrument::instrument(self.settle_raw(settler.raw, attempt, settlement, turnaround), span).await
     }
 
     /// The settlement's rules, for a delivery already claimed by whoever
@@ -763,21 +850,24 @@ impl Consumer {
             id: self.watchlist.next_id.fetch_add(1, Ordering::Relaxed),
             deadline: Instant::now() + self.options.timeout,
             settled: AtomicBool::new(false),
+            timed_out: AtomicBool::new(false),
         });
         let raw = Arc::new(raw);
         self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
         let span = crate::trace::process_span(&message, raw.tag);
-        Delivery { attempt: message.envelope.attempt, message, raw, watch, span }
+        let settler = Settler { consumer: self.id, attempt: message.envelope.attempt, raw, watch, span };
+        Delivery { message, settler }
     }
 
-    /// Take the right to settle `delivery`: false when its deadline settled
-    /// it already, and then what its handler produced is discarded.
-    fn claim(&self, delivery: &Delivery) -> bool {
-        if delivery.watch.settled.swap(true, Ordering::AcqRel) {
+    /// Take the right to settle `settler`'s delivery: false when its
+    /// deadline settled it already (or the consumer closed), and then what
+    /// its handler produced is discarded.
+    fn claim(&self, settler: &Settler) -> bool {
+        if settler.watch.settled.swap(true, Ordering::AcqRel) {
             self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&delivery.watch.id);
+        self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&settler.watch.id);
         true
     }
 
@@ -793,7 +883,7 @@ impl Consumer {
             return;
         }
         let weak = Arc::downgrade(self);
-        let tick = (self.options.timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let tick = self.deadline_tick();
         crate::runtime::handle().spawn(async move {
             loop {
                 tokio::time::sleep(tick).await;
@@ -806,6 +896,14 @@ impl Consumer {
         });
     }
 
+    /// How often the deadline watch looks: a delivery is settled by its
+    /// deadline within this much after it passed ([`Settler::is_overdue`]
+    /// turns true then), so whoever asks about overdue handlers need not
+    /// ask more often.
+    pub fn deadline_tick(&self) -> Duration {
+        (self.options.timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
     /// Settle, as retries, the deliveries whose deadline has passed.
     fn expire(self: &Arc<Self>, now: Instant) {
         let expired: Vec<(Arc<RawDelivery>, Turnaround, u64)> = {
@@ -814,6 +912,7 @@ impl Consumer {
             due.into_iter()
                 .filter_map(|id| watched.remove(&id))
                 .filter(|(w, _)| !w.settled.swap(true, Ordering::AcqRel))
+                .inspect(|(w, _)| w.timed_out.store(true, Ordering::Release))
                 .map(|(w, raw)| (raw, self.turnaround(&w, true), w.id))
                 .collect()
         };
@@ -839,21 +938,29 @@ impl Consumer {
     /// collected for [`Consumer::take_errors`]; the rule is unchanged (a copy
     /// that cannot be made puts the original back on the queue).
     /// [`Consumer::close`] waits for them.
-    pub fn settle_later(self: &Arc<Self>, delivery: Delivery, outcome: Outcome) {
+    ///
+    /// A settler of another consumer's delivery settles nothing here: its
+    /// error is collected as the others are.
+    pub fn settle_later(self: &Arc<Self>, delivery: impl Into<Settler>, outcome: Outcome) {
+        let settler = delivery.into();
         if matches!(outcome, Outcome::Ack(crate::ack::Ack::Accept)) {
-            self.accept(delivery);
+            self.accept(settler);
             return;
         }
-        if !self.claim(&delivery) {
+        if !self.owns(&settler) {
+            self.keep_error(not_ours(&settler));
             return;
         }
-        let attempt = delivery.attempt;
+        if !self.claim(&settler) {
+            return;
+        }
+        let attempt = settler.attempt;
         let settlement = outcome.settlement();
-        self.flow_settled(delivery.watch.id, matches!(settlement, Settlement::Retry { .. }));
-        let span = settled_span(&delivery.span, &settlement);
-        let turnaround = self.turnaround(&delivery.watch, false);
+        self.flow_settled(settler.watch.id, matches!(settlement, Settlement::Retry { .. }));
+        let span = settled_span(&settler.span, &settlement);
+        let turnaround = self.turnaround(&settler.watch, false);
         self.in_background(move |this| {
-            tracing::Instrument::instrument(async move { this.settle_raw(delivery.raw, attempt, settlement, turnaround).await }, span)
+            tracing::Instrument::instrument(async move { this.settle_raw(settler.raw, attempt, settlement, turnaround).await }, span)
         });
     }
 
@@ -868,13 +975,18 @@ impl Consumer {
         let this = self.clone();
         crate::runtime::handle().spawn(async move {
             if let Err(e) = work(this.clone()).await {
-                this.background.errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
-                this.background.has_errors.store(true, Ordering::Release);
+                this.keep_error(e);
             }
             if this.background.running.fetch_sub(1, Ordering::AcqRel) == 1 {
                 this.background.idle.notify_waiters();
             }
         });
+    }
+
+    /// Keep `e` for [`Consumer::take_errors`].
+    fn keep_error(&self, e: Error) {
+        self.background.errors.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+        self.background.has_errors.store(true, Ordering::Release);
     }
 
     /// Errors met by [`Consumer::settle_later`] since the last call. Each
@@ -899,17 +1011,25 @@ impl Consumer {
     /// Accept without waiting for anything: the acknowledgement is queued and
     /// coalesced with its neighbours. The same as settling with
     /// `Outcome::Ack(Ack::Accept)`, callable from outside the runtime.
-    pub fn accept(&self, delivery: Delivery) {
-        if !self.claim(&delivery) {
+    ///
+    /// A settler of another consumer's delivery accepts nothing here: its
+    /// error is collected for [`Consumer::take_errors`].
+    pub fn accept(&self, delivery: impl Into<Settler>) {
+        let settler = delivery.into();
+        if !self.owns(&settler) {
+            self.keep_error(not_ours(&settler));
             return;
         }
-        delivery.span.record("acemq.outcome", "accepted");
-        self.flow_settled(delivery.watch.id, false);
-        self.link.ack(delivery.raw.tag);
+        if !self.claim(&settler) {
+            return;
+        }
+        settler.span.record("acemq.outcome", "accepted");
+        self.flow_settled(settler.watch.id, false);
+        self.link.ack(settler.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         if crate::events::enabled() {
-            let facts = ProcessFacts::of(&delivery.raw, delivery.attempt, &Settlement::Accept);
-            self.processed(facts, self.turnaround(&delivery.watch, false), Some(ProcessOutcome::Accepted));
+            let facts = ProcessFacts::of(&settler.raw, settler.attempt, &Settlement::Accept);
+            self.processed(facts, self.turnaround(&settler.watch, false), Some(ProcessOutcome::Accepted));
         }
     }
 
@@ -1044,6 +1164,11 @@ impl Consumer {
     }
 }
 
+/// What settling another consumer's delivery is.
+fn not_ours(settler: &Settler) -> Error {
+    Error::invalid(format!("delivery {} was handed out by another consumer: settle it with that one", settler.tag()))
+}
+
 /// A handler's result, a panic settled as a retry.
 fn unwound(done: std::thread::Result<Outcome>) -> Outcome {
     done.unwrap_or_else(|panic| {
@@ -1086,7 +1211,7 @@ impl ConsumerHandle {
                         let (h, message) = (h.clone(), d.take_message());
                         let mut running = Box::pin(std::panic::AssertUnwindSafe(tracing::Instrument::instrument(
                             async move { h.handle(message).await.into() },
-                            d.span.clone(),
+                            d.span().clone(),
                         ))
                         .catch_unwind());
                         // A handler that is done at its first poll (it
@@ -1097,7 +1222,7 @@ impl ConsumerHandle {
                             c.settle_later(d, unwound(done));
                             continue;
                         }
-                        let deadline = tokio::time::Instant::from_std(d.watch.deadline);
+                        let deadline = tokio::time::Instant::from_std(d.settler.watch.deadline);
                         tokio::select! {
                             biased;
                             done = &mut running => c.settle_later(d, unwound(done)),

@@ -77,7 +77,7 @@ pub use ack::{Ack, Outcome, Settlement};
 pub use broker::BrokerVersion;
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
 pub use consumer::{
-    Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
+    Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, Settler, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
     TIMEOUT_CLASS,
 };
 pub use consumer::{BreakerState, CircuitBreaker, Throttle};

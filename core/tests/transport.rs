@@ -569,6 +569,42 @@ async fn a_handler_past_its_timeout_is_retried_and_its_late_outcome_discarded() 
     }
 }
 
+/// A pull consumer's deadline, seen from the settler that holds the
+/// delivery: it says its handler is overdue once the deadline has settled
+/// the delivery, the consumer no longer counts it in flight, and the late
+/// accept is discarded. A settler settles only on the consumer that handed
+/// it out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_settler_says_when_its_deadline_settled_it_and_settles_only_where_it_came_from() {
+    for mq in transports().await {
+        let (q, elsewhere) = (unique("overdue"), unique("overdue-other"));
+        mq.apply(&Topology::new().queue(&q).queue(&elsewhere)).await.unwrap();
+        let options = ConsumeOptions { timeout: Duration::from_millis(200), ..short_ladder(3) };
+        let c = std::sync::Arc::new(mq.consumer(&q, options).await.unwrap());
+        c.watch_deadlines();
+        mq.publish(&json!({"n": 1}), &q, PublishOptions::default()).await.unwrap();
+        let (message, settler) = next(&c).await.into_parts();
+        assert_eq!((message.payload["n"].as_i64(), c.in_flight(), settler.is_overdue()), (Some(1), 1, false));
+        support::eventually("the deadline settles it", Duration::from_secs(5), || async { settler.is_overdue() }).await;
+        assert_eq!(c.in_flight(), 0);
+        c.accept(settler);
+        let s = c.stats();
+        assert_eq!((s.accepted, s.timed_out, s.abandoned), (0, 1, 1), "{s:?}");
+
+        let other = mq.consumer(&elsewhere, ConsumeOptions::default()).await.unwrap();
+        mq.publish(&json!({"n": 2}), &elsewhere, PublishOptions::default()).await.unwrap();
+        let foreign = next(&other).await;
+        assert!(!c.owns(foreign.settler()) && other.owns(foreign.settler()));
+        c.accept(foreign);
+        let errors = c.take_errors();
+        assert!(errors.len() == 1 && errors[0].to_string().contains("another consumer"), "{errors:?}");
+        assert_eq!((c.stats().accepted, other.stats().accepted, other.in_flight()), (0, 0, 1));
+        other.close().await;
+        c.close().await;
+        mq.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_timeout_past_the_brokers_consumer_timeout_is_refused() {
     let mq = Connection::open(&format!("memory://{}", unique("t"))).await.unwrap();

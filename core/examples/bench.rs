@@ -157,6 +157,10 @@ fn lapin_props() -> BasicProperties {
         .with_headers(headers)
 }
 
+fn now_secs() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
 /// Raw lapin's consume: parse each body, ack every ACK_EVERY (`multiple`),
 /// until n.
 async fn raw_loop(ch: &Channel, consumer: &mut lapin::Consumer, n: u64) -> Result<(), BoxError> {
@@ -489,9 +493,10 @@ impl Bench {
     }
 
     /// What retrying once costs any client: consume `q`; a first attempt is
-    /// copied to the rung with its attempt header raised (persistent, its
-    /// confirm awaited in a task of its own, as acemq's background settle
-    /// does, so many are in flight) and acknowledged once the copy is
+    /// copied to the rung with acemq's failure headers and its attempt
+    /// raised (persistent, mandatory; sent and its confirm awaited in a task
+    /// of its own, as acemq's background settle does, so up to the prefetch
+    /// are in flight) and acknowledged once the copy is
     /// confirmed; a second attempt, back from the rung's TTL, is parsed and
     /// acknowledged. Each ack is single: the two kinds interleave, so
     /// `multiple` would acknowledge unconfirmed copies. Clock stops at n
@@ -519,16 +524,26 @@ impl Bench {
                     }
                     continue;
                 }
+                // The headers acemq's retry writes on the copy (consumer.rs,
+                // failure_headers), so the broker stores the same message.
                 let mut headers = d.properties.headers().clone().unwrap_or_default();
+                let text = |s: &str| lapin::types::AMQPValue::LongString(s.into());
+                headers.insert(ShortString::from("x-acemq-reason"), text("once"));
+                headers.insert(ShortString::from("x-acemq-failed-at"), lapin::types::AMQPValue::LongLongInt(now_secs()));
+                headers.insert(ShortString::from("x-acemq-queue"), text(q));
+                headers.insert(ShortString::from("x-acemq-original-exchange"), text(""));
+                headers.insert(ShortString::from("x-acemq-original-routing-key"), text(q));
                 headers.insert(ShortString::from("x-acemq-attempt"), lapin::types::AMQPValue::LongLongInt(2));
                 headers.insert(ShortString::from("x-bench-retried"), lapin::types::AMQPValue::Boolean(true));
                 let props = d.properties.clone().with_headers(headers);
-                let confirm = copies
-                    .basic_publish(ShortString::from(""), ShortString::from(rung), BasicPublishOptions { mandatory: true, immediate: false }, &d.data, props)
-                    .await?;
-                let ch = ch.clone();
+                // The copy, its confirm and the ack in a task of their own,
+                // so the loop goes on to the next delivery at once (what
+                // acemq's background settle does).
+                let (ch, copies, rung) = (ch.clone(), copies.clone(), ShortString::from(rung));
                 tokio::spawn(async move {
-                    if confirm.await.is_ok() {
+                    let options = BasicPublishOptions { mandatory: true, immediate: false };
+                    let Ok(confirm) = copies.basic_publish(ShortString::from(""), rung, options, &d.data, props).await else { return };
+                    if matches!(confirm.await, Ok(lapin::Confirmation::Ack(None))) {
                         let _ = ch.basic_ack(d.delivery_tag, BasicAckOptions::default()).await;
                     }
                 });
@@ -540,6 +555,91 @@ impl Bench {
         ch.close(200, ShortString::from("OK")).await?;
         copies.close(200, ShortString::from("OK")).await?;
         Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
+    /// acemq's side of the retry case: the push consumer with a ladder
+    /// whose first rung is 50 ms, its handler asking for a retry on the
+    /// first attempt and accepting the second. Clock stops at n accepted.
+    async fn acemq_retry_once(&self, q: &str, policy: &acemq::RetryPolicy, n: u64) -> Result<f64, BoxError> {
+        let seen = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(Notify::new());
+        let (s, d) = (seen.clone(), done.clone());
+        let options = ConsumeOptions { prefetch: PREFETCH, retry: policy.clone(), ..ConsumeOptions::default() };
+        let t = Instant::now();
+        let handle = self
+            .mq
+            .consume(q, options, move |m: acemq::Message| {
+                let (s, d) = (s.clone(), d.clone());
+                async move {
+                    if m.envelope.attempt == 1 {
+                        return Outcome::Ack(Ack::retry("once"));
+                    }
+                    std::hint::black_box(&m.payload["order_id"]);
+                    if s.fetch_add(1, Ordering::Relaxed) + 1 == n {
+                        d.notify_one();
+                    }
+                    Outcome::Ack(Ack::accept())
+                }
+            })
+            .await?;
+        tokio::time::timeout(RUN_LIMIT, done.notified()).await.map_err(|_| "acemq retry_once timed out")?;
+        handle.cancel().await;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    }
+
+    /// Retry every message once, then accept it: acemq's push consumer
+    /// against raw lapin doing the same (`raw_retry_once`: the copy with
+    /// acemq's headers to the same 50 ms rung, confirmed, then the ack; the
+    /// copy accepted when it comes back; pipelined up to the prefetch),
+    /// alternated run by run. The rung is short so the figure is the settle
+    /// path's throughput, not the delay: at 5,000 messages the last copy's
+    /// 50 ms is a few percent of a run.
+    async fn retry_once(&mut self) -> Result<(), BoxError> {
+        let q = self.queue("retry").await?;
+        let policy = acemq::RetryPolicy::new(5, Duration::from_millis(50), Duration::from_secs(1));
+        for delay in policy.rungs() {
+            self.queues.push(acemq::rung_name(&q, delay));
+        }
+        let rung = acemq::rung_name(&q, policy.delay_after(1));
+        let n = count(5_000.0);
+        let only = std::env::var("BENCH_SIDE").unwrap_or_default();
+        let (mut ours, mut base, mut ours_cpu, mut base_cpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for i in 0..self.runs {
+            // acemq's side declares the ladder, so it runs first the first time.
+            for side in if i % 2 == 0 { ["acemq", "lapin"] } else { ["lapin", "acemq"] } {
+                if !only.is_empty() && only != side && i > 0 {
+                    continue;
+                }
+                // Every copy has come back by the end of a run: the rung is empty.
+                self.preload(&q, n).await?;
+                let cpu = cpu_seconds();
+                let before = threads_cpu();
+                if side == "acemq" {
+                    ours.push(self.acemq_retry_once(&q, &policy, n).await?);
+                    ours_cpu.push((cpu_seconds() - cpu) / n as f64 * 1e6);
+                } else {
+                    base.push(self.raw_retry_once(&q, &rung, n).await?);
+                    base_cpu.push((cpu_seconds() - cpu) / n as f64 * 1e6);
+                }
+                if !only.is_empty() {
+                    println!("  {side}: {}", per_thread(&before, n));
+                }
+            }
+        }
+        if !only.is_empty() {
+            let (rates, cpus) = if only == "acemq" { (ours, ours_cpu) } else { (base, base_cpu) };
+            println!("  retry once, {only} alone: {:.0}/s, {:.1} us/msg client CPU", median(rates), median(cpus));
+            return Ok(());
+        }
+        self.row("4 retry once then accept (rung 50 ms)", median(ours.clone()), median(base.clone()));
+        println!(
+            "  {:<40} acemq {:>5.1}, lapin {:>5.1} us/msg (client CPU, user + system); runs: {}",
+            "",
+            median(ours_cpu),
+            median(base_cpu),
+            ours.iter().zip(&base).map(|(a, b)| format!("{:.2}x", a / b)).collect::<Vec<_>>().join(" ")
+        );
+        Ok(())
     }
 
     /// One timed consume of n preloaded messages, acemq's or raw lapin's:
@@ -760,7 +860,7 @@ async fn main() -> Result<(), BoxError> {
     let endpoint = url.rsplit('@').next().unwrap_or("");
     println!("AceMQ Rust bench: {endpoint}, 1 KiB JSON, persistent, median of {runs} runs, lapin 4.12 (tokio, 2 workers)");
     // BENCH_CASES (default all): a comma-separated subset, for profiling one.
-    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| "publish_each,publish_batch,consume".into());
+    let cases = std::env::var("BENCH_CASES").unwrap_or_else(|_| "publish_each,publish_batch,consume,retry_once".into());
     let wanted = |case: &str| cases.split(',').any(|c| c.trim() == case);
     let result = async {
         if wanted("publish_each") {
@@ -771,6 +871,9 @@ async fn main() -> Result<(), BoxError> {
         }
         if wanted("consume") {
             bench.consume().await?;
+        }
+        if wanted("retry_once") {
+            bench.retry_once().await?;
         }
         Ok::<(), BoxError>(())
     }

@@ -15,8 +15,7 @@
 //! StandardError (`Thread#kill`, `Interrupt`, `throw`) is kept here and
 //! raised again, untouched, when the native call returns: see [`finish`].
 
-use acemq::sql::{Dialect, Row, SqlConnection, SqlValue};
-use acemq::sql::ConnectionSource;
+use acemq::sql::{ConnectionSource, Dialect, Row, SqlConnection, SqlValue, SqliteConnection};
 use acemq::ErrorKind;
 use magnus::value::{Opaque, ReprValue};
 use magnus::{prelude::*, Error, IntoValue, RArray, RModule, RString, Ruby, Value};
@@ -95,6 +94,89 @@ pub(crate) fn on_ruby<R>(ruby: &Ruby, f: impl FnOnce() -> acemq::Result<R>) -> R
     begin();
     let r = f();
     finish(ruby, r)
+}
+
+/// Where a SQL store's statements run: a SQLite file the library opened
+/// (rusqlite; no Ruby is called, so the GVL can be released around each
+/// call) or the application's own connection through its Ruby adapter.
+pub(crate) enum StoreSource {
+    File(SqliteConnection),
+    Ruby(RbSource),
+}
+
+impl ConnectionSource for StoreSource {
+    fn with_connection(&self, f: &mut dyn FnMut(&dyn SqlConnection) -> acemq::Result<()>) -> acemq::Result<()> {
+        match self {
+            StoreSource::File(c) => c.with_connection(f),
+            StoreSource::Ruby(s) => s.with_connection(f),
+        }
+    }
+}
+
+/// One of core's SQL stores (the idempotency keys, the outbox) as a Ruby
+/// object's contents, over a [`StoreSource`]: built from `path:` or
+/// `connection:`, and every call made the way its source needs — without
+/// the GVL for a file, with it (Ruby interrupts raised untouched) for a
+/// Ruby connection, on the calling thread.
+pub(crate) struct SqlStore<S> {
+    store: S,
+    /// The Ruby adapter, marked for as long as the store lives; none for a file.
+    adapter: MarkedAdapter,
+}
+
+impl<S> SqlStore<S> {
+    /// Open the SQLite file at `path` (without the GVL: opening may wait on
+    /// a lock) and build the store on it.
+    pub(crate) fn open_file(
+        ruby: &Ruby,
+        path: &str,
+        build: impl FnOnce(StoreSource) -> acemq::Result<S>,
+    ) -> Result<Self, Error> {
+        let store = crate::gvl::without_gvl(ruby, || SqliteConnection::open(path).and_then(|c| build(StoreSource::File(c))), || {})?;
+        Ok(SqlStore { store: finish(ruby, store)?, adapter: MarkedAdapter::default() })
+    }
+
+    /// Build the store over `adapter` (what `SQL.connect` returned).
+    pub(crate) fn over_ruby(ruby: &Ruby, adapter: Value, build: impl FnOnce(StoreSource) -> acemq::Result<S>) -> Result<Self, Error> {
+        begin();
+        let source = RbSource::new(ruby, adapter)?;
+        let store = build(StoreSource::Ruby(source));
+        Ok(SqlStore { store: finish(ruby, store)?, adapter: MarkedAdapter::new(adapter) })
+    }
+
+    /// The store, for what calls no SQL (its table, its worker id).
+    pub(crate) fn get(&self) -> &S {
+        &self.store
+    }
+
+    /// Whether the store is over a file the library opened.
+    pub(crate) fn on_file(&self) -> bool {
+        self.adapter.0.is_none()
+    }
+
+    pub(crate) fn mark(&self, marker: &magnus::gc::Marker) {
+        self.adapter.mark(marker);
+    }
+
+    /// Run `f` on the store, a core error raised as its Ruby class.
+    pub(crate) fn call<R>(&self, ruby: &Ruby, f: impl FnOnce(&S) -> acemq::Result<R>) -> Result<R, Error> {
+        if self.on_file() {
+            on_file(ruby, || f(&self.store))
+        } else {
+            on_ruby(ruby, || f(&self.store))
+        }
+    }
+
+    /// Run `f` on the store with its result kept as core's, for a caller
+    /// that reads it (the guard, the relay's cycle): only a Ruby interrupt
+    /// (or a panic) is the outer error.
+    pub(crate) fn kept<R>(&self, ruby: &Ruby, f: impl FnOnce(&S) -> R) -> Result<R, Error> {
+        if self.on_file() {
+            crate::gvl::without_gvl(ruby, || f(&self.store), || {})
+        } else {
+            on_ruby(ruby, || Ok(f(&self.store)))
+        }
+    }
 }
 
 /// The Ruby adapter a store calls, kept alive by the GC for as long as the

@@ -28,9 +28,7 @@ fn with_store<R>(ruby: &Ruby, store: Value, f: impl FnOnce(&dyn IdempotencyStore
         return s.run(ruby, f);
     }
     let s = RbStore::new(ruby, store)?;
-    sql::begin();
-    let r = f(&s);
-    sql::finish(ruby, Ok(r))
+    sql::on_ruby(ruby, || Ok(f(&s)))
 }
 
 /// The Ruby wording of core's missing-key rule: the same rule, with the

@@ -5,31 +5,19 @@
 //! sql_idempotency_store.rb adds the keywords.
 
 use super::{required_key, seconds};
-use crate::gvl;
 use crate::errors::IntoRuby;
-use crate::sql::{self, RbSource};
+use crate::sql::{self, StoreSource};
 use acemq::idempotency::{IdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore};
-use acemq::sql::{Dialect, SqliteConnection};
+use acemq::sql::Dialect;
 use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RModule, Ruby, Value};
-
-pub(crate) enum Inner {
-    /// A SQLite file opened by the library: no Ruby is called, so the GVL is
-    /// released around every statement.
-    File(SqlIdempotencyStore<SqliteConnection>),
-    /// The application's connection, called with the GVL held.
-    Ruby(SqlIdempotencyStore<RbSource>),
-}
 
 #[derive(magnus::TypedData)]
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLIdempotencyStore", free_immediately, size, mark)]
-pub struct RbSqlStore {
-    pub(crate) inner: Inner,
-    adapter: sql::MarkedAdapter,
-}
+pub struct RbSqlStore(sql::SqlStore<SqlIdempotencyStore<StoreSource>>);
 
 impl DataTypeFunctions for RbSqlStore {
     fn mark(&self, marker: &magnus::gc::Marker) {
-        self.adapter.mark(marker);
+        self.0.mark(marker);
     }
 }
 
@@ -57,9 +45,7 @@ impl RbSqlStore {
         worker: Option<String>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, retention, claim_timeout, worker)?;
-        let conn = gvl::without_gvl(ruby, || SqliteConnection::open(&path), || {})?;
-        let store = conn.and_then(|c| SqlIdempotencyStore::new(c, o));
-        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::default() })
+        sql::SqlStore::open_file(ruby, &path, |source| SqlIdempotencyStore::new(source, o)).map(Self)
     }
 
     fn new_ruby(
@@ -71,93 +57,59 @@ impl RbSqlStore {
         worker: Option<String>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, retention, claim_timeout, worker)?;
-        sql::begin();
-        let source = RbSource::new(ruby, adapter)?;
-        let store = SqlIdempotencyStore::new(source, o);
-        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::new(adapter) })
+        sql::SqlStore::over_ruby(ruby, adapter, |source| SqlIdempotencyStore::new(source, o)).map(Self)
     }
 
-    /// Run `f` on the store: without the GVL for a file, with it (and with
-    /// Ruby interrupts raised untouched) for a Ruby connection.
+    /// Run `f` on the store as core sees it, for the guard: its result is
+    /// core's, only a Ruby interrupt is the outer error.
     pub(crate) fn run<R>(&self, ruby: &Ruby, f: impl FnOnce(&dyn IdempotencyStore) -> R) -> Result<R, Error> {
-        match &self.inner {
-            Inner::File(store) => sql::on_file(ruby, || Ok(f(store))),
-            Inner::Ruby(store) => sql::on_ruby(ruby, || Ok(f(store))),
-        }
-    }
-
-    fn with<R>(
-        &self,
-        ruby: &Ruby,
-        file: impl FnOnce(&SqlIdempotencyStore<SqliteConnection>) -> acemq::Result<R>,
-        rb: impl FnOnce(&SqlIdempotencyStore<RbSource>) -> acemq::Result<R>,
-    ) -> Result<R, Error> {
-        match &self.inner {
-            Inner::File(store) => sql::on_file(ruby, || file(store)),
-            Inner::Ruby(store) => sql::on_ruby(ruby, || rb(store)),
-        }
+        self.0.kept(ruby, |s| f(s))
     }
 
     fn create_schema(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        rb_self.with(ruby, |s| s.create_schema(), |s| s.create_schema())
+        rb_self.0.call(ruby, |s| s.create_schema())
     }
 
     fn purge_expired(ruby: &Ruby, rb_self: &Self) -> Result<u64, Error> {
-        rb_self.with(ruby, |s| s.purge_expired(), |s| s.purge_expired())
+        rb_self.0.call(ruby, |s| s.purge_expired())
     }
 
     fn first_time(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<bool, Error> {
         let key = required_key(ruby, key)?;
-        let r = rb_self.run(ruby, |s| s.first_time(&key))?;
-        sql::finish(ruby, r)
+        rb_self.0.call(ruby, |s| s.first_time(&key))
     }
 
     fn confirm(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<(), Error> {
         let key = required_key(ruby, key)?;
-        let r = rb_self.run(ruby, |s| s.confirm(&key))?;
-        sql::finish(ruby, r)
+        rb_self.0.call(ruby, |s| s.confirm(&key))
     }
 
     fn forget(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<(), Error> {
         let key = required_key(ruby, key)?;
-        let r = rb_self.run(ruby, |s| s.forget(&key))?;
-        sql::finish(ruby, r)
+        rb_self.0.call(ruby, |s| s.forget(&key))
     }
 
     fn confirmed(ruby: &Ruby, rb_self: &Self, key: Value) -> Result<bool, Error> {
         let key = required_key(ruby, key)?;
-        let r = rb_self.run(ruby, |s| s.confirmed(&key))?;
-        sql::finish(ruby, r)
+        rb_self.0.call(ruby, |s| s.confirmed(&key))
     }
 
     fn schema_sql(ruby: &Ruby, rb_self: &Self, dialect: String) -> Result<Vec<String>, Error> {
         let d = Dialect::parse(&dialect).rb(ruby)?;
-        Ok(match &rb_self.inner {
-            Inner::File(s) => s.schema_sql(d),
-            Inner::Ruby(s) => s.schema_sql(d),
-        })
+        Ok(rb_self.0.get().schema_sql(d))
     }
 
     fn table(&self) -> String {
-        match &self.inner {
-            Inner::File(s) => s.options().table.clone(),
-            Inner::Ruby(s) => s.options().table.clone(),
-        }
+        self.0.get().options().table.clone()
     }
 
     /// Seconds a claim lives before another worker may take it over.
     fn claim_timeout(&self) -> f64 {
-        match &self.inner {
-            Inner::File(s) => s.options().claim_timeout.as_secs_f64(),
-            Inner::Ruby(s) => s.options().claim_timeout.as_secs_f64(),
-        }
+        self.0.get().options().claim_timeout.as_secs_f64()
     }
 
     fn worker(&self) -> String {
-        match &self.inner {
-            Inner::File(s) => s.worker(),
-            Inner::Ruby(s) => s.worker(),
-        }
+        self.0.get().worker()
     }
 }
 

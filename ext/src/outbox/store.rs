@@ -8,33 +8,20 @@
 use super::backlog::RbBacklog;
 use super::record::RbOutboxRecord;
 use super::stuck_record::RbStuckRecord;
-use crate::gvl;
 use crate::errors::IntoRuby;
-use crate::sql::{self, RbSource};
+use crate::sql::{self, RbSource, StoreSource};
 use acemq::sql::ConnectionSource;
 use acemq::outbox::{Completion, LocalWake, OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
-use acemq::sql::{Dialect, SqliteConnection};
+use acemq::sql::Dialect;
 use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RArray, RModule, Ruby, Value};
-
-enum Inner {
-    /// A SQLite file opened by the library: no Ruby is called, so the GVL is
-    /// released around every statement.
-    File(SqlOutboxStore<SqliteConnection>),
-    /// The application's connection, called with the GVL held on the
-    /// calling Ruby thread (the only thread a Ruby driver may be used on).
-    Ruby(SqlOutboxStore<RbSource>),
-}
 
 #[derive(magnus::TypedData)]
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLOutboxStore", free_immediately, size, mark)]
-pub struct RbOutboxStore {
-    inner: Inner,
-    adapter: sql::MarkedAdapter,
-}
+pub struct RbOutboxStore(sql::SqlStore<SqlOutboxStore<StoreSource>>);
 
 impl DataTypeFunctions for RbOutboxStore {
     fn mark(&self, marker: &magnus::gc::Marker) {
-        self.adapter.mark(marker);
+        self.0.mark(marker);
     }
 }
 
@@ -63,33 +50,6 @@ fn options(
     Ok(o)
 }
 
-/// Call a store method on whichever store this is, with the GVL released
-/// for a file and held (Ruby interrupts raised untouched) for a Ruby
-/// connection. A macro because the two stores are two types.
-macro_rules! on_store {
-    ($ruby:expr, $self:expr, |$s:ident| $body:expr) => {
-        match &$self.inner {
-            Inner::File($s) => sql::on_file($ruby, || $body),
-            Inner::Ruby($s) => sql::on_ruby($ruby, || $body),
-        }
-    };
-}
-
-/// As `on_store!`, for the relay's driver: core's result kept as it is for
-/// the cycle, and only a Ruby interrupt (or a panic) as the outer error.
-macro_rules! on_store_kept {
-    ($ruby:expr, $self:expr, |$s:ident| $body:expr) => {
-        match &$self.inner {
-            Inner::File($s) => gvl::without_gvl($ruby, || $body, || {}),
-            Inner::Ruby($s) => {
-                sql::begin();
-                let r = $body;
-                sql::finish($ruby, Ok(())).map(|()| r)
-            }
-        }
-    };
-}
-
 impl RbOutboxStore {
     fn new_file(
         ruby: &Ruby,
@@ -101,8 +61,7 @@ impl RbOutboxStore {
         max_backoff: Option<f64>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
-        let store = gvl::without_gvl(ruby, || SqliteConnection::open(&path).and_then(|c| SqlOutboxStore::new(c, o)), || {})?;
-        Ok(Self { inner: Inner::File(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::default() })
+        sql::SqlStore::open_file(ruby, &path, |source| SqlOutboxStore::new(source, o)).map(Self)
     }
 
     fn new_ruby(
@@ -115,14 +74,11 @@ impl RbOutboxStore {
         max_backoff: Option<f64>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
-        sql::begin();
-        let source = RbSource::new(ruby, adapter)?;
-        let store = SqlOutboxStore::new(source, o);
-        Ok(Self { inner: Inner::Ruby(sql::finish(ruby, store)?), adapter: sql::MarkedAdapter::new(adapter) })
+        sql::SqlStore::over_ruby(ruby, adapter, |source| SqlOutboxStore::new(source, o)).map(Self)
     }
 
     fn create_schema(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        on_store!(ruby, rb_self, |s| s.create_schema())
+        rb_self.0.call(ruby, |s| s.create_schema())
     }
 
     /// Insert `record` with `adapter`, the caller's connection (what
@@ -134,10 +90,7 @@ impl RbOutboxStore {
         let source = RbSource::new(ruby, adapter)?;
         let mut id = 0;
         let r = source.with_connection(&mut |conn| {
-            id = match &rb_self.inner {
-                Inner::File(s) => s.add(&record.inner, conn)?,
-                Inner::Ruby(s) => s.add(&record.inner, conn)?,
-            };
+            id = rb_self.0.get().add(&record.inner, conn)?;
             Ok(())
         });
         std::hint::black_box(adapter);
@@ -145,11 +98,11 @@ impl RbOutboxStore {
     }
 
     fn backlog(ruby: &Ruby, rb_self: &Self) -> Result<RbBacklog, Error> {
-        on_store!(ruby, rb_self, |s| s.backlog()).map(RbBacklog)
+        rb_self.0.call(ruby, |s| s.backlog()).map(RbBacklog)
     }
 
     fn stuck(ruby: &Ruby, rb_self: &Self, limit: usize) -> Result<RArray, Error> {
-        let rows = on_store!(ruby, rb_self, |s| s.stuck(limit))?;
+        let rows = rb_self.0.call(ruby, |s| s.stuck(limit))?;
         let array = ruby.ary_new_capa(rows.len());
         for row in rows {
             array.push(RbStuckRecord(row))?;
@@ -161,30 +114,27 @@ impl RbOutboxStore {
     /// result, or the Ruby interrupt (Thread#kill, Ctrl-C) that stopped it,
     /// to be raised untouched.
     pub(crate) fn relay_claim(&self, ruby: &Ruby, done: &[i64], batch_size: usize) -> Result<acemq::Result<Vec<OutboxRecord>>, Error> {
-        on_store_kept!(ruby, self, |s| s.delete_then_claim(done, batch_size))
+        self.0.kept(ruby, |s| s.delete_then_claim(done, batch_size))
     }
 
     /// The relay cycle's completion: the confirmed deleted, the failed backed off.
     pub(crate) fn relay_complete(&self, ruby: &Ruby, completions: &[Completion]) -> Result<acemq::Result<usize>, Error> {
-        on_store_kept!(ruby, self, |s| s.complete(completions))
+        self.0.kept(ruby, |s| s.complete(completions))
     }
 
     /// The relay cycle's delete of confirmed rows.
     pub(crate) fn relay_delete(&self, ruby: &Ruby, ids: &[i64]) -> Result<acemq::Result<usize>, Error> {
-        on_store_kept!(ruby, self, |s| s.delete_confirmed(ids))
+        self.0.kept(ruby, |s| s.delete_confirmed(ids))
     }
 
     /// The backlog for the relay's event: None when it cannot be read.
     pub(crate) fn relay_backlog(&self, ruby: &Ruby) -> Result<Option<(u64, Option<std::time::Duration>)>, Error> {
-        let b = on_store_kept!(ruby, self, |s| s.backlog())?;
+        let b = self.0.kept(ruby, |s| s.backlog())?;
         Ok(b.ok().map(|b| (b.count, b.oldest_age)))
     }
 
     pub(crate) fn wake(&self) -> &LocalWake {
-        match &self.inner {
-            Inner::File(s) => s.local_wake(),
-            Inner::Ruby(s) => s.local_wake(),
-        }
+        self.0.get().local_wake()
     }
 
     /// Whether a relay on this store can wait on the process-local wake-up.
@@ -193,37 +143,25 @@ impl RbOutboxStore {
     /// waits holding the GVL, so the adding thread could never commit
     /// (a stall until the busy timeout); such a relay waits out its interval.
     pub(crate) fn wakes_on_add(&self) -> bool {
-        matches!(self.inner, Inner::File(_))
+        self.0.on_file()
     }
 
     /// The PostgreSQL channel every add notifies at commit.
     fn channel(&self) -> String {
-        match &self.inner {
-            Inner::File(s) => s.channel(),
-            Inner::Ruby(s) => s.channel(),
-        }
+        self.0.get().channel()
     }
 
     fn schema_sql(ruby: &Ruby, rb_self: &Self, dialect: String) -> Result<Vec<String>, Error> {
         let d = Dialect::parse(&dialect).rb(ruby)?;
-        Ok(match &rb_self.inner {
-            Inner::File(s) => s.schema_sql(d),
-            Inner::Ruby(s) => s.schema_sql(d),
-        })
+        Ok(rb_self.0.get().schema_sql(d))
     }
 
     fn table(&self) -> String {
-        match &self.inner {
-            Inner::File(s) => s.table().to_owned(),
-            Inner::Ruby(s) => s.table().to_owned(),
-        }
+        self.0.get().table().to_owned()
     }
 
     fn worker(&self) -> String {
-        match &self.inner {
-            Inner::File(s) => s.worker_id().to_owned(),
-            Inner::Ruby(s) => s.worker_id().to_owned(),
-        }
+        self.0.get().worker_id().to_owned()
     }
 }
 

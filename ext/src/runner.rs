@@ -170,6 +170,17 @@ impl RbSupervisor {
     }
 }
 
+/// A default in seconds as Ruby shows it to a user (a configuration
+/// reader, a log line): an Integer when whole (25, not 25.0), else a Float.
+pub(crate) fn whole_seconds(ruby: &Ruby, d: std::time::Duration) -> magnus::Value {
+    use magnus::IntoValue;
+    if d.subsec_nanos() == 0 {
+        d.as_secs().into_value_with(ruby)
+    } else {
+        d.as_secs_f64().into_value_with(ruby)
+    }
+}
+
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeSupervisor", ruby.class_object())?;
     class.define_singleton_method("_new", function!(RbSupervisor::new, 6))?;
@@ -203,6 +214,14 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     defaults.aset(ruby.to_symbol("max_backoff"), restart.max_backoff.as_secs_f64())?;
     defaults.freeze();
     class.const_set("RESTART_DEFAULTS", defaults)?;
+    // Core's runner defaults, for AceMQ::Rails::Configuration and the
+    // --processes parent to read rather than repeat.
+    let runner = RunnerOptions::default();
+    let defaults = ruby.hash_new();
+    defaults.aset(ruby.to_symbol("shutdown_timeout"), whole_seconds(ruby, runner.shutdown_timeout))?;
+    defaults.aset(ruby.to_symbol("heartbeat"), whole_seconds(ruby, runner.heartbeat))?;
+    defaults.freeze();
+    class.const_set("RUNNER_DEFAULTS", defaults)?;
     verdict::init(ruby, class)?;
     Ok(())
 }

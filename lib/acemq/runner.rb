@@ -41,7 +41,7 @@ module AceMQ
       @supervisor = AMQP::NativeSupervisor._new(
         config.shutdown_timeout && Float(config.shutdown_timeout), config.recovery_bound && Float(config.recovery_bound),
         config.max_restarts && Integer(config.max_restarts), config.restart_window && Float(config.restart_window),
-        Float(config.check_interval || 1), Runner.control_token(config)
+        Runner.check_interval(config), Runner.control_token(config)
       )
       @slots = []
       # Signals arrive on a pipe: a trap handler may not take a lock, and
@@ -93,6 +93,12 @@ module AceMQ
     # config.control_token, else ACEMQ_CONTROL_TOKEN: what a control request
     # to the health endpoint from another host must carry (Authorization:
     # Bearer). Without one, control requests are taken from 127.0.0.1 only.
+    # Seconds between the runner's checks: config.check_interval, else
+    # core's (RunnerOptions heartbeat).
+    def self.check_interval(config)
+      Float(config.check_interval || AMQP::NativeSupervisor::RUNNER_DEFAULTS.fetch(:heartbeat))
+    end
+
     def self.control_token(config)
       token = config.respond_to?(:control_token) ? config.control_token : nil
       token ||= ENV.fetch("ACEMQ_CONTROL_TOKEN", nil)
@@ -237,7 +243,7 @@ module AceMQ
 
     def loop_until_stopped
       loop do
-        ready = IO.select([@signal_in], nil, nil, Float(@config.check_interval || 1))
+        ready = IO.select([@signal_in], nil, nil, Runner.check_interval(@config))
         signals = ready ? @signal_in.read_nonblock(4096, exception: false).to_s.split("\n") : []
         return shutdown if signals.any? { |sig| %w[TERM INT].include?(sig) }
 

@@ -16,9 +16,11 @@ module AceMQ
   # first, for what the application holds (see docs/lifecycle.md).
   #
   # Restarts: a child that dies while the parent is not stopping is forked
-  # again after a pause doubling from 1 s to 30 s, at most max_restarts
-  # (default 5) within restart_window (300 s) per child: the runner's rules
-  # for a consumer. Past that the parent stops every child and exits 2.
+  # again after a pause doubling from initial_backoff to max_backoff, at
+  # most max_restarts within restart_window per child: the runner's rules
+  # for a consumer, with core's defaults (RestartPolicy::default(), read as
+  # NativeSupervisor::RESTART_DEFAULTS). Past that the parent stops every
+  # child and exits 2.
   #
   # Signals: TERM or INT is sent to every child, which drains within
   # shutdown_timeout; a child still there KILL_GRACE seconds after that is
@@ -37,8 +39,8 @@ module AceMQ
     EXIT_KILLED = 3
 
     # Past shutdown_timeout a child still closes its connections (a round
-    # trip each); under the 5 s most platforms leave between the
-    # application's own shutdown_timeout (25) and their KILL (30).
+    # trip each); under the 5 s most platforms leave between the default
+    # shutdown_timeout (core's RunnerOptions, 25 s) and their KILL (30 s).
     KILL_GRACE = 3
     SIGNALS = %w[TERM INT TSTP TTIN CHLD].freeze
 
@@ -61,7 +63,7 @@ module AceMQ
       @restart = AMQP::NativeSupervisor::RESTART_DEFAULTS
       @max_restarts = config.max_restarts ? Integer(config.max_restarts) : @restart.fetch(:max_restarts)
       @window = config.restart_window ? Float(config.restart_window) : @restart.fetch(:window)
-      @check = Float(config.check_interval || 1)
+      @check = Float(config.check_interval || AMQP::NativeSupervisor::RUNNER_DEFAULTS.fetch(:heartbeat))
       @children = Array.new(@processes) { |i| Child.new(index: i, state: :new, restarts: [], total_restarts: 0) }
       @signal_in, @signal_out = IO.pipe
       @lock = Mutex.new
@@ -286,7 +288,7 @@ module AceMQ
     def shutdown(sig)
       @stopping = true
       @lock.synchronize { @state = :stopping if @state != :failed }
-      timeout = Float(@config.shutdown_timeout || 25)
+      timeout = Float(@config.shutdown_timeout || AMQP::NativeSupervisor::RUNNER_DEFAULTS.fetch(:shutdown_timeout))
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout + KILL_GRACE
       @logger.info("acemq: stopping #{@processes} processes: letting running handlers finish (up to #{timeout.round}s)")
       live = @children.select(&:pid)

@@ -115,6 +115,11 @@ impl RbSqlStore {
 
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let class = patterns.define_class("SQLIdempotencyStore", ruby.class_object())?;
+    // Core's defaults, for the Ruby stores on other tables
+    // (Rails::ActiveRecordIdempotencyStore) to use rather than repeat.
+    class.const_set("DEFAULT_TABLE", acemq::idempotency::DEFAULT_TABLE)?;
+    class.const_set("DEFAULT_RETENTION", acemq::idempotency::DEFAULT_RETENTION.as_secs_f64())?;
+    class.const_set("DEFAULT_CLAIM_TIMEOUT", acemq::idempotency::DEFAULT_CLAIM_TIMEOUT.as_secs_f64())?;
     class.define_singleton_method("_new_file", function!(RbSqlStore::new_file, 5))?;
     class.define_singleton_method("_new_ruby", function!(RbSqlStore::new_ruby, 5))?;
     class.define_method("create_schema", method!(RbSqlStore::create_schema, 0))?;

@@ -210,6 +210,9 @@ fn relay_options(ruby: &Ruby, interval: Option<f64>, batch_size: Option<i64>) ->
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let relay: RClass = patterns.define_class("OutboxRelay", ruby.class_object())?;
     relay.define_singleton_method("_options", function!(relay_options, 2))?;
+    // Core's defaults, for the Rails configuration's outbox_interval.
+    relay.const_set("DEFAULT_INTERVAL", crate::runner::whole_seconds(ruby, RelayOptions::DEFAULT_INTERVAL))?;
+    relay.const_set("DEFAULT_BATCH_SIZE", RelayOptions::DEFAULT_BATCH_SIZE)?;
     let class = relay.define_class("Cycle", ruby.class_object())?;
     class.undef_default_alloc_func();
     class.define_singleton_method("_new", function!(RbCycle::new, 2))?;

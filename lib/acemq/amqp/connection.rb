@@ -8,8 +8,8 @@ module AceMQ
     class Connection
       # Open a connection. A broker that is down raises ConnectionFailed after
       # connect_timeout seconds rather than hanging the boot.
-      # connect_timeout: (default 5 s) and confirm_timeout: (default 30 s)
-      # are the engine's defaults when left out. heartbeat: is the AMQP
+      # connect_timeout: and confirm_timeout: are core's defaults when left
+      # out (ConnectionOptions::default()). heartbeat: is the AMQP
       # heartbeat in seconds (default: the broker's, 60 s on RabbitMQ); it is
       # sent by the engine's I/O thread, so a long handler does not stop it.
       #
@@ -171,9 +171,9 @@ module AceMQ
       # returns an Ack.
       #
       # retries: { max_attempts:, initial_delay:, max_delay: } (seconds) sets
-      # the retry ladder; the default is 5 attempts, 1 s doubling to 300 s.
-      # prefetch: defaults to 32 (or twice the concurrency, if more) and is
-      # never unlimited.
+      # the retry ladder; the default is core's RetryPolicy::default().
+      # prefetch: defaults to core's (ConsumeOptions::with_batches: twice
+      # concurrency times batch, with a floor) and is never unlimited.
       # batch: lets a handler that answers call_many (Patterns.idempotent)
       # take up to that many buffered deliveries at once — one claim and one
       # confirm transaction for all of them instead of one each.
@@ -186,9 +186,10 @@ module AceMQ
       # has not returned by then is settled as a retry by the engine, and
       # what the handler returns later is discarded; the handler itself is
       # not interrupted (its thread is replaced, see Subscription#overdue).
-      # By default 25 minutes, or an idempotent handler's claim_timeout when
-      # that is shorter; it must be shorter than the broker's
-      # consumer_timeout: (RabbitMQ's default, 30 minutes, unless given).
+      # By default core's DEFAULT_TIMEOUT, or an idempotent handler's
+      # claim_timeout when that is shorter; it must be shorter than the
+      # broker's consumer_timeout: (core's DEFAULT_BROKER_CONSUMER_TIMEOUT,
+      # RabbitMQ's default, unless given).
       #
       # name: is the consumer's name in events and metrics (the queue's by
       # default; a Rails consumer passes its class name).

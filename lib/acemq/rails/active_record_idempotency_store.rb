@@ -27,17 +27,18 @@ module AceMQ
     class ActiveRecordIdempotencyStore
       CLAIMED = "CLAIMED"
       CONFIRMED = "CONFIRMED"
-      DEFAULT_TABLE = "acemq_idempotency"
 
-      # How long a key is remembered: longer than the longest a duplicate
-      # can take to arrive (the top rung, a DLQ drained next week, a replay).
-      DEFAULT_RETENTION = 24 * 3600
-
-      # How long an unfinished claim is honoured: longer than the slowest
-      # handler, or two consumers work on one message at once; shorter than
-      # anybody's patience, because a dead worker's claim holds its message
-      # back until then.
-      DEFAULT_CLAIM_TIMEOUT = 300
+      # Core's defaults (idempotency::DEFAULT_TABLE, DEFAULT_RETENTION and
+      # DEFAULT_CLAIM_TIMEOUT, read through SQLIdempotencyStore), so a key
+      # is remembered and a claim honoured as long here as in the engine's
+      # store. Retention: longer than the longest a duplicate can take to
+      # arrive (the top rung, a DLQ drained next week, a replay). Claim
+      # timeout: longer than the slowest handler, or two consumers work on
+      # one message at once; shorter than anybody's patience, because a dead
+      # worker's claim holds its message back until then.
+      DEFAULT_TABLE = AMQP::Patterns::SQLIdempotencyStore::DEFAULT_TABLE
+      DEFAULT_RETENTION = AMQP::Patterns::SQLIdempotencyStore::DEFAULT_RETENTION
+      DEFAULT_CLAIM_TIMEOUT = AMQP::Patterns::SQLIdempotencyStore::DEFAULT_CLAIM_TIMEOUT
 
       # The migration's claimed_by column is a string of 64.
       WORKER_LIMIT = 64

@@ -8,8 +8,9 @@ module AceMQ
     class Configuration
       # The broker. Default: ENV["AMQP_URL"], then the local broker.
       attr_writer :url
-      # Seconds a shutdown lets running handlers finish (default 25: under
-      # the 30 s most platforms give between SIGTERM and SIGKILL).
+      # Seconds a shutdown lets running handlers finish (default core's
+      # RunnerOptions shutdown_timeout: under the 30 s most platforms give
+      # between SIGTERM and SIGKILL).
       attr_accessor :shutdown_timeout
       # Health endpoint: port (nil: none; 0: any free port), host (default
       # 0.0.0.0 so a probe from outside the container reaches it).
@@ -21,12 +22,14 @@ module AceMQ
       # A file touched on every check while the runner is live, and
       # removed when it stops: for an exec probe (`find FILE -mmin -1`).
       attr_accessor :health_file
-      # Seconds between the runner's checks of its consumers (default 1).
+      # Seconds between the runner's checks of its consumers (default core's
+      # RunnerOptions heartbeat).
       attr_accessor :check_interval
       # The AMQP heartbeat in seconds (default: the broker's, 60 s).
       attr_accessor :heartbeat
       # The broker's consumer_timeout in seconds, when it is not RabbitMQ's
-      # default of 30 minutes: every consumer's timeout must be shorter.
+      # default (core's DEFAULT_BROKER_CONSUMER_TIMEOUT): every consumer's
+      # timeout must be shorter.
       attr_accessor :consumer_timeout
       # TLS for an amqps:// url, as Connection.open takes it: { ca_file:,
       # cert_file:, key_file:, server_name:, verify: }. Given to every
@@ -34,9 +37,10 @@ module AceMQ
       # tasks). nil (the default) with amqps:// is the system's CA store.
       attr_accessor :tls
       # Seconds a subscription may be without a channel before it counts as
-      # failed and is restarted (default 60), and the restart budget: at
-      # most max_restarts (5) within restart_window seconds (300), then the
-      # runner exits non-zero.
+      # failed and is restarted (default core's RunnerOptions
+      # recovery_bound), and the restart budget: at most max_restarts within
+      # restart_window seconds (core's RestartPolicy::default(), in
+      # NativeSupervisor::RESTART_DEFAULTS), then the runner exits non-zero.
       attr_accessor :recovery_bound, :max_restarts, :restart_window
       # The connection's name on the broker (default: the application's name).
       attr_writer :origin
@@ -63,11 +67,14 @@ module AceMQ
         @on_worker_boot
       end
 
+      # The runner's and the relay's defaults are core's, read through the
+      # extension (RunnerOptions, RelayOptions::DEFAULT_INTERVAL).
       def initialize
-        @shutdown_timeout = 25
+        runner = AMQP::NativeSupervisor::RUNNER_DEFAULTS
+        @shutdown_timeout = runner.fetch(:shutdown_timeout)
         @health_host = "0.0.0.0"
-        @check_interval = 1
-        @outbox_interval = 1
+        @check_interval = runner.fetch(:heartbeat)
+        @outbox_interval = AMQP::Patterns::OutboxRelay::DEFAULT_INTERVAL
       end
 
       def url = @url || ENV.fetch("AMQP_URL", "amqp://guest:guest@localhost:5672")

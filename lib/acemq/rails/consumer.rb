@@ -102,8 +102,8 @@ module AceMQ
 
         # The handler deadline in seconds: a message whose handler has not
         # returned by then is retried (the handler is not interrupted; what
-        # it returns later is discarded). Default 25 minutes, or the
-        # idempotency store's claim_timeout when that is shorter; it must be
+        # it returns later is discarded). Default core's DEFAULT_TIMEOUT, or
+        # the idempotency store's claim_timeout when that is shorter; it must be
         # shorter than the broker's consumer_timeout (config.consumer_timeout).
         def timeout(seconds = nil)
           return setting(:timeout) if seconds.nil?
@@ -111,8 +111,8 @@ module AceMQ
           set(:timeout, positive_seconds(:timeout, seconds))
         end
 
-        # Deliveries in flight (default: the engine's, 32 or twice the
-        # concurrency). Never unlimited.
+        # Deliveries in flight (default core's, ConsumeOptions::with_batches:
+        # twice concurrency times batch, with a floor). Never unlimited.
         def prefetch(count = nil)
           return setting(:prefetch) if count.nil?
 

@@ -12,8 +12,8 @@ module AceMQ
       # than claim_timeout, and a confirmed key that never is. Answers
       # first_time?, confirm, forget, confirmed?, size and clear.
       #
-      # window: (default a day) and claim_timeout: (default 300 s) are
-      # seconds; what is left out is nil here and the engine's default.
+      # window: and claim_timeout: are seconds; what is left out is nil here
+      # and core's default (DEFAULT_WINDOW, DEFAULT_CLAIM_TIMEOUT).
       class InMemoryIdempotencyStore
         def self.new(window: nil, claim_timeout: nil)
           _new(window.nil? ? nil : Float(window), claim_timeout.nil? ? nil : Float(claim_timeout))

@@ -42,8 +42,8 @@ module AceMQ
         # was unreachable). Without one, a relay whose sweeps all fail is an
         # outbox filling up and nothing else to show for it.
         #
-        # interval: (default 1 s) and batch_size: (default 100) are core's
-        # RelayOptions, defaults and checks included. listen: is the
+        # interval: and batch_size: are core's RelayOptions, defaults
+        # (DEFAULT_INTERVAL, DEFAULT_BATCH_SIZE) and checks included. listen: is the
         # PostgreSQL connection settings (a conninfo string or hash) to LISTEN
         # with, false for none; by default those of the store's connection.
         def initialize(mq, store, interval: nil, batch_size: nil, on_error: nil, listen: nil)

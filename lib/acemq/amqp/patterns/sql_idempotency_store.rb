@@ -19,13 +19,15 @@ module AceMQ
       # file once (WAL, busy timeout) and releases the GVL around each
       # statement.
       #
-      # The table (default acemq_idempotency) has integer epoch-millisecond
-      # times, not the datetime columns of the guide's ActiveRecord
-      # migration: if that table exists, give this store another table:.
+      # The table (default core's DEFAULT_TABLE, acemq_idempotency) has
+      # integer epoch-millisecond times, not the datetime columns of the
+      # guide's ActiveRecord migration: if that table exists, give this store
+      # another table:.
       #
-      # retention: (default a day) and claim_timeout: (default 300 s) are
-      # seconds; what is left out is nil here and the engine's default, the
-      # one a Rust service gets too.
+      # retention: and claim_timeout: are seconds; what is left out is nil
+      # here and core's default (DEFAULT_RETENTION, DEFAULT_CLAIM_TIMEOUT:
+      # this class's constants of those names), the one a Rust service gets
+      # too.
       class SQLIdempotencyStore
         def self.new(connection: nil, path: nil, table: nil, retention: nil, claim_timeout: nil, worker: nil)
           if connection.nil? == path.nil?

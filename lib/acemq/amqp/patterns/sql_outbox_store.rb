@@ -29,7 +29,7 @@ module AceMQ
         # relay's rows wait. backoff: the wait after a row's first failure,
         # doubled per failure up to max_backoff:. worker: who claims
         # (default hostname:pid). What is left out is core's default
-        # (OutboxStoreOptions: lease 60 s, backoff 1 s, max_backoff 300 s).
+        # (OutboxStoreOptions::default(): lease, base_backoff, max_backoff).
         def self.new(connection: nil, path: nil, table: nil, worker: nil, lease: nil, backoff: nil, max_backoff: nil)
           if connection.nil? == path.nil?
             raise ConfigurationError, "SQLOutboxStore.new takes connection: (your database connection, or a callable " \

@@ -88,6 +88,57 @@ pub enum Outcome {
     },
 }
 
+/// What the idempotency guard decided about a delivery it settled without
+/// running the handler, when that is not what its [`Outcome`] alone says:
+/// the `process` event names the settlement by it (`duplicate` rather than
+/// `accepted`, `in_progress` rather than `retried`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Its key was confirmed: accepted unrun.
+    Duplicate,
+    /// Its key is claimed by a handler that has not finished: sent round
+    /// again unrun.
+    InProgress,
+}
+
+/// An [`Outcome`] with the guard's [`Verdict`] travelling beside it, from
+/// the guard to the settlement ([`Consumer::settle_guarded`](crate::Consumer::settle_guarded),
+/// [`Handler::handle_guarded`](crate::Handler::handle_guarded)): the
+/// verdict goes with the delivery it is about, never through a table.
+///
+/// Beside, not inside: `Outcome` is matched exhaustively outside this crate,
+/// so a variant for it would break those matches; an `Outcome` converts
+/// into a `Guarded` with no verdict, so every path that settles an
+/// `Outcome` goes on doing so.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Guarded {
+    /// What settles the delivery.
+    pub outcome: Outcome,
+    /// What the guard decided, when it settled the delivery unrun.
+    pub verdict: Option<Verdict>,
+}
+
+impl Guarded {
+    /// `outcome` with the guard's `verdict`.
+    pub fn new(outcome: Outcome, verdict: Option<Verdict>) -> Self {
+        Guarded { outcome, verdict }
+    }
+}
+
+impl From<Outcome> for Guarded {
+    fn from(outcome: Outcome) -> Self {
+        Guarded { outcome, verdict: None }
+    }
+}
+
+impl From<Ack> for Guarded {
+    fn from(ack: Ack) -> Self {
+        Outcome::Ack(ack).into()
+    }
+}
+
 /// What the consumer does on the broker for one delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settlement {
@@ -118,6 +169,27 @@ pub enum Settlement {
 }
 
 impl Outcome {
+    /// A retry that names the error class that caused it: kept on the copy
+    /// as `x-acemq-error-class` (and in the events' `error_class`), with
+    /// `"{error_class}: {reason}"` as its reason. It is what an error of that
+    /// class raised is ([`Outcome::Raised`], not fatal), and settles the same.
+    ///
+    /// An [`Ack`] carries no error class: a field on `Ack::Retry { reason }`
+    /// would break every pattern and construction of it outside this crate,
+    /// so a retry with a class is this outcome instead (the Ruby gem's
+    /// `Ack.retry(reason, error:)` is read as it).
+    pub fn retry_because(error_class: impl Into<String>, reason: impl Into<String>) -> Self {
+        Outcome::Raised { class: error_class.into(), message: reason.into(), fatal: false }
+    }
+
+    /// A reject that names the error class that caused it: to the DLQ at
+    /// once, with the class as `x-acemq-error-class`; what a fatal error of
+    /// that class raised is. See [`Outcome::retry_because`] for why this is
+    /// an `Outcome` and not a field on [`Ack::Reject`].
+    pub fn reject_because(error_class: impl Into<String>, reason: impl Into<String>) -> Self {
+        Outcome::Raised { class: error_class.into(), message: reason.into(), fatal: true }
+    }
+
     /// The rules: an Ack is itself; a raised error is a retry with its class
     /// and message as the reason, unless it is fatal, which is a reject;
     /// anything that is not an Ack is a reject that names what it was.
@@ -162,6 +234,18 @@ mod tests {
         );
         let f = Outcome::Raised { class: "BadOrder".into(), message: "no".into(), fatal: true };
         assert!(matches!(f.settlement(), Settlement::Reject { .. }));
+    }
+
+    #[test]
+    fn a_retry_or_reject_because_of_a_class_carries_it() {
+        assert_eq!(
+            Outcome::retry_because("ArgumentError", "bad amount").settlement(),
+            Settlement::Retry { reason: "ArgumentError: bad amount".into(), error_class: Some("ArgumentError".into()) }
+        );
+        assert_eq!(
+            Outcome::reject_because("BadOrder", "no such order").settlement(),
+            Settlement::Reject { reason: "BadOrder: no such order".into(), error_class: Some("BadOrder".into()) }
+        );
     }
 
     #[test]

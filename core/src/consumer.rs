@@ -2,11 +2,11 @@
 //! push consumer built on it. Settling is where the retry ladder and the
 //! dead-letter queue live: copy first, confirmed, then acknowledge.
 
-use crate::ack::{Outcome, Settlement};
+use crate::ack::{Guarded, Outcome, Settlement, Verdict};
 use crate::connection::Connection;
 use crate::envelope::{now_secs, ATTEMPT_HEADER};
 use crate::error::{Error, ErrorKind, Result};
-use crate::events::{self, Event, Note, ProcessOutcome};
+use crate::events::{self, Event, ProcessOutcome};
 use crate::message::Message;
 use crate::retry::{dlq_name, rung_name, RetryPolicy};
 use crate::topology::{QueueSpec, QueueType, Topology};
@@ -358,11 +358,13 @@ pub enum Next {
 }
 
 /// How long a delivery was out before its settlement was decided, and
-/// whether its deadline decided it.
+/// whether its deadline decided it, or the idempotency guard (its verdict
+/// came with the outcome: `Guarded`).
 #[derive(Debug, Clone, Copy)]
 struct Turnaround {
     out: Duration,
     deadline: bool,
+    verdict: Option<Verdict>,
 }
 
 /// What the `process` event needs of a delivery, taken before the
@@ -730,6 +732,18 @@ impl Consumer {
     /// confirmed is not taken back: that is a duplicate, never a loss. Use
     /// [`Consumer::settle_later`] to settle without awaiting.
     pub async fn settle(&self, delivery: impl Into<Settler>, outcome: Outcome) -> Result<()> {
+        self.settle_guarded(delivery, outcome.into()).await
+    }
+
+    /// [`Consumer::settle`] with the idempotency guard's verdict beside the
+    /// outcome ([`Before::guarded_without_running`](crate::idempotency::Before::guarded_without_running)):
+    /// the same settlement, reported as `duplicate` or `in_progress`.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Consumer::settle`].
+    pub async fn settle_guarded(&self, delivery: impl Into<Settler>, guarded: Guarded) -> Result<()> {
+        let Guarded { outcome, verdict } = guarded;
         let settler = delivery.into();
         if !self.owns(&settler) {
             return Err(not_ours(&settler));
@@ -741,7 +755,7 @@ impl Consumer {
         let settlement = outcome.settlement();
         self.flow_settled(settler.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&settler.span, &settlement);
-        let turnaround = self.turnaround(&settler.watch, false);
+        let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
         tracing::Instrument::instrument(self.settle_raw(settler.raw, attempt, settlement, turnaround), span).await
     }
 
@@ -776,18 +790,17 @@ impl Consumer {
     /// deadline is what settles it.
     fn turnaround(&self, watch: &Watched, deadline: bool) -> Turnaround {
         let out = watch.deadline.checked_sub(self.options.timeout).map_or(Duration::ZERO, |t| t.elapsed());
-        Turnaround { out, deadline }
+        Turnaround { out, deadline, verdict: None }
     }
 
     /// The `process` event for a settlement (`settled` None: it failed).
     #[cold]
     fn processed(&self, facts: ProcessFacts, turnaround: Turnaround, settled: Option<ProcessOutcome>) {
-        let note = crate::events::take_note(&facts.message_id);
-        let outcome = match (settled, note) {
+        let outcome = match (settled, turnaround.verdict) {
             (None, _) => ProcessOutcome::Failed,
             (Some(ProcessOutcome::Retried), _) if turnaround.deadline => ProcessOutcome::TimedOut,
-            (Some(ProcessOutcome::Accepted), Some(Note::Duplicate)) => ProcessOutcome::Duplicate,
-            (Some(ProcessOutcome::Retried), Some(Note::InProgress)) => ProcessOutcome::InProgress,
+            (Some(ProcessOutcome::Accepted), Some(Verdict::Duplicate)) => ProcessOutcome::Duplicate,
+            (Some(ProcessOutcome::Retried), Some(Verdict::InProgress)) => ProcessOutcome::InProgress,
             (Some(o), _) => o,
         };
         crate::events::emit(|| Event::Process(events::Process {
@@ -942,9 +955,16 @@ impl Consumer {
     /// A settler of another consumer's delivery settles nothing here: its
     /// error is collected as the others are.
     pub fn settle_later(self: &Arc<Self>, delivery: impl Into<Settler>, outcome: Outcome) {
+        self.settle_later_guarded(delivery, outcome.into());
+    }
+
+    /// [`Consumer::settle_later`] with the idempotency guard's verdict
+    /// beside the outcome (see [`Consumer::settle_guarded`]).
+    pub fn settle_later_guarded(self: &Arc<Self>, delivery: impl Into<Settler>, guarded: Guarded) {
+        let Guarded { outcome, verdict } = guarded;
         let settler = delivery.into();
         if matches!(outcome, Outcome::Ack(crate::ack::Ack::Accept)) {
-            self.accept(settler);
+            self.accept_as(settler, verdict);
             return;
         }
         if !self.owns(&settler) {
@@ -958,7 +978,7 @@ impl Consumer {
         let settlement = outcome.settlement();
         self.flow_settled(settler.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&settler.span, &settlement);
-        let turnaround = self.turnaround(&settler.watch, false);
+        let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
         self.in_background(move |this| {
             tracing::Instrument::instrument(async move { this.settle_raw(settler.raw, attempt, settlement, turnaround).await }, span)
         });
@@ -1015,7 +1035,11 @@ impl Consumer {
     /// A settler of another consumer's delivery accepts nothing here: its
     /// error is collected for [`Consumer::take_errors`].
     pub fn accept(&self, delivery: impl Into<Settler>) {
-        let settler = delivery.into();
+        self.accept_as(delivery.into(), None);
+    }
+
+    /// `accept`, reported as the guard's verdict says (a duplicate).
+    fn accept_as(&self, settler: Settler, verdict: Option<Verdict>) {
         if !self.owns(&settler) {
             self.keep_error(not_ours(&settler));
             return;
@@ -1029,7 +1053,7 @@ impl Consumer {
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         if crate::events::enabled() {
             let facts = ProcessFacts::of(&settler.raw, settler.attempt, &Settlement::Accept);
-            self.processed(facts, self.turnaround(&settler.watch, false), Some(ProcessOutcome::Accepted));
+            self.processed(facts, Turnaround { verdict, ..self.turnaround(&settler.watch, false) }, Some(ProcessOutcome::Accepted));
         }
     }
 
@@ -1170,14 +1194,14 @@ fn not_ours(settler: &Settler) -> Error {
 }
 
 /// A handler's result, a panic settled as a retry.
-fn unwound(done: std::thread::Result<Outcome>) -> Outcome {
+fn unwound(done: std::thread::Result<Guarded>) -> Guarded {
     done.unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a non-string payload".to_owned());
-        Outcome::Raised { class: "panic".into(), message: format!("the handler panicked: {what}"), fatal: false }
+        Outcome::Raised { class: "panic".into(), message: format!("the handler panicked: {what}"), fatal: false }.into()
     })
 }
 
@@ -1210,7 +1234,7 @@ impl ConsumerHandle {
                         use futures_lite::FutureExt as _;
                         let (h, message) = (h.clone(), d.take_message());
                         let mut running = Box::pin(std::panic::AssertUnwindSafe(tracing::Instrument::instrument(
-                            async move { h.handle(message).await.into() },
+                            async move { h.handle_guarded(message).await },
                             d.span().clone(),
                         ))
                         .catch_unwind());
@@ -1219,18 +1243,18 @@ impl ConsumerHandle {
                         // without a deadline timer registered and cancelled
                         // for it.
                         if let Some(done) = futures_lite::future::poll_once(&mut running).await {
-                            c.settle_later(d, unwound(done));
+                            c.settle_later_guarded(d, unwound(done));
                             continue;
                         }
                         let deadline = tokio::time::Instant::from_std(d.settler.watch.deadline);
                         tokio::select! {
                             biased;
-                            done = &mut running => c.settle_later(d, unwound(done)),
+                            done = &mut running => c.settle_later_guarded(d, unwound(done)),
                             _ = tokio::time::sleep_until(deadline) => {
                                 let c = c.clone();
                                 tokio::spawn(async move {
                                     let outcome = unwound(running.await);
-                                    c.settle_later(d, outcome);
+                                    c.settle_later_guarded(d, outcome);
                                 });
                             }
                         }

@@ -23,7 +23,6 @@
 
 use serde::Serialize;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -355,53 +354,12 @@ fn dispatch(event: &Event) {
     }
 }
 
-/// What the guard decided for a key, kept briefly so that the settlement of
-/// the same message says `duplicate` or `in_progress` rather than
-/// `accepted` or `retried`. Keyed by the idempotency key, which is the
-/// message id unless a `key:` says otherwise (then the process event says
-/// what the consumer did, and the idempotency event what the guard did).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Note {
-    Duplicate,
-    InProgress,
-}
-
-/// More notes than deliveries in flight anywhere: past this the table is
-/// cleared rather than grown (notes for custom keys are never taken).
-const MAX_NOTES: usize = 4096;
-
-static NOTES: once_cell::sync::Lazy<Mutex<HashMap<String, Note>>> = once_cell::sync::Lazy::new(Default::default);
-
-pub(crate) fn note(key: &str, note: Note) {
-    if !enabled() {
-        return;
-    }
-    let mut notes = NOTES.lock().unwrap_or_else(|p| p.into_inner());
-    if notes.len() >= MAX_NOTES {
-        notes.clear();
-    }
-    notes.insert(key.to_owned(), note);
-}
-
-pub(crate) fn take_note(message_id: &str) -> Option<Note> {
-    let mut notes = NOTES.lock().unwrap_or_else(|p| p.into_inner());
-    if notes.is_empty() {
-        return None;
-    }
-    notes.remove(message_id)
-}
-
-/// The idempotency event for `verdict` (and the note for the settlement).
+/// The idempotency event for `verdict`: core's guard is its one emitter,
+/// for Rust subscribers, the metrics and the Ruby gem alike (the gem's
+/// bridge hands it to the Ruby thread whose guard call emitted it). What the
+/// guard decided for the settlement travels with the outcome (`Guarded`).
 pub(crate) fn idempotency(verdict: &'static str, key: Option<&str>, error: Option<String>) {
-    if !enabled() {
-        return;
-    }
-    match (verdict, key) {
-        ("duplicate", Some(k)) => note(k, Note::Duplicate),
-        ("in_progress", Some(k)) => note(k, Note::InProgress),
-        _ => {}
-    }
-    dispatch(&Event::Idempotency(Idempotency { verdict, key: key.map(str::to_owned), error }));
+    emit(|| Event::Idempotency(Idempotency { verdict, key: key.map(str::to_owned), error }));
 }
 
 /// The runner changed state (see [`crate::runner::Supervisor`]).

@@ -49,7 +49,7 @@
 //! # charges.cancel().await; audits.cancel().await; Ok(()) }
 //! ```
 
-use crate::ack::Outcome;
+use crate::ack::{Guarded, Outcome};
 use crate::message::Message;
 use std::future::Future;
 use std::time::Duration;
@@ -75,6 +75,17 @@ pub trait Handler: Send + Sync + 'static {
     /// unless the options were guarded already. Default `None`.
     fn claim_timeout(&self) -> Option<Duration> {
         None
+    }
+
+    /// What `consume` calls: [`Handler::handle`]'s outcome, with the
+    /// idempotency guard's [`Verdict`](crate::Verdict) beside it when the
+    /// guard settled the message unrun ([`Guarded`]), so that the `process`
+    /// event says `duplicate` or `in_progress`. The default has no verdict;
+    /// the [`Idempotent`](crate::idempotency::Idempotent) guard answers its
+    /// own. A handler of your own has no reason to implement it.
+    fn handle_guarded(&self, message: Message) -> impl Future<Output = Guarded> + Send {
+        let handling = self.handle(message);
+        async move { Guarded::from(handling.await.into()) }
     }
 }
 

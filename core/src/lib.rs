@@ -73,7 +73,7 @@ pub mod trace;
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use ack::{Ack, Outcome, Settlement};
+pub use ack::{Ack, Guarded, Outcome, Settlement, Verdict};
 pub use broker::BrokerVersion;
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
 pub use consumer::{

@@ -117,7 +117,8 @@ async fn a_duplicate_is_reported_by_the_guard_and_settled_as_duplicate() {
                 guard.after(&store, &key, &Outcome::Ack(Ack::Accept)).unwrap();
                 c.accept(d);
             }
-            Before::Duplicate => c.accept(d),
+            // The verdict travels with the outcome to the settlement.
+            dup @ Before::Duplicate => c.settle_guarded(d, dup.guarded_without_running().unwrap()).await.unwrap(),
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -128,6 +129,31 @@ async fn a_duplicate_is_reported_by_the_guard_and_settled_as_duplicate() {
     assert_eq!(outcomes, [ProcessOutcome::Accepted, ProcessOutcome::Duplicate]);
     assert!(verdicts.lock().unwrap().contains(&("duplicate", Some(env.id.clone()))));
     c.close().await;
+    mq.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guarded_consumer_reports_its_duplicate_with_a_key_of_its_own() {
+    // The verdict travels with the outcome, so a key that is not the
+    // message id reports the duplicate too (a table keyed by message id
+    // could not).
+    let mq = Connection::open(&format!("memory://{}", unique("ev"))).await.unwrap();
+    let queue = unique("events-guarded");
+    mq.apply(&Topology::new().queue(&queue)).await.unwrap();
+    let (id, seen) = collect(&queue);
+    for n in [1, 2] {
+        mq.publish(&json!({"order": "A-1", "n": n}), &queue, PublishOptions::default()).await.unwrap();
+    }
+    let store = InMemoryIdempotencyStore::new(Duration::from_secs(3600));
+    let guarded = acemq::idempotency::idempotent(store, None, |_m: acemq::Message| async { Ack::accept() })
+        .with_key(|m| m.payload["order"].as_str().map(|o| format!("order:{o}")));
+    let options = ConsumeOptions { concurrency: 1, ..Default::default() };
+    let handle = mq.consume(&queue, options, guarded).await.unwrap();
+    let got = eventually(&seen, 4).await;
+    events::unsubscribe(id);
+    let outcomes: Vec<_> = got.iter().filter_map(|e| if let Event::Process(p) = e { Some(p.outcome) } else { None }).collect();
+    assert_eq!(outcomes, [ProcessOutcome::Accepted, ProcessOutcome::Duplicate]);
+    handle.cancel().await;
     mq.close().await;
 }
 

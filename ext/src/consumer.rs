@@ -106,9 +106,11 @@ impl RbConsumer {
                 format!("delivery {tag} is not in flight on this consumer (settled twice?)"),
             ));
         };
-        match crate::convert::outcome(ruby, result) {
-            Ok(Outcome::Ack(Ack::Accept)) => rb_self.inner.accept(d),
-            Ok(outcome) => rb_self.inner.settle_later(d, outcome),
+        // The guard's verdict rides with the outcome (a duplicate's accept
+        // is reported as one).
+        match crate::convert::guarded(ruby, result) {
+            Ok(g) if g.verdict.is_none() && matches!(g.outcome, Outcome::Ack(Ack::Accept)) => rb_self.inner.accept(d),
+            Ok(guarded) => rb_self.inner.settle_later_guarded(d, guarded),
             Err(e) => {
                 // Unreadable (an Ack whose reader raised): back in flight, so
                 // the delivery is not lost with the exception.

@@ -3,7 +3,8 @@
 //! and a handler's result as core's `Outcome` (and back, as the Ack the
 //! guard hands out). Each class's own fields stay in its file.
 
-use acemq::{Ack, Outcome};
+use acemq::{Ack, Guarded, Outcome, Verdict};
+use magnus::rb_sys::AsRawValue;
 use magnus::value::Lazy;
 use magnus::{prelude::*, Error, ExceptionClass, RClass, RModule, RString, Ruby, Symbol, Value};
 use std::time::Duration;
@@ -41,33 +42,47 @@ pub(crate) fn fatal_error_name(ruby: &Ruby) -> Result<String, Error> {
 }
 
 /// What a handler produced, as core's `Outcome`: the one place a Ruby result
-/// is read. An `Ack` is itself (one naming an error class is what that error
-/// raised would be); a StandardError is `Raised`, fatal for a FatalError;
+/// is read. An `Ack` is itself, and one naming an error class (`error:`)
+/// core's retry or reject because of that class (`Outcome::retry_because`); a StandardError is `Raised`, fatal for a FatalError;
 /// anything else is `NotAnAck`, described. Core's `Outcome::settlement`
 /// decides what each does on the broker.
 pub(crate) fn outcome(ruby: &Ruby, result: Value) -> Result<Outcome, Error> {
+    Ok(guarded(ruby, result)?.outcome)
+}
+
+/// `outcome`, with the verdict the idempotency guard's Ack carries (`ack`)
+/// beside it: what the consumer settles, so a duplicate is reported as one.
+pub(crate) fn guarded(ruby: &Ruby, result: Value) -> Result<Guarded, Error> {
     if result.is_kind_of(ruby.get_inner(&ACK)) {
-        // rb_equal answers identity before calling Ack#==.
-        if result.equal(ruby.get_inner(&ACCEPT))? {
-            return Ok(Outcome::Ack(Ack::Accept));
+        // Identity, not Ack#== (which a guard's accept with a verdict also
+        // answers true).
+        if result.as_raw() == ruby.get_inner(&ACCEPT).as_raw() {
+            return Ok(Outcome::Ack(Ack::Accept).into());
         }
+        let verdict: Option<Symbol> = result.funcall("verdict", ())?;
+        let verdict = match verdict.map(|v| v.name()).transpose()?.as_deref() {
+            Some("duplicate") => Some(Verdict::Duplicate),
+            Some("in_progress") => Some(Verdict::InProgress),
+            _ => None,
+        };
         let kind: Symbol = result.funcall("kind", ())?;
         let reason: Option<String> = result.funcall("reason", ())?;
         let error_class: Option<String> = result.funcall("error_class", ())?;
         let reason = reason.unwrap_or_default();
         let kind = kind.name()?;
-        return Ok(match (&*kind, error_class) {
+        let outcome = match (&*kind, error_class) {
             ("accept", _) => Outcome::Ack(Ack::Accept),
             ("retry", None) => Outcome::Ack(Ack::retry(reason)),
             ("reject", None) => Outcome::Ack(Ack::reject(reason)),
-            ("retry", Some(class)) => Outcome::Raised { class, message: reason, fatal: false },
-            ("reject", Some(class)) => Outcome::Raised { class, message: reason, fatal: true },
+            ("retry", Some(class)) => Outcome::retry_because(class, reason),
+            ("reject", Some(class)) => Outcome::reject_because(class, reason),
             ("wait", _) => {
                 let up_to: f64 = result.funcall("up_to", ())?;
                 Outcome::Wait { reason, up_to: seconds(ruby, "wait", up_to)? }
             }
             (other, _) => Outcome::NotAnAck { what: format!("an Ack of unknown kind {other:?}") },
-        });
+        };
+        return Ok(Guarded::new(outcome, verdict));
     }
     if result.is_kind_of(ruby.exception_standard_error()) {
         let class: Option<String> = result.class().funcall("name", ())?;
@@ -76,9 +91,10 @@ pub(crate) fn outcome(ruby: &Ruby, result: Value) -> Result<Outcome, Error> {
             class: class.unwrap_or_else(|| "StandardError".into()),
             message: text(message),
             fatal: result.is_kind_of(ruby.get_inner(&FATAL_ERROR)),
-        });
+        }
+        .into());
     }
-    Ok(Outcome::NotAnAck { what: describe(result)? })
+    Ok(Outcome::NotAnAck { what: describe(result)? }.into())
 }
 
 /// A Ruby string's text, copied at once (invalid bytes replaced).
@@ -105,11 +121,20 @@ fn describe(value: Value) -> Result<String, Error> {
 }
 
 /// Core's outcome as the Ruby Ack that settles with it: what the guard hands
-/// back for a message it does not run.
-pub(crate) fn ack(ruby: &Ruby, outcome: Outcome) -> Result<Value, Error> {
+/// back for a message it does not run, carrying the guard's verdict (Ack#verdict)
+/// to the consumer that settles it (`guarded`).
+pub(crate) fn ack(ruby: &Ruby, guarded: Guarded) -> Result<Value, Error> {
     let class = ruby.get_inner(&ACK);
-    let (kind, reason, error_class, up_to): (&str, Option<String>, Option<String>, Option<f64>) = match outcome {
-        Outcome::Ack(Ack::Accept) => return class.funcall("accept", ()),
+    let verdict = guarded.verdict.map(|v| {
+        ruby.to_symbol(match v {
+            Verdict::Duplicate => "duplicate",
+            Verdict::InProgress => "in_progress",
+            _ => "guarded",
+        })
+    });
+    let (kind, reason, error_class, up_to): (&str, Option<String>, Option<String>, Option<f64>) = match guarded.outcome {
+        Outcome::Ack(Ack::Accept) if verdict.is_none() => return class.funcall("accept", ()),
+        Outcome::Ack(Ack::Accept) => ("accept", None, None, None),
         Outcome::Ack(Ack::Retry { reason }) => ("retry", Some(reason), None, None),
         Outcome::Ack(Ack::Reject { reason }) => ("reject", Some(reason), None, None),
         Outcome::Raised { class, message, fatal } => (if fatal { "reject" } else { "retry" }, Some(message), Some(class), None),
@@ -117,5 +142,5 @@ pub(crate) fn ack(ruby: &Ruby, outcome: Outcome) -> Result<Value, Error> {
         Outcome::Wait { reason, up_to } => ("wait", Some(reason), None, Some(up_to.as_secs_f64())),
     };
     // Ack.new is private to Ruby callers; this is the engine building one.
-    class.funcall("new", (ruby.to_symbol(kind), reason, error_class, up_to))
+    class.funcall("new", (ruby.to_symbol(kind), reason, error_class, up_to, verdict))
 }

@@ -6,13 +6,16 @@
 //! copies the event into a bounded queue (never blocking: a full queue drops
 //! the event and counts it), and one Ruby thread (lib/acemq/events.rb's
 //! dispatcher) drains it, waiting without the GVL. Idempotency events are
-//! not bridged: the guard's Ruby middleware delivers them inline on the
-//! handler's thread, with the Ruby message in hand.
+//! not queued: core's guard emits them on the handler's own Ruby thread,
+//! inside a NativeGuard call, and the bridge hands each to that call
+//! (`capturing`), which delivers it inline with the Ruby message in hand
+//! (idempotency/guard.rs). Core is their one emitter.
 
 use crate::gvl;
-use acemq::events::{self, Event, SubscriberId};
+use acemq::events::{self, Event, Idempotency, SubscriberId};
 use magnus::{function, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
 use serde_json::Value as Json;
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,33 @@ struct Bridge {
 static BRIDGE: Mutex<Option<Bridge>> = Mutex::new(None);
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
+thread_local! {
+    /// The idempotency events core emitted on this thread during the
+    /// NativeGuard call running on it, if one is (`capturing`).
+    static CAPTURED: RefCell<Option<Vec<Idempotency>>> = const { RefCell::new(None) };
+}
+
+/// Run `f`, a guard call on this Ruby thread, and return with its result the
+/// idempotency events core emitted meanwhile (none while nobody listens in
+/// Ruby: the bridge is what catches them). Core's guard runs on the calling
+/// thread (a blocking store's rules finish in one poll), so what it emits is
+/// this call's.
+pub(crate) fn capturing<R>(f: impl FnOnce() -> R) -> (R, Vec<Idempotency>) {
+    /// Puts back what was capturing before, also when `f` unwinds.
+    struct Restore(Option<Vec<Idempotency>>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            CAPTURED.with(|c| *c.borrow_mut() = self.0.take());
+        }
+    }
+    let before = CAPTURED.with(|c| c.borrow_mut().replace(Vec::new()));
+    let restore = Restore(before);
+    let r = f();
+    let got = CAPTURED.with(|c| c.borrow_mut().take()).unwrap_or_default();
+    drop(restore);
+    (r, got)
+}
+
 /// Start bridging core's events to the queue (idempotent).
 fn listen() {
     let mut bridge = BRIDGE.lock().unwrap_or_else(|p| p.into_inner());
@@ -41,7 +71,10 @@ fn listen() {
     }
     let (tx, rx) = sync_channel::<Event>(QUEUE);
     let id = events::subscribe(move |event| {
-        if matches!(event, Event::Idempotency(_)) {
+        if let Event::Idempotency(i) = event {
+            // Emitted outside a NativeGuard call (a Rust guard in this
+            // process): there is no Ruby message to deliver it with.
+            CAPTURED.with(|c| c.borrow_mut().as_mut().map(|v| v.push(i.clone())));
             return;
         }
         match tx.try_send(event.clone()) {
@@ -119,7 +152,7 @@ fn next(ruby: &Ruby, timeout: f64) -> Result<Value, Error> {
 }
 
 /// A payload as Ruby: hashes with symbol keys, all the way down.
-fn to_ruby(ruby: &Ruby, v: &Json) -> Result<Value, Error> {
+pub(crate) fn to_ruby(ruby: &Ruby, v: &Json) -> Result<Value, Error> {
     Ok(match v {
         Json::Object(map) => {
             let h = ruby.hash_new();

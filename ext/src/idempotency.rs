@@ -11,15 +11,21 @@ mod sql_store;
 
 use magnus::{prelude::*, Error, RModule, RString, Ruby, Value};
 
-/// An idempotency key as UTF-8 text. A binary (ASCII-8BIT) string and the
-/// UTF-8 string of the same bytes are one key: the bytes are read whatever
-/// the encoding says, and bound as text (a BLOB never equals the TEXT of the
-/// same bytes in SQLite). Bytes that are not UTF-8 are an EncodingError:
-/// replacing them would make two different keys one. Other encodings are
-/// transcoded; non-strings use `to_s`. `nil` is `None`.
+/// An idempotency key as text, by core's rule (`key_text`): the bytes are
+/// read whatever the encoding says (a binary string and the UTF-8 string of
+/// the same bytes are one key), and bytes that are not UTF-8 are an
+/// EncodingError with core's reason. Other encodings are transcoded first;
+/// non-strings use `to_s`. `nil` is `None`.
 pub(crate) fn key(ruby: &Ruby, v: Value) -> Result<Option<String>, Error> {
+    key_or_refusal(ruby, v)?.map_err(|refusal| Error::new(ruby.get_inner(&crate::errors::ENCODING_ERROR), refusal))
+}
+
+/// `key`, with core's refusal of a key that is not text as a value: the
+/// guard settles that message as it settles one with no key, with this
+/// reason (the same key function finds the same bytes on every retry).
+pub(crate) fn key_or_refusal(ruby: &Ruby, v: Value) -> Result<Result<Option<String>, String>, Error> {
     if v.is_nil() {
-        return Ok(None);
+        return Ok(Ok(None));
     }
     let s = match RString::from_value(v) {
         Some(s) => s,
@@ -27,13 +33,9 @@ pub(crate) fn key(ruby: &Ruby, v: Value) -> Result<Option<String>, Error> {
     };
     let binary: bool = s.enc_get() == ruby.ascii8bit_encindex();
     let s = if binary || s.is_utf8_compatible_encoding() { s } else { s.funcall::<_, _, RString>("encode", ("UTF-8",))? };
-    let bytes = unsafe { s.as_slice() }.to_vec();
-    String::from_utf8(bytes).map(Some).map_err(|_| {
-        Error::new(
-            ruby.get_inner(&crate::errors::ENCODING_ERROR),
-            format!("idempotency key {} is not UTF-8 text: give a key: that returns text (hex-encode binary ids)", s.inspect()),
-        )
-    })
+    // Safe: the borrowed bytes are copied before Ruby runs again.
+    let text = acemq::idempotency::key_text(unsafe { s.as_slice() }).map(str::to_owned);
+    Ok(text.map(Some).map_err(|e| e.message().to_owned()))
 }
 
 /// `key`, for a store method, where nil is a mistake rather than a message

@@ -11,7 +11,7 @@
 //! code over a blocking store, whose answers are ready at once.
 
 use super::store::{AsyncIdempotencyStore, IdempotencyStore};
-use crate::ack::{Ack, Outcome};
+use crate::ack::{Ack, Guarded, Outcome, Verdict};
 use crate::error::Result;
 use crate::sql::blocking::run;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,6 +99,24 @@ impl Before {
             Before::InProgress { reason, wait: None } => Some(Outcome::Ack(Ack::retry(reason.clone()))),
             Before::Settle(o) => Some(o.clone()),
         }
+    }
+
+    /// What the guard decided, for the settlement's `process` event: a
+    /// duplicate or a key in progress; `None` for the rest.
+    pub fn verdict(&self) -> Option<Verdict> {
+        match self {
+            Before::Duplicate => Some(Verdict::Duplicate),
+            Before::InProgress { .. } => Some(Verdict::InProgress),
+            Before::Run { .. } | Before::Settle(_) => None,
+        }
+    }
+
+    /// [`outcome_without_running`](Self::outcome_without_running) with the
+    /// [`verdict`](Self::verdict) beside it: what to settle with
+    /// ([`Consumer::settle_guarded`](crate::Consumer::settle_guarded)) so
+    /// that the `process` event says `duplicate` or `in_progress`.
+    pub fn guarded_without_running(&self) -> Option<Guarded> {
+        self.outcome_without_running().map(|o| Guarded::new(o, self.verdict()))
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::guard::{Before, Guard};
 use super::store::AsyncIdempotencyStore;
-use crate::ack::Outcome;
+use crate::ack::{Guarded, Outcome};
 use crate::message::Message;
 use crate::Handler;
 use std::future::Future;
@@ -100,17 +100,23 @@ where
     /// delivery must run): at once by a blocking store, by a spawned task by
     /// the async SQL store (see [`Guard::abandon_now_or_later`]).
     pub async fn handle(&self, message: Message) -> Outcome {
+        self.handle_guarded(message).await.outcome
+    }
+
+    /// [`handle`](Self::handle), with the guard's verdict beside the
+    /// outcome for a message it settled unrun (what the consumer settles).
+    pub async fn handle_guarded(&self, message: Message) -> Guarded {
         let key = (self.key)(&message);
         let key = match self.guard.before_async(&self.store, key.as_deref()).await {
             Before::Run { key } => key,
-            other => return other.outcome_without_running().expect("only Run runs the handler"),
+            other => return other.guarded_without_running().expect("only Run runs the handler"),
         };
         let mut pending = Pending { guard: &self.guard, store: &self.store, key: Some(key) };
         let outcome = self.handler.handle(message).await.into();
         let key = pending.key.take().expect("the key is taken once");
         // An error here is counted by the guard; the outcome stands (see Guard::after).
         let _ = self.guard.after_async(&self.store, &key, &outcome).await;
-        outcome
+        outcome.into()
     }
 }
 
@@ -127,6 +133,10 @@ where
 
     fn handle(&self, message: Message) -> impl Future<Output = Outcome> + Send {
         Idempotent::handle(self, message)
+    }
+
+    fn handle_guarded(&self, message: Message) -> impl Future<Output = Guarded> + Send {
+        Idempotent::handle_guarded(self, message)
     }
 
     fn claim_timeout(&self) -> Option<Duration> {

@@ -40,6 +40,7 @@
 mod clock;
 mod guard;
 mod handler;
+mod key;
 mod memory;
 mod options;
 mod rules;
@@ -52,6 +53,7 @@ mod values;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use guard::{Before, Guard, GuardStats, INVALID_KEY_CLASS, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE, STORE_OUTAGE_WAIT};
 pub use handler::{default_key, idempotent, Idempotent, KeyFn};
+pub use key::key_text;
 pub use memory::InMemoryIdempotencyStore;
 pub use options::{
     InMemoryIdempotencyOptions, SqlIdempotencyOptions, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION, DEFAULT_TABLE,

@@ -3,7 +3,7 @@
 //! Named readers rather than "a String or `[ack, event]`", so a field added
 //! is one edit.
 
-use acemq::Outcome;
+use acemq::Guarded;
 use magnus::{method, prelude::*, Error, RClass, Ruby, Symbol, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::NativeGuard::Decision", free_immediately, size)]
@@ -12,9 +12,10 @@ pub struct RbDecision(pub(crate) Decision);
 pub(crate) enum Decision {
     /// Run the handler; the key is claimed.
     Run { key: String },
-    /// Settle with this outcome, unrun: the idempotency event it is
-    /// ("duplicate", "in_progress", "store_error", "missing_key").
-    Settle { outcome: Outcome, event: &'static str },
+    /// Settle with this outcome (and the guard's verdict beside it), unrun:
+    /// the idempotency event it is ("duplicate", "in_progress",
+    /// "store_error", "missing_key").
+    Settle { outcome: Guarded, event: &'static str },
 }
 
 impl RbDecision {

@@ -4,14 +4,21 @@
 //!
 //! The store is passed per call: the library's own stores are used directly
 //! (a SQLite file without the GVL), anything else through `RbStore`.
+//!
+//! The idempotency events are core's guard's, emitted once: each call takes
+//! the ones core emitted during it (`events::capturing`) and delivers them
+//! to Ruby's subscribers inline, on this thread, with the message they are
+//! about (`deliver`), which is what the Ruby payload adds.
 
 use super::decision::{Decision, RbDecision};
 use super::memory::RbInMemoryStore;
 use super::ruby_store::RbStore;
 use super::sql_store::RbSqlStore;
 use crate::sql;
+use acemq::events::Idempotency;
 use acemq::idempotency::{Before, Guard, IdempotencyStore, MISSING_KEY_CLASS};
 use acemq::Outcome;
+use magnus::value::Lazy;
 use magnus::{function, method, prelude::*, typed_data::Obj, Error, RArray, RHash, RModule, Ruby, Value};
 
 #[magnus::wrap(class = "AceMQ::AMQP::Patterns::NativeGuard", free_immediately, size)]
@@ -29,6 +36,52 @@ fn with_store<R>(ruby: &Ruby, store: Value, f: impl FnOnce(&dyn IdempotencyStore
     }
     let s = RbStore::new(ruby, store)?;
     sql::on_ruby(ruby, || Ok(f(&s)))
+}
+
+/// `with_store`, with the idempotency events core emitted during it.
+fn guarded<R>(ruby: &Ruby, store: Value, f: impl FnOnce(&dyn IdempotencyStore) -> R) -> Result<(R, Vec<Idempotency>), Error> {
+    let (r, events) = crate::events::capturing(|| with_store(ruby, store, f));
+    Ok((r?, events))
+}
+
+static PATTERNS: Lazy<RModule> = Lazy::new(|ruby| crate::convert::amqp_const(ruby, "Patterns"));
+
+/// Hand core's idempotency events to Ruby's subscribers, inline on this
+/// (the handler's) thread, through `Patterns._deliver`, which adds the
+/// message's keys. `about` gives each event's message and, for a missing
+/// key, the Ruby wording of its error (the reason the message is rejected
+/// with, as `decided` words it).
+fn deliver(ruby: &Ruby, events: Vec<Idempotency>, mut about: impl FnMut(&Idempotency) -> (Value, Option<String>)) -> Result<(), Error> {
+    for event in events {
+        let (message, wording) = about(&event);
+        let payload = ruby.hash_new();
+        payload.aset(ruby.to_symbol("verdict"), event.verdict)?;
+        payload.aset(ruby.to_symbol("key"), event.key)?;
+        payload.aset(ruby.to_symbol("error"), wording.or(event.error))?;
+        let _: Value = ruby.get_inner(&PATTERNS).funcall("_deliver", (payload, message))?;
+    }
+    Ok(())
+}
+
+/// The reason a decision settles with, for a missing key's event.
+fn missing_key_wording(decision: &RbDecision) -> Option<String> {
+    match &decision.0 {
+        Decision::Settle { outcome, event: "missing_key" } => match &outcome.outcome {
+            Outcome::Raised { message, .. } => Some(message.clone()),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The key for `_before`, and why there is none: a key that is not text is
+/// no key, with core's refusal as the reason (the Ruby side's `why`, for a
+/// key: function that raised, otherwise).
+fn guard_key(ruby: &Ruby, key: Value, why: Option<String>) -> Result<(Option<String>, Option<String>), Error> {
+    Ok(match super::key_or_refusal(ruby, key)? {
+        Ok(key) => (key, why),
+        Err(refusal) => (None, Some(refusal)),
+    })
 }
 
 /// The Ruby wording of core's missing-key rule: the same rule, with the
@@ -51,10 +104,10 @@ fn decided(ruby: &Ruby, before: Before, why: Option<String>) -> Result<RbDecisio
         Before::Settle(Outcome::Raised { class, .. }) if class == MISSING_KEY_CLASS => "missing_key",
         Before::Settle(_) => "store_error",
     };
-    let mut outcome = before.outcome_without_running().expect("only Run runs the handler");
+    let mut outcome = before.guarded_without_running().expect("only Run runs the handler");
     if event == "missing_key" {
         let fatal = crate::convert::fatal_error_name(ruby)?;
-        outcome = Outcome::Raised { class: fatal, message: why.unwrap_or_else(|| MISSING_KEY_RUBY.into()), fatal: true };
+        outcome = Outcome::reject_because(fatal, why.unwrap_or_else(|| MISSING_KEY_RUBY.into())).into();
     }
     Ok(RbDecision(Decision::Settle { outcome, event }))
 }
@@ -65,38 +118,62 @@ impl RbGuard {
     }
 
     /// The Decision: run the handler, or settle unrun (see `decided`).
-    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value, why: Option<String>) -> Result<RbDecision, Error> {
-        let key = super::key(ruby, key)?;
-        let before = with_store(ruby, store, |s| rb_self.inner.before(s, key.as_deref()))?;
-        decided(ruby, before, why)
+    /// `message` is what its event, if any, is about.
+    fn before(ruby: &Ruby, rb_self: &Self, store: Value, key: Value, why: Option<String>, message: Value) -> Result<RbDecision, Error> {
+        let (key, why) = guard_key(ruby, key, why)?;
+        let (before, events) = guarded(ruby, store, |s| rb_self.inner.before(s, key.as_deref()))?;
+        let decision = decided(ruby, before, why)?;
+        deliver(ruby, events, |_| (message, missing_key_wording(&decision)))?;
+        Ok(decision)
     }
 
     /// Settle the key after the handler: `result` is what it produced (an
     /// Ack, the StandardError it raised, anything else), read as the
     /// consumer reads it. Nil, or the message of a confirm/forget that
     /// failed (the handler's outcome stands either way).
-    fn after(ruby: &Ruby, rb_self: &Self, store: Value, key: String, result: Value) -> Result<Option<String>, Error> {
+    fn after(ruby: &Ruby, rb_self: &Self, store: Value, key: String, result: Value, message: Value) -> Result<Option<String>, Error> {
         let outcome = crate::convert::outcome(ruby, result)?;
-        let r = with_store(ruby, store, |s| rb_self.inner.after(s, &key, &outcome))?;
+        let (r, events) = guarded(ruby, store, |s| rb_self.inner.after(s, &key, &outcome))?;
+        deliver(ruby, events, |_| (message, None))?;
         Ok(r.err().map(|e| e.to_string()))
     }
 
     /// The handler never finished (its thread was killed): forget the key.
-    fn abandon(ruby: &Ruby, rb_self: &Self, store: Value, key: String) -> Result<Option<String>, Error> {
-        let r = with_store(ruby, store, |s| rb_self.inner.abandon(s, &key))?;
+    fn abandon(ruby: &Ruby, rb_self: &Self, store: Value, key: String, message: Value) -> Result<Option<String>, Error> {
+        let (r, events) = guarded(ruby, store, |s| rb_self.inner.abandon(s, &key))?;
+        deliver(ruby, events, |_| (message, None))?;
         Ok(r.err().map(|e| e.to_string()))
     }
 
     /// `_before` for a batch: the keys claimed together (one transaction on
-    /// a SQL store), one Decision each, in order; `whys` as `_before`'s why.
-    fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray, whys: Vec<Option<String>>) -> Result<RArray, Error> {
-        let keys: Vec<Option<String>> = keys.into_iter().map(|k| super::key(ruby, k)).collect::<Result<_, _>>()?;
+    /// a SQL store), one Decision each, in order; `whys` as `_before`'s why,
+    /// `messages` the messages, in the same order.
+    fn before_many(ruby: &Ruby, rb_self: &Self, store: Value, keys: RArray, whys: Vec<Option<String>>, messages: RArray) -> Result<RArray, Error> {
+        let (keys, whys): (Vec<Option<String>>, Vec<Option<String>>) = keys
+            .into_iter()
+            .zip(whys.into_iter().chain(std::iter::repeat(None)))
+            .map(|(k, why)| guard_key(ruby, k, why))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip();
         let refs: Vec<Option<&str>> = keys.iter().map(|k| k.as_deref()).collect();
-        let decisions = with_store(ruby, store, |s| rb_self.inner.before_many(s, &refs))?;
+        let (befores, events) = guarded(ruby, store, |s| rb_self.inner.before_many(s, &refs))?;
+        let decisions: Vec<RbDecision> =
+            befores.into_iter().zip(whys).map(|(before, why)| decided(ruby, before, why)).collect::<Result<_, _>>()?;
+        // Each message has at most one event from the claim, so an event is
+        // the first message not yet reported whose key it names (a missing
+        // key names none).
+        let mut reported = vec![false; decisions.len()];
+        deliver(ruby, events, |event| {
+            let key = event.key.as_deref().filter(|k| !k.is_empty());
+            let found = (0..decisions.len()).find(|&i| !reported[i] && refs[i].filter(|k| !k.is_empty()) == key);
+            let Some(i) = found else { return (ruby.qnil().as_value(), None) };
+            reported[i] = true;
+            (messages.entry(i as isize).unwrap_or_else(|_| ruby.qnil().as_value()), missing_key_wording(&decisions[i]))
+        })?;
         let out = ruby.ary_new_capa(decisions.len());
-        let mut whys = whys.into_iter();
-        for before in decisions {
-            out.push(ruby.obj_wrap(decided(ruby, before, whys.next().flatten())?))?;
+        for decision in decisions {
+            out.push(ruby.obj_wrap(decision))?;
         }
         Ok(out)
     }
@@ -105,8 +182,9 @@ impl RbGuard {
     /// that finished (the accepted confirmed together, the rest forgotten),
     /// `abandoned` the keys of handlers that never did (killed, or never
     /// started after one was): forgotten and counted as abandoned. Nil, or
-    /// the first failure's message.
-    fn after_many(ruby: &Ruby, rb_self: &Self, store: Value, settled: RArray, abandoned: Vec<String>) -> Result<Option<String>, Error> {
+    /// the first failure's message. `messages` is each key's message, for
+    /// its events.
+    fn after_many(ruby: &Ruby, rb_self: &Self, store: Value, settled: RArray, abandoned: Vec<String>, messages: RHash) -> Result<Option<String>, Error> {
         let mut keys = Vec::with_capacity(settled.len());
         let mut outcomes = Vec::with_capacity(settled.len());
         for pair in settled {
@@ -115,7 +193,7 @@ impl RbGuard {
             outcomes.push(crate::convert::outcome(ruby, result)?);
         }
         let pairs: Vec<(&str, &Outcome)> = keys.iter().map(String::as_str).zip(&outcomes).collect();
-        let r = with_store(ruby, store, |s| {
+        let (r, events) = guarded(ruby, store, |s| {
             let mut first = rb_self.inner.after_many(s, &pairs).err();
             for key in &abandoned {
                 if let Err(e) = rb_self.inner.abandon(s, key) {
@@ -123,6 +201,10 @@ impl RbGuard {
                 }
             }
             first
+        })?;
+        deliver(ruby, events, |event| {
+            let message = event.key.as_deref().and_then(|k| messages.get(k)).unwrap_or_else(|| ruby.qnil().as_value());
+            (message, None)
         })?;
         Ok(r.map(|e| e.to_string()))
     }
@@ -151,11 +233,11 @@ impl RbGuard {
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let class = patterns.define_class("NativeGuard", ruby.class_object())?;
     class.define_singleton_method("new", function!(RbGuard::new, 0))?;
-    class.define_method("_before", method!(RbGuard::before, 3))?;
-    class.define_method("_after", method!(RbGuard::after, 3))?;
-    class.define_method("_abandon", method!(RbGuard::abandon, 2))?;
-    class.define_method("_before_many", method!(RbGuard::before_many, 3))?;
-    class.define_method("_after_many", method!(RbGuard::after_many, 3))?;
+    class.define_method("_before", method!(RbGuard::before, 4))?;
+    class.define_method("_after", method!(RbGuard::after, 4))?;
+    class.define_method("_abandon", method!(RbGuard::abandon, 3))?;
+    class.define_method("_before_many", method!(RbGuard::before_many, 4))?;
+    class.define_method("_after_many", method!(RbGuard::after_many, 4))?;
     class.define_method("stats", method!(RbGuard::stats, 0))?;
     super::decision::init(ruby, class)?;
     Ok(())

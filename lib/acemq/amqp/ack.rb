@@ -15,11 +15,19 @@ module AceMQ
     class Ack
       attr_reader :kind, :reason, :error_class, :up_to
 
-      def initialize(kind, reason = nil, error_class = nil, up_to = nil)
+      # What the idempotency guard decided about a message it settles
+      # without running the handler (:duplicate, :in_progress), nil for any
+      # other Ack: the consumer reports the settlement by it ("duplicate"
+      # rather than "accepted" in process.acemq). It travels with the Ack to
+      # the settlement; it changes nothing the broker sees, and == ignores it.
+      attr_reader :verdict
+
+      def initialize(kind, reason = nil, error_class = nil, up_to = nil, verdict = nil)
         @kind = kind
         @reason = reason&.to_s&.dup&.freeze
         @error_class = error_class&.to_s&.dup&.freeze
         @up_to = up_to
+        @verdict = verdict
         freeze
       end
       private_class_method :new

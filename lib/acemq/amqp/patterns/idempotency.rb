@@ -48,7 +48,7 @@ module AceMQ
         # decides whether it runs (NativeGuard::Decision).
         def call(message, app)
           key, why = key_of(message)
-          decision = @guard._before(@store, key, why)
+          decision = @guard._before(@store, key, why, message)
           decision.run? ? run(message, app, decision.key) : without_running(message, key, decision)
         end
 
@@ -61,7 +61,7 @@ module AceMQ
         # this returns, so the keys are facts before any delivery is settled.
         def call_many(messages, app)
           found = messages.map { |m| key_of(m) }
-          decisions = @guard._before_many(@store, found.map(&:first), found.map(&:last))
+          decisions = @guard._before_many(@store, found.map(&:first), found.map(&:last), messages)
           results = Array.new(messages.size)
           settled = []
           pending = decisions.select(&:run?).map(&:key)
@@ -82,7 +82,8 @@ module AceMQ
             # A handler that never finished (Thread#kill, Interrupt, throw),
             # and every message after it that never ran: their keys must not
             # stand, and the guard counts them as abandoned.
-            failed = @guard._after_many(@store, settled, pending)
+            by_key = decisions.each_with_index.filter_map { |d, i| [d.key, messages[i]] if d.run? }.to_h
+            failed = @guard._after_many(@store, settled, pending, by_key)
             if failed
               key = settled.first&.first || pending.first
               report_after(messages.first, key, settled.any? { |_, r| r.is_a?(Ack) && r.accept? }, failed)
@@ -108,19 +109,14 @@ module AceMQ
         private
 
         # The key, or nil and why it could not be had. A key: function that
-        # raises, or a key that is not UTF-8 text, is the same as a missing
-        # key — the same function does the same next time — so the guard
-        # rejects it as fatal, with this reason instead of "missing". Raised
-        # out of the guard instead, it would be retried up the whole ladder,
-        # and in a batch it would end the handler thread.
+        # raises is the same as a missing key — the same function does the
+        # same next time — so the guard rejects it as fatal, with this reason
+        # instead of "missing". Raised out of the guard instead, it would be
+        # retried up the whole ladder, and in a batch it would end the
+        # handler thread. A key that is not UTF-8 text is the engine's to
+        # refuse (one rule, in core), the same way.
         def key_of(message)
-          key = @key.call(message)
-          if key.is_a?(String) && !key.dup.force_encoding(Encoding::UTF_8).valid_encoding?
-            return [nil, "idempotency key is not UTF-8 text (#{key.b.inspect[0, 60]}): make key: return text; " \
-                         "the same key: finds the same bytes on every retry"]
-          end
-
-          [key, nil]
+          [@key.call(message), nil]
         rescue StandardError => e
           [nil, "idempotency key: raised #{e.class}: #{e.message.to_s[0, 200]}; the same key: raises again on " \
                 "every retry, so the message is rejected: make key: return nil or text for every message"]
@@ -140,8 +136,7 @@ module AceMQ
             # throw. The handler never finished, so the key must not stand;
             # whatever it was goes on untouched.
             unless finished
-              failed = @guard._abandon(@store, key)
-              Patterns.instrument(:forget_failed, key: key, message: message, error: failed) if failed
+              @guard._abandon(@store, key, message) # a failure is its forget_failed event
             end
           end
           settle(message, key, result)
@@ -150,27 +145,23 @@ module AceMQ
 
         # The guard reads the handler's result as the consumer does.
         def settle(message, key, result)
-          failed = @guard._after(@store, key, result)
+          failed = @guard._after(@store, key, result, message)
           report_after(message, key, result.is_a?(Ack) && result.accept?, failed) if failed
         end
 
         # The handler's outcome stands: the work was done (or not), and
-        # settling differently would only add a second problem.
-        def report_after(message, key, confirming, failed)
-          event = confirming ? :confirm_failed : :forget_failed
-          return if Patterns.instrument(event, key: key, message: message, error: failed)
+        # settling differently would only add a second problem. The engine
+        # has delivered the failure as an idempotency event already; with
+        # nobody listening to those, it is a warning.
+        def report_after(_message, key, confirming, failed)
+          return if AceMQ::Events.listening?("idempotency.acemq")
 
           warn("acemq: idempotency #{confirming ? 'confirm' : 'forget'} failed for #{key.inspect}: #{failed}")
         end
 
-        # The guard's Ack for a message it does not run, with its event.
-        def without_running(message, key, decision)
-          ack = decision.ack
-          event = decision.event
-          error = event == :store_error || event == :missing_key ? ack.reason : nil
-          Patterns.instrument(event, key: event == :missing_key ? nil : key, message: message, error: error)
-          ack
-        end
+        # The guard's Ack for a message it does not run (its event was
+        # delivered when the guard decided).
+        def without_running(_message, _key, decision) = decision.ack
       end
 
       # What Patterns.idempotent returns: a Proc (so it goes into consume

@@ -58,13 +58,23 @@ module AceMQ
           nil
         end
 
-        # The guard's verdict as an idempotency.acemq event, on this thread.
+        # Deprecated: the engine's guard emits the idempotency events (once,
+        # for Rust subscribers, the metrics and Ruby alike), and the library
+        # no longer calls this. Kept so code that announced its own verdicts
+        # goes on working: it delivers one to Ruby's subscribers only.
         # Returns whether anything listened.
         def instrument(event, key: nil, message: nil, error: nil)
+          _deliver({ verdict: event.to_s, key: key, error: error }, message)
+        end
+
+        # One of the engine guard's idempotency events (verdict, key, error),
+        # handed over by the extension on the handler's thread while the
+        # guard decides: delivered inline, with the message it is about.
+        # Returns whether anything listened.
+        def _deliver(payload, message)
           AceMQ::Events.instrument(
             "idempotency.acemq",
-            { verdict: event.to_s, key: key, error: error, message_id: message&.envelope&.id,
-              queue: message&.delivery&.queue, message: message }
+            payload.merge(message_id: message&.envelope&.id, queue: message&.delivery&.queue, message: message)
           )
         end
       end

@@ -45,11 +45,13 @@ module AceMQ
         end
 
         # The middleware: app is the guarded handler. The engine's guard
-        # decides whether it runs (NativeGuard::Decision).
+        # decides whether it runs (NativeGuard::Decision), and has delivered
+        # the idempotency event of a message it does not run by the time it
+        # answers (message is what the event is about).
         def call(message, app)
           key, why = key_of(message)
           decision = @guard._before(@store, key, why, message)
-          decision.run? ? run(message, app, decision.key) : without_running(message, key, decision)
+          decision.run? ? run(message, app, decision.key) : decision.ack
         end
 
         # The same for a batch: the keys are claimed together and the
@@ -68,7 +70,8 @@ module AceMQ
           begin
             messages.each_with_index do |message, i|
               decision = decisions[i]
-              next results[i] = without_running(message, found[i][0], decision) unless decision.run?
+              # Unrun: its event was delivered as the guard decided.
+              next results[i] = decision.ack unless decision.run?
 
               results[i] = begin
                 app.call(message)
@@ -86,7 +89,7 @@ module AceMQ
             failed = @guard._after_many(@store, settled, pending, by_key)
             if failed
               key = settled.first&.first || pending.first
-              report_after(messages.first, key, settled.any? { |_, r| r.is_a?(Ack) && r.accept? }, failed)
+              report_after(key, settled.any? { |_, r| r.is_a?(Ack) && r.accept? }, failed)
             end
           end
           results
@@ -146,22 +149,18 @@ module AceMQ
         # The guard reads the handler's result as the consumer does.
         def settle(message, key, result)
           failed = @guard._after(@store, key, result, message)
-          report_after(message, key, result.is_a?(Ack) && result.accept?, failed) if failed
+          report_after(key, result.is_a?(Ack) && result.accept?, failed) if failed
         end
 
         # The handler's outcome stands: the work was done (or not), and
         # settling differently would only add a second problem. The engine
         # has delivered the failure as an idempotency event already; with
         # nobody listening to those, it is a warning.
-        def report_after(_message, key, confirming, failed)
+        def report_after(key, confirming, failed)
           return if AceMQ::Events.listening?("idempotency.acemq")
 
           warn("acemq: idempotency #{confirming ? 'confirm' : 'forget'} failed for #{key.inspect}: #{failed}")
         end
-
-        # The guard's Ack for a message it does not run (its event was
-        # delivered when the guard decided).
-        def without_running(_message, _key, decision) = decision.ack
       end
 
       # What Patterns.idempotent returns: a Proc (so it goes into consume

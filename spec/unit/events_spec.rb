@@ -68,6 +68,23 @@ RSpec.describe "AceMQ events (Ruby)" do
     end
   end
 
+  it "reports the guard's duplicate as the settlement's outcome whatever it keys by, once per verdict" do
+    outcomes = Queue.new
+    verdicts = Queue.new
+    processed = AceMQ.subscribe("process.acemq") { |e| outcomes << e[:outcome] if e[:queue] == queue }
+    guarded = AceMQ.subscribe("idempotency.acemq") { |e| verdicts << e[:verdict] if e[:queue] == queue }
+    store = AceMQ::AMQP::Patterns::InMemoryIdempotencyStore.new(window: 3600)
+    key = ->(m) { "order:#{m.payload['order']}" } # not the message id: two messages, one key
+    2.times { |n| mq.publish({ "order" => "A-1", "n" => n }, to: queue) }
+    @sub = mq.consume(queue, concurrency: 1, &AceMQ::AMQP::Patterns.idempotent(store, key: key) { AceMQ::AMQP::Ack.accept })
+    eventually { outcomes.size == 2 }
+    expect(Array.new(2) { outcomes.pop }).to eq(%w[accepted duplicate])
+    expect(Array.new(verdicts.size) { verdicts.pop }).to eq(%w[duplicate])
+  ensure
+    AceMQ.unsubscribe(processed) if processed
+    AceMQ.unsubscribe(guarded) if guarded
+  end
+
   it "gives AceMQ.metrics as Prometheus text" do
     AceMQ::Events.record_metrics!
     handle { AceMQ::AMQP::Ack.accept }

@@ -125,9 +125,24 @@ pub(crate) struct SqlStore<S> {
 }
 
 impl<S> SqlStore<S> {
+    /// Build the store from `path:` or from `connection:`'s adapter (what
+    /// `SQL.connect` returned): exactly one, as the Ruby side checks.
+    pub(crate) fn open(
+        ruby: &Ruby,
+        path: Option<String>,
+        adapter: Option<Value>,
+        build: impl FnOnce(StoreSource) -> acemq::Result<S>,
+    ) -> Result<Self, Error> {
+        match (path, adapter) {
+            (Some(path), None) => Self::open_file(ruby, &path, build),
+            (None, Some(adapter)) => Self::over_ruby(ruby, adapter, build),
+            _ => Err(Error::new(ruby.exception_arg_error(), "a SQL store takes path: or connection:, exactly one")),
+        }
+    }
+
     /// Open the SQLite file at `path` (without the GVL: opening may wait on
     /// a lock) and build the store on it.
-    pub(crate) fn open_file(
+    fn open_file(
         ruby: &Ruby,
         path: &str,
         build: impl FnOnce(StoreSource) -> acemq::Result<S>,
@@ -136,8 +151,8 @@ impl<S> SqlStore<S> {
         Ok(SqlStore { store: finish(ruby, store)?, adapter: MarkedAdapter::default() })
     }
 
-    /// Build the store over `adapter` (what `SQL.connect` returned).
-    pub(crate) fn over_ruby(ruby: &Ruby, adapter: Value, build: impl FnOnce(StoreSource) -> acemq::Result<S>) -> Result<Self, Error> {
+    /// Build the store over `adapter`.
+    fn over_ruby(ruby: &Ruby, adapter: Value, build: impl FnOnce(StoreSource) -> acemq::Result<S>) -> Result<Self, Error> {
         begin();
         let source = RbSource::new(ruby, adapter)?;
         let store = build(StoreSource::Ruby(source));

@@ -36,28 +36,18 @@ fn options(
 }
 
 impl RbSqlStore {
-    fn new_file(
+    /// On the SQLite file at `path`, or over `adapter` (`connection:`).
+    fn new(
         ruby: &Ruby,
-        path: String,
+        path: Option<String>,
+        adapter: Option<Value>,
         table: Option<String>,
         retention: Option<f64>,
         claim_timeout: Option<f64>,
         worker: Option<String>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, retention, claim_timeout, worker)?;
-        sql::SqlStore::open_file(ruby, &path, |source| SqlIdempotencyStore::new(source, o)).map(Self)
-    }
-
-    fn new_ruby(
-        ruby: &Ruby,
-        adapter: Value,
-        table: Option<String>,
-        retention: Option<f64>,
-        claim_timeout: Option<f64>,
-        worker: Option<String>,
-    ) -> Result<Self, Error> {
-        let o = options(ruby, table, retention, claim_timeout, worker)?;
-        sql::SqlStore::over_ruby(ruby, adapter, |source| SqlIdempotencyStore::new(source, o)).map(Self)
+        sql::SqlStore::open(ruby, path, adapter, |source| SqlIdempotencyStore::new(source, o)).map(Self)
     }
 
     /// Run `f` on the store as core sees it, for the guard: its result is
@@ -120,8 +110,7 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.const_set("DEFAULT_TABLE", acemq::idempotency::DEFAULT_TABLE)?;
     class.const_set("DEFAULT_RETENTION", acemq::idempotency::DEFAULT_RETENTION.as_secs_f64())?;
     class.const_set("DEFAULT_CLAIM_TIMEOUT", acemq::idempotency::DEFAULT_CLAIM_TIMEOUT.as_secs_f64())?;
-    class.define_singleton_method("_new_file", function!(RbSqlStore::new_file, 5))?;
-    class.define_singleton_method("_new_ruby", function!(RbSqlStore::new_ruby, 5))?;
+    class.define_singleton_method("_new", function!(RbSqlStore::new, 6))?;
     class.define_method("create_schema", method!(RbSqlStore::create_schema, 0))?;
     class.define_method("purge_expired", method!(RbSqlStore::purge_expired, 0))?;
     class.define_method("first_time?", method!(RbSqlStore::first_time, 1))?;

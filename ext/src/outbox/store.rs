@@ -51,9 +51,12 @@ fn options(
 }
 
 impl RbOutboxStore {
-    fn new_file(
+    /// On the SQLite file at `path`, or over `adapter` (`connection:`).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
         ruby: &Ruby,
-        path: String,
+        path: Option<String>,
+        adapter: Option<Value>,
         table: Option<String>,
         worker: Option<String>,
         lease: Option<f64>,
@@ -61,20 +64,7 @@ impl RbOutboxStore {
         max_backoff: Option<f64>,
     ) -> Result<Self, Error> {
         let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
-        sql::SqlStore::open_file(ruby, &path, |source| SqlOutboxStore::new(source, o)).map(Self)
-    }
-
-    fn new_ruby(
-        ruby: &Ruby,
-        adapter: Value,
-        table: Option<String>,
-        worker: Option<String>,
-        lease: Option<f64>,
-        backoff: Option<f64>,
-        max_backoff: Option<f64>,
-    ) -> Result<Self, Error> {
-        let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
-        sql::SqlStore::over_ruby(ruby, adapter, |source| SqlOutboxStore::new(source, o)).map(Self)
+        sql::SqlStore::open(ruby, path, adapter, |source| SqlOutboxStore::new(source, o)).map(Self)
     }
 
     fn create_schema(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
@@ -167,8 +157,7 @@ impl RbOutboxStore {
 
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let class = patterns.define_class("SQLOutboxStore", ruby.class_object())?;
-    class.define_singleton_method("_new_file", function!(RbOutboxStore::new_file, 6))?;
-    class.define_singleton_method("_new_ruby", function!(RbOutboxStore::new_ruby, 6))?;
+    class.define_singleton_method("_new", function!(RbOutboxStore::new, 7))?;
     class.define_method("create_schema", method!(RbOutboxStore::create_schema, 0))?;
     class.define_private_method("_add", method!(RbOutboxStore::add, 2))?;
     class.define_private_method("_backlog", method!(RbOutboxStore::backlog, 0))?;

@@ -39,11 +39,8 @@ module AceMQ
           claim_timeout = Patterns.seconds(:claim_timeout, claim_timeout) unless claim_timeout.nil?
           table = table&.to_s
           worker = worker&.to_s
-          if path
-            _new_file(path.to_s, table, retention, claim_timeout, worker)
-          else
-            _new_ruby(SQL.connect(connection), table, retention, claim_timeout, worker)
-          end
+          adapter = SQL.connect(connection) unless path
+          _new(path&.to_s, adapter, table, retention, claim_timeout, worker)
         end
 
         # The statements create_schema runs, for a migration: dialect is

@@ -39,7 +39,7 @@ module AceMQ
           secs = ->(name, v) { v.nil? ? nil : Patterns.seconds(name, v) }
           args = [table&.to_s, worker&.to_s, secs.(:lease, lease), secs.(:backoff, backoff),
                   secs.(:max_backoff, max_backoff)]
-          store = path ? _new_file(path.to_s, *args) : _new_ruby(SQL.connect(connection), *args)
+          store = _new(path&.to_s, (SQL.connect(connection) unless path), *args)
           store.instance_variable_set(:@pg_conninfo, pg_conninfo(connection)) if connection
           store
         end

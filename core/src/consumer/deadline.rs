@@ -1,0 +1,109 @@
+//! Who settles a delivery whose handler overruns its deadline: the watch, as a retry.
+
+use crate::ack::Settlement;
+use crate::wire::RawDelivery;
+use super::Consumer;
+use super::delivery::Settler;
+use super::settle::Turnaround;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The error class a delivery settled by its deadline carries
+/// (`x-acemq-error-class`).
+pub const TIMEOUT_CLASS: &str = "HandlerTimeout";
+
+/// A delivery handed out and not settled yet, as its deadline watch sees it.
+#[derive(Debug)]
+pub(super) struct Watched {
+    pub(super) id: u64,
+    pub(super) deadline: Instant,
+    /// Set by whoever settles it first: its handler, the deadline, or the
+    /// consumer closing.
+    pub(super) settled: AtomicBool,
+    /// Set when it is the deadline that settled it: its handler is overdue.
+    pub(super) timed_out: AtomicBool,
+}
+
+/// The deliveries handed out, each with a copy of what the deadline needs
+/// to settle it without its handler.
+#[derive(Default)]
+pub(super) struct Watchlist {
+    pub(super) next_id: AtomicU64,
+    pub(super) watched: Mutex<HashMap<u64, (Arc<Watched>, Arc<RawDelivery>)>>,
+    watching: AtomicBool,
+    pub(super) closed: AtomicBool,
+}
+
+impl Consumer {
+    /// Take the right to settle `settler`'s delivery: false when its
+    /// deadline settled it already (or the consumer closed), and then what
+    /// its handler produced is discarded.
+    pub(super) fn claim(&self, settler: &Settler) -> bool {
+        if settler.watch.settled.swap(true, Ordering::AcqRel) {
+            self.counters.abandoned.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).remove(&settler.watch.id);
+        true
+    }
+
+    /// Keep the handler deadline ([`ConsumeOptions::timeout`](super::ConsumeOptions::timeout)): a task on
+    /// the runtime settles, as a retry, every delivery handed out longer
+    /// ago than that. Started by the first delivery a shared consumer hands
+    /// out (a [`ConsumerHandle`](super::ConsumerHandle), [`Consumer::next_blocking`]); a pull
+    /// consumer used through [`Consumer::next`] starts it by calling this.
+    /// It ends when the consumer is closed or dropped.
+    pub fn watch_deadlines(self: &Arc<Self>) {
+        self.watch_flow();
+        if self.watchlist.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let tick = self.deadline_tick();
+        crate::runtime::handle().spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(this) = weak.upgrade() else { return };
+                if this.watchlist.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                this.expire(Instant::now());
+            }
+        });
+    }
+
+    /// How often the deadline watch looks: a delivery is settled by its
+    /// deadline within this much after it passed ([`Settler::is_overdue`]
+    /// turns true then), so whoever asks about overdue handlers need not
+    /// ask more often.
+    pub fn deadline_tick(&self) -> Duration {
+        (self.options.timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    /// Settle, as retries, the deliveries whose deadline has passed.
+    fn expire(self: &Arc<Self>, now: Instant) {
+        let expired: Vec<(Arc<RawDelivery>, Turnaround, u64)> = {
+            let mut watched = self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner());
+            let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline <= now).map(|(id, _)| *id).collect();
+            due.into_iter()
+                .filter_map(|id| watched.remove(&id))
+                .filter(|(w, _)| !w.settled.swap(true, Ordering::AcqRel))
+                .inspect(|(w, _)| w.timed_out.store(true, Ordering::Release))
+                .map(|(w, raw)| (raw, self.turnaround(&w, true), w.id))
+                .collect()
+        };
+        for (raw, turnaround, id) in expired {
+            self.flow_settled(id, true);
+            self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+            let attempt = crate::wire::envelope_of(&raw.props).attempt;
+            let reason = format!(
+                "the handler did not finish within its timeout of {}: settled as a retry; what it returns later is discarded",
+                crate::checks::human(self.options.timeout)
+            );
+            let settlement = Settlement::Retry { reason, error_class: Some(TIMEOUT_CLASS.into()) };
+            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement, turnaround).await });
+        }
+    }
+}

@@ -147,7 +147,8 @@ impl<S> SqlStore<S> {
         path: &str,
         build: impl FnOnce(StoreSource) -> acemq::Result<S>,
     ) -> Result<Self, Error> {
-        let store = crate::gvl::without_gvl(ruby, || SqliteConnection::open(path).and_then(|c| build(StoreSource::File(c))), || {})?;
+        let open = || SqliteConnection::open(path).and_then(|c| build(StoreSource::File(c)));
+        let store = crate::gvl::without_gvl(ruby, open, || {})?;
         Ok(SqlStore { store: finish(ruby, store)?, adapter: MarkedAdapter::default() })
     }
 

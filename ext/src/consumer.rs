@@ -1,7 +1,8 @@
 //! AceMQ::AMQP::NativeConsumer: a pull consumer for the Ruby threads that
 //! lib/acemq/amqp/subscription.rb starts. Each thread asks for the next
 //! delivery (waiting without the GVL), calls the block with the GVL, and
-//! settles the delivery here; core decides what the settlement does.
+//! settles the delivery here; core decides what the settlement does. What
+//! settles a delivery lives in its NativeDelivery, not in a table here.
 
 use crate::delivery::RbDelivery;
 use crate::errors::IntoRuby;
@@ -9,8 +10,7 @@ use crate::gvl;
 use acemq::Payload;
 use acemq::{Ack, Consumer, Delivery, Next, Outcome};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Core checks that a body is JSON and builds nothing: the delivery object
@@ -26,23 +26,21 @@ fn closed(ruby: &Ruby) -> Error {
 #[magnus::wrap(class = "AceMQ::AMQP::NativeConsumer", free_immediately, size)]
 pub struct RbConsumer {
     inner: Arc<Consumer>,
-    inflight: Mutex<HashMap<u64, Delivery>>,
 }
 
 impl RbConsumer {
     pub(crate) fn new(consumer: Consumer) -> Self {
         let inner = Arc::new(consumer);
         inner.watch_deadlines();
-        RbConsumer { inner, inflight: Mutex::new(HashMap::new()) }
+        RbConsumer { inner }
     }
 
-    /// A delivery as the Ruby object a handler's Message reads: its message
-    /// moves into the object, what settles it stays here until `_settle`.
-    fn hand_out(&self, ruby: &Ruby, mut d: Delivery) -> Result<Value, Error> {
-        let message = d.take_message();
-        let native = RbDelivery::new(d.tag(), message, d.shared_body());
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(d.tag(), d);
-        Ok(native.into_value_with(ruby))
+    /// A delivery as the Ruby object a handler's Message reads: the message
+    /// and what settles it both move into the object, the settler until
+    /// `_settle` takes it.
+    fn hand_out(&self, ruby: &Ruby, d: Delivery) -> Result<Value, Error> {
+        let (message, settler) = d.into_parts();
+        Ok(RbDelivery::handed_out(message, settler).into_value_with(ruby))
     }
 
     /// The next delivery (a NativeDelivery), nil when nothing arrived within
@@ -92,31 +90,31 @@ impl RbConsumer {
 
     /// Settle `delivery` with what its handler produced: an Ack, the
     /// StandardError it raised, or anything else (not an Ack); the rules for
-    /// each live in core (`delivery::outcome` reads it, `Outcome::settlement`
+    /// each live in core (`convert::guarded` reads it, `Outcome::settlement`
     /// decides). A retry or reject runs in the background (core's
     /// `settle_later`), so the handler thread goes on to the next delivery
     /// while the copy is confirmed. Returns the errors earlier background
     /// settlements met, as exceptions (nil when none): each of their
     /// messages went back to the queue.
     fn settle(ruby: &Ruby, rb_self: &Self, delivery: &RbDelivery, result: Value) -> Result<Option<RArray>, Error> {
-        let tag = delivery.tag();
-        let Some(d) = rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&tag) else {
-            return Err(Error::new(
-                ruby.exception_arg_error(),
-                format!("delivery {tag} is not in flight on this consumer (settled twice?)"),
-            ));
+        // Read before the settler is taken: an unreadable result (an Ack
+        // whose reader raised) leaves the delivery settleable, not lost with
+        // the exception.
+        let guarded = crate::convert::guarded(ruby, result)?;
+        let not_in_flight = |why: &str| {
+            Error::new(ruby.exception_arg_error(), format!("delivery {} is not in flight on this consumer ({why})", delivery.tag()))
         };
+        let Some(settler) = delivery.take_settler() else { return Err(not_in_flight("settled twice?")) };
+        if !rb_self.inner.owns(&settler) {
+            delivery.put_back(settler);
+            return Err(not_in_flight("another consumer handed it out"));
+        }
         // The guard's verdict rides with the outcome (a duplicate's accept
         // is reported as one).
-        match crate::convert::guarded(ruby, result) {
-            Ok(g) if g.verdict.is_none() && matches!(g.outcome, Outcome::Ack(Ack::Accept)) => rb_self.inner.accept(d),
-            Ok(guarded) => rb_self.inner.settle_later_guarded(d, guarded),
-            Err(e) => {
-                // Unreadable (an Ack whose reader raised): back in flight, so
-                // the delivery is not lost with the exception.
-                rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(tag, d);
-                return Err(e);
-            }
+        if guarded.verdict.is_none() && matches!(guarded.outcome, Outcome::Ack(Ack::Accept)) {
+            rb_self.inner.accept(settler);
+        } else {
+            rb_self.inner.settle_later_guarded(settler, guarded);
         }
         Ok(rb_self.errors(ruby))
     }
@@ -137,11 +135,18 @@ impl RbConsumer {
         rb_self.errors(ruby)
     }
 
-    /// How many deliveries are handed out and not settled. One whose handler
-    /// thread died stays here, unsettled, and goes back to the queue when the
-    /// consumer closes.
+    /// How many deliveries are handed out and not settled, as core counts
+    /// them (`Consumer::in_flight`). One whose handler thread died stays
+    /// unsettled until its deadline settles it as a retry, or the consumer
+    /// closes and the broker has it back.
     fn inflight_count(&self) -> usize {
-        self.inflight.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.inner.in_flight()
+    }
+
+    /// How often core's deadline watch looks, in seconds: how often asking
+    /// NativeDelivery#_overdue? can find anything new.
+    fn deadline_tick(&self) -> f64 {
+        self.inner.deadline_tick().as_secs_f64()
     }
 
     fn stop(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
@@ -150,9 +155,8 @@ impl RbConsumer {
     }
 
     fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        // Unsettled deliveries are dropped here; the broker requeues them
-        // when the subscription closes.
-        rb_self.inflight.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        // Unsettled deliveries go back to the queue with the subscription;
+        // core discards what their handlers settle later (abandoned).
         let consumer = rb_self.inner.clone();
         gvl::block_on(ruby, async move { consumer.close().await })
     }
@@ -233,6 +237,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("_settle", method!(RbConsumer::settle, 2))?;
     class.define_method("_warnings", method!(RbConsumer::warnings, 0))?;
     class.define_method("_timeout", method!(RbConsumer::timeout, 0))?;
+    class.define_method("_deadline_tick", method!(RbConsumer::deadline_tick, 0))?;
     class.define_method("_stop", method!(RbConsumer::stop, 0))?;
     class.define_method("_close", method!(RbConsumer::close, 0))?;
     class.define_method("_stats", method!(RbConsumer::stats, 0))?;

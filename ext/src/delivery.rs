@@ -1,6 +1,7 @@
-//! AceMQ::AMQP::NativeDelivery: one delivery as a Ruby handler reads it.
-//! What a handler produced is read back into core's `Outcome` in
-//! convert.rs.
+//! AceMQ::AMQP::NativeDelivery: one delivery as a Ruby handler reads it,
+//! and the one owner of what settles it (core's `Settler`) until its
+//! consumer's `_settle` takes that. What a handler produced is read back
+//! into core's `Outcome` in convert.rs.
 //!
 //! A delivery crosses into Ruby as this object, not as values by position:
 //! lib/acemq/amqp/message.rb reads it through its readers, and each reader
@@ -11,8 +12,9 @@
 //! them). A handler that never reads it, such as a duplicate the idempotent
 //! guard settles unrun, never pays for it.
 
-use acemq::{Body, Message};
+use acemq::{Body, Message, Settler};
 use magnus::{method, prelude::*, Error, RHash, RModule, Ruby, Value};
+use std::sync::Mutex;
 
 #[magnus::wrap(class = "AceMQ::AMQP::NativeDelivery", free_immediately, size)]
 pub struct RbDelivery {
@@ -22,15 +24,42 @@ pub struct RbDelivery {
     /// copied), checked to be JSON by core and built into Ruby objects only
     /// when read (`json::body_to_ruby`).
     body: Body,
+    /// What settles it, until it is settled (None after, and for a reply,
+    /// which nothing settles): the delivery in flight is held here and
+    /// nowhere else in the extension.
+    settler: Mutex<Option<Settler>>,
 }
 
 impl RbDelivery {
+    /// A message no consumer handed out (a reply): nothing to settle.
     pub(crate) fn new(tag: u64, message: Message, body: Body) -> Self {
-        RbDelivery { tag, message, body }
+        RbDelivery { tag, message, body, settler: Mutex::new(None) }
+    }
+
+    /// A consumer's delivery: the message for its readers, the settler for
+    /// `_settle`.
+    pub(crate) fn handed_out(message: Message, settler: Settler) -> Self {
+        RbDelivery { tag: settler.tag(), body: settler.shared_body(), message, settler: Mutex::new(Some(settler)) }
     }
 
     pub(crate) fn tag(&self) -> u64 {
         self.tag
+    }
+
+    /// The settler, taken to settle with: None once settled.
+    pub(crate) fn take_settler(&self) -> Option<Settler> {
+        self.settler.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// A settler taken and not used (it belongs to another consumer), put back.
+    pub(crate) fn put_back(&self, settler: Settler) {
+        *self.settler.lock().unwrap_or_else(|p| p.into_inner()) = Some(settler);
+    }
+
+    /// Whether core's deadline has settled it (as a retry) while its handler
+    /// still runs: the subscription replaces that handler's thread.
+    fn is_overdue(&self) -> bool {
+        self.settler.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Settler::is_overdue)
     }
 
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
@@ -156,5 +185,6 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("routing_key", method!(RbDelivery::routing_key, 0))?;
     class.define_method("redelivered?", method!(RbDelivery::redelivered, 0))?;
     class.define_method("tag", method!(RbDelivery::tag, 0))?;
+    class.define_method("_overdue?", method!(RbDelivery::is_overdue, 0))?;
     Ok(())
 }

@@ -5,6 +5,36 @@ RSpec.describe "memory:// transport" do
 
   it_behaves_like "a transport"
 
+  # What settles a delivery lives in its NativeDelivery, and the engine
+  # alone times it: settled once, still settleable after an Ack that could
+  # not be read, counted in flight by the engine, overdue once its deadline
+  # has settled it.
+  it "settles a delivery once, keeps it after an unreadable Ack, and says when its deadline settled it" do
+    mq = AceMQ::AMQP::Connection.open(url)
+    q = unique("owner")
+    AceMQ::AMQP::Topology.new.queue(q).apply(mq)
+    native = mq.send(:_consumer, q, { timeout: 0.3 })
+    2.times { |n| mq.publish({ "n" => n }, to: q) }
+    d = eventually { native._next(0.5) }
+    expect(native._inflight).to eq(1)
+    unreadable = Class.new(AceMQ::AMQP::Ack) { def reason = raise("unreadable") }.send(:new, :retry, "later")
+    expect { native._settle(d, unreadable) }.to raise_error(RuntimeError, "unreadable")
+    expect(native._inflight).to eq(1)
+    native._settle(d, AceMQ::AMQP::Ack.accept)
+    expect(native._inflight).to eq(0)
+    expect { native._settle(d, AceMQ::AMQP::Ack.accept) }
+      .to raise_error(ArgumentError, /delivery #{d.tag} is not in flight on this consumer \(settled twice\?\)/)
+    late = eventually { native._next(0.5) }
+    expect(late._overdue?).to be(false)
+    eventually(timeout: 5) { late._overdue? }
+    expect(native._inflight).to eq(0)
+    native._settle(late, AceMQ::AMQP::Ack.accept) # its handler returned late: discarded
+    expect(native._stats).to include(accepted: 1, timed_out: 1, abandoned: 1)
+  ensure
+    native&._close
+    mq&.close
+  end
+
   it "walks a 5-minute ladder in no time with advance_clock" do
     mq = AceMQ::AMQP::Connection.open(url)
     q = unique("ladder")

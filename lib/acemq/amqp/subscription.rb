@@ -152,11 +152,18 @@ module AceMQ
 
       private
 
-      # What the deadline watch reads of a handler thread: since when its
-      # handler has been running (nil between deliveries), and whether the
-      # watch has replaced it. A Struct the thread holds, not thread-locals:
-      # it is written twice per delivery.
-      Worker = Struct.new(:since, :overdue)
+      # What the deadline watch reads of a handler thread: the delivery (or
+      # batch) its handler is running (nil between deliveries), and whether
+      # the watch has replaced it. A Struct the thread holds, not
+      # thread-locals: it is written twice per delivery.
+      Worker = Struct.new(:handling, :overdue) do
+        # Whether the engine's deadline has settled what it is handling:
+        # the engine times each delivery, this only asks.
+        def overdue_handler?
+          h = handling
+          h.is_a?(Array) ? h.any?(&:_overdue?) : h&._overdue?
+        end
+      end
       private_constant :Worker
 
       def start_worker
@@ -175,14 +182,14 @@ module AceMQ
       # takes its place now. At most `concurrency` overdue threads at once:
       # past that, handlers are hanging, and more threads would not help.
       def watch_deadlines
-        tick = (@timeout / 4).clamp(0.05, 1.0)
+        # Asked no more often than the engine's own watch looks (at least
+        # every 50 ms): nothing turns overdue in between.
+        tick = [@native._deadline_tick, 0.05].max
         until @stopped || @cancelled
           sleep tick
-          now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
           @threads.dup.each do |t|
             worker = t[:acemq_worker]
-            since = worker&.since
-            next unless since && now - since > @timeout + tick && t.alive?
+            next unless worker&.overdue_handler? && t.alive?
             if @overdue.count(&:alive?) >= @threads.size
               warn_capacity
               next
@@ -219,9 +226,9 @@ module AceMQ
             next
           end
 
-          me.since = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+          me.handling = deliveries
           @batch > 1 ? handle_many(deliveries) : handle(deliveries)
-          me.since = nil
+          me.handling = nil
           break if @close_after_handler || me.overdue
         end
         finish if @close_after_handler

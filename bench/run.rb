@@ -263,6 +263,11 @@ module Bench
       info_row("5 raw lapin: retry once, vs its accept", rates[:lapin_retry], rates[:lapin_accept], "lapin accept")
       info_row("5 retry once: acemq vs raw lapin", rates[:retry], rates[:lapin_retry], "lapin retry")
       broker = rates[:lapin_retry] / rates[:lapin_accept]
+      # Issue 31: the client's own share, against raw lapin doing the same
+      # (`bench raw retry_once`, core/examples/bench.rs).
+      BenchCommon::Table.ratio(path: "Ruby retry once then accept, vs raw lapin's retry", ours: rates[:retry],
+                               base: rates[:lapin_retry], target: 0.95, base_name: "lapin retry",
+                               bound: "see bench/README.md, retry")
       BenchCommon::Table.ratio(path: "retry once then accept, vs accept", ours: rates[:retry], base: rates[:accept],
                                target: 0.30, base_name: "accept",
                                bound: format("raw lapin doing the same broker work gets %.2fx of its own accept, " \

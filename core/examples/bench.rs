@@ -377,19 +377,28 @@ impl Bench {
         Ok(())
     }
 
-    /// Time until n messages are handled and the consumer cancelled (which
-    /// sends the last acks).
     async fn acemq_consume(&self, q: &str, n: u64) -> Result<f64, BoxError> {
+        self.acemq_consume_retrying(q, n, None).await
+    }
+
+    /// Time until n messages are accepted and the consumer cancelled (which
+    /// sends the last acks). With a ladder (`retry`), the handler asks for a
+    /// retry on a first attempt and accepts the second: the retry case.
+    async fn acemq_consume_retrying(&self, q: &str, n: u64, retry: Option<&acemq::RetryPolicy>) -> Result<f64, BoxError> {
         let seen = Arc::new(AtomicU64::new(0));
         let done = Arc::new(Notify::new());
         let (s, d) = (seen.clone(), done.clone());
-        let options = ConsumeOptions { prefetch: PREFETCH, ..ConsumeOptions::default() };
+        let retrying = retry.is_some();
+        let options = ConsumeOptions { prefetch: PREFETCH, retry: retry.cloned().unwrap_or_default(), ..ConsumeOptions::default() };
         let t = Instant::now();
         let handle = self
             .mq
             .consume(q, options, move |m: acemq::Message| {
                 let (s, d) = (s.clone(), d.clone());
                 async move {
+                    if retrying && m.envelope.attempt == 1 {
+                        return Outcome::Ack(Ack::retry("once"));
+                    }
                     std::hint::black_box(&m.payload["order_id"]);
                     if s.fetch_add(1, Ordering::Relaxed) + 1 == n {
                         d.notify_one();
@@ -563,36 +572,6 @@ impl Bench {
         Ok(n as f64 / t.elapsed().as_secs_f64())
     }
 
-    /// acemq's side of the retry case: the push consumer with a ladder
-    /// whose first rung is 50 ms, its handler asking for a retry on the
-    /// first attempt and accepting the second. Clock stops at n accepted.
-    async fn acemq_retry_once(&self, q: &str, policy: &acemq::RetryPolicy, n: u64) -> Result<f64, BoxError> {
-        let seen = Arc::new(AtomicU64::new(0));
-        let done = Arc::new(Notify::new());
-        let (s, d) = (seen.clone(), done.clone());
-        let options = ConsumeOptions { prefetch: PREFETCH, retry: policy.clone(), ..ConsumeOptions::default() };
-        let t = Instant::now();
-        let handle = self
-            .mq
-            .consume(q, options, move |m: acemq::Message| {
-                let (s, d) = (s.clone(), d.clone());
-                async move {
-                    if m.envelope.attempt == 1 {
-                        return Outcome::Ack(Ack::retry("once"));
-                    }
-                    std::hint::black_box(&m.payload["order_id"]);
-                    if s.fetch_add(1, Ordering::Relaxed) + 1 == n {
-                        d.notify_one();
-                    }
-                    Outcome::Ack(Ack::accept())
-                }
-            })
-            .await?;
-        tokio::time::timeout(RUN_LIMIT, done.notified()).await.map_err(|_| "acemq retry_once timed out")?;
-        handle.cancel().await;
-        Ok(n as f64 / t.elapsed().as_secs_f64())
-    }
-
     /// Retry every message once, then accept it: acemq's push consumer
     /// against raw lapin doing the same (`raw_retry_once`: the copy with
     /// acemq's headers to the same 50 ms rung, confirmed, then the ack; the
@@ -621,7 +600,7 @@ impl Bench {
                 let cpu = cpu_seconds();
                 let before = threads_cpu();
                 if side == "acemq" {
-                    ours.push(self.acemq_retry_once(&q, &policy, n).await?);
+                    ours.push(self.acemq_consume_retrying(&q, n, Some(&policy)).await?);
                     ours_cpu.push((cpu_seconds() - cpu) / n as f64 * 1e6);
                 } else {
                     base.push(self.raw_retry_once(&q, &rung, n).await?);

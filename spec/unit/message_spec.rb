@@ -92,6 +92,22 @@ RSpec.describe AceMQ::AMQP::Message do
     expect(first["order_id"]).not_to equal(second["order_id"])
   end
 
+  # Each place in a payload remembers the key it held last time; another
+  # key there, or the same keys in another order, must still read as sent.
+  it "reads keys right when their places hold other keys than last time" do
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    sent = [{ "a" => 1, "b" => { "c" => 2 } }, { "b" => { "c" => 3 }, "a" => 4 }, { "a" => 5, "bb" => 6, "c" => [{ "a" => 7 }] },
+            { "x" * 80 => 8, "a" => 9 }, { "a" => 1, "b" => { "c" => 2 } }]
+    sent.each { |p| mq.publish(p, to: queue) }
+    got = Queue.new
+    sub = mq.consume(queue) { |m| got << m.payload; AceMQ::AMQP::Ack.accept }
+    read = Array.new(sent.size) { got.pop }
+    sub.cancel
+    expect(read).to eq(sent)
+    expect(read.map { |p| p.keys.map(&:to_s) }).to eq(sent.map(&:keys))
+    expect(read.first.keys.first).to equal(read.last.keys.first)
+  end
+
   # The engine keeps the keys it has interned (a bounded table, pinned for
   # the GC): a compaction must not move them from under it, and keys past
   # the table's bounds are interned as before.

@@ -13,10 +13,14 @@
 //! guard settles unrun, never pays for it.
 
 use acemq::{Body, Message, Settler};
+use magnus::typed_data::DataTypeFunctions;
+use magnus::value::Opaque;
 use magnus::{method, prelude::*, Error, RHash, RModule, Ruby, Value};
+use std::cell::Cell;
 use std::sync::Mutex;
 
-#[magnus::wrap(class = "AceMQ::AMQP::NativeDelivery", free_immediately, size)]
+#[derive(magnus::TypedData)]
+#[magnus(class = "AceMQ::AMQP::NativeDelivery", free_immediately, size, mark)]
 pub struct RbDelivery {
     tag: u64,
     message: Message,
@@ -28,18 +32,42 @@ pub struct RbDelivery {
     /// which nothing settles): the delivery in flight is held here and
     /// nowhere else in the extension.
     settler: Mutex<Option<Settler>>,
+    /// What Message::Consumed has read of it, each made on its first read
+    /// (`_payload`, `_read`) and kept here, marked: the message is then its
+    /// delivery alone, and one whose handler reads only the payload
+    /// allocates no Hash to remember it. Read and written with the GVL held.
+    payload_read: Cell<Option<Opaque<Value>>>,
+    read: Cell<Option<Opaque<RHash>>>,
+}
+
+impl DataTypeFunctions for RbDelivery {
+    fn mark(&self, marker: &magnus::gc::Marker) {
+        if let Some(v) = self.payload_read.get() {
+            marker.mark(v);
+        }
+        if let Some(h) = self.read.get() {
+            marker.mark(h);
+        }
+    }
 }
 
 impl RbDelivery {
     /// A message no consumer handed out (a reply): nothing to settle.
     pub(crate) fn new(tag: u64, message: Message, body: Body) -> Self {
-        RbDelivery { tag, message, body, settler: Mutex::new(None) }
+        RbDelivery { tag, message, body, settler: Mutex::new(None), payload_read: Cell::new(None), read: Cell::new(None) }
     }
 
     /// A consumer's delivery: the message for its readers, the settler for
     /// `_settle`.
     pub(crate) fn handed_out(message: Message, settler: Settler) -> Self {
-        RbDelivery { tag: settler.tag(), body: settler.shared_body(), message, settler: Mutex::new(Some(settler)) }
+        RbDelivery {
+            tag: settler.tag(),
+            body: settler.shared_body(),
+            message,
+            settler: Mutex::new(Some(settler)),
+            payload_read: Cell::new(None),
+            read: Cell::new(None),
+        }
     }
 
     pub(crate) fn tag(&self) -> u64 {
@@ -76,6 +104,28 @@ impl RbDelivery {
         // Never None: core hands a delivery out only once its body is JSON.
         let Some(text) = rb_self.body.text() else { return Err(crate::json::not_json(ruby, "invalid UTF-8")) };
         crate::json::body_to_ruby(ruby, text)
+    }
+
+    /// The payload, built on the first call and the same object after:
+    /// Message::Consumed#payload.
+    fn kept_payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
+        if let Some(v) = rb_self.payload_read.get() {
+            return Ok(ruby.get_inner(v));
+        }
+        let v = Self::payload(ruby, rb_self)?;
+        rb_self.payload_read.set(Some(v.into()));
+        Ok(v)
+    }
+
+    /// The Hash in which Message::Consumed keeps the other fields it has
+    /// converted (the envelope, headers...), made on the first call.
+    fn read(ruby: &Ruby, rb_self: &Self) -> RHash {
+        if let Some(h) = rb_self.read.get() {
+            return ruby.get_inner(h);
+        }
+        let h = ruby.hash_new();
+        rb_self.read.set(Some(h.into()));
+        h
     }
 
     /// The envelope id, nil for a foreign message without one.
@@ -173,6 +223,8 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeDelivery", ruby.class_object())?;
     class.undef_default_alloc_func();
     class.define_method("payload", method!(RbDelivery::payload, 0))?;
+    class.define_method("_payload", method!(RbDelivery::kept_payload, 0))?;
+    class.define_method("_read", method!(RbDelivery::read, 0))?;
     class.define_method("id", method!(RbDelivery::id, 0))?;
     class.define_method("type", method!(RbDelivery::kind, 0))?;
     class.define_method("origin", method!(RbDelivery::origin, 0))?;

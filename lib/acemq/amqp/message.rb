@@ -46,15 +46,15 @@ module AceMQ
       class Consumed < Message
         # rubocop:disable Lint/MissingSuper -- a consumed message has no hand-given fields
         def initialize(native)
+          # The message itself is frozen, as one built by hand is; what has
+          # been read so far is kept by the delivery (NativeDelivery#_payload
+          # and #_read), so that a message is one object, not two.
           @native = native
-          # What has been read so far: the message itself is frozen, as one
-          # built by hand is; this holds the fields already converted.
-          @read = {}
           freeze
         end
         # rubocop:enable Lint/MissingSuper
 
-        def payload = lazily(:payload) { @native.payload }
+        def payload = @native._payload
 
         def envelope
           lazily(:envelope) do
@@ -79,7 +79,8 @@ module AceMQ
         private
 
         def lazily(name)
-          @read.fetch(name) { @read[name] = yield }
+          read = @native._read
+          read.fetch(name) { read[name] = yield }
         end
       end
     end

@@ -10,7 +10,9 @@
 //! Ruby specs fork.
 
 use acemq::Envelope;
-use acemq::idempotency::{AsyncIdempotencyStore, AsyncSqlIdempotencyStore, Idempotent, ManualClock, SqlIdempotencyOptions};
+use acemq::idempotency::{
+    AsyncIdempotencyStore, AsyncSqlIdempotencyStore, Idempotent, ManualClock, SqlIdempotencyOptions, TimeColumns,
+};
 use acemq::outbox::{
     AsyncSqlOutboxStore, OutboxPublisher, OutboxRecord, OutboxRelay, OutboxStoreOptions, PublishFuture, RelayOptions,
 };
@@ -322,10 +324,13 @@ fn epoch_ms() -> u128 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claim_confirm_forget_and_takeover() {
-    for db in databases("keys") {
+    // The engine's table (integer times) and the guide's ActiveRecord
+    // migration's (datetimes): one set of rules on either.
+    let kinds = [("keys", TimeColumns::EpochMillis), ("keys_dt", TimeColumns::DatetimeUtc)];
+    for (db, times) in kinds.into_iter().flat_map(|(name, times)| databases(name).into_iter().map(move |db| (db, times))) {
         let clock = ManualClock::default();
-        let a = db.keys("w1").await.with_clock(clock.clone());
-        let b = db.keys("w2").await.with_clock(clock.clone());
+        let a = db.keys("w1").await.with_time_columns(times).with_clock(clock.clone());
+        let b = db.keys("w2").await.with_time_columns(times).with_clock(clock.clone());
         a.create_schema().await.unwrap();
         a.create_schema().await.unwrap(); // twice is fine
 
@@ -367,6 +372,47 @@ async fn claim_confirm_forget_and_takeover() {
     }
 }
 
+/// A datetime table that keeps whole seconds (MySQL's `DATETIME` and
+/// PostgreSQL's `TIMESTAMP(0)`, what Rails 6.1's `t.datetime` makes on
+/// MySQL): the rules hold, because no claim has to find the times it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_datetime_table_of_whole_seconds_keeps_the_rules() {
+    for db in databases("keys_s") {
+        let clock = ManualClock::default();
+        let a = db.keys("w1").await.with_time_columns(TimeColumns::DatetimeUtc).with_clock(clock.clone());
+        let b = db.keys("w2").await.with_time_columns(TimeColumns::DatetimeUtc).with_clock(clock.clone());
+        let conn = a.source().connection().await.unwrap();
+        let (key, time) = match conn.dialect() {
+            Dialect::Mysql => ("VARBINARY(255)", "DATETIME"),
+            Dialect::Postgres => ("VARCHAR(255)", "TIMESTAMP(0)"),
+            Dialect::Sqlite => ("VARCHAR(255)", "DATETIME"),
+        };
+        let ddl = format!(
+            "CREATE TABLE {} (message_id {key} NOT NULL PRIMARY KEY, state VARCHAR(16) NOT NULL, \
+             claimed_by VARCHAR(64), recorded_at {time} NOT NULL, expires_at {time} NOT NULL)",
+            db.table
+        );
+        conn.execute(&ddl, &[]).await.unwrap();
+        drop(conn);
+        clock.advance(Duration::from_millis(700)); // not on a whole second
+
+        assert!(a.first_time_async("k").await.unwrap(), "{}: the first claim wins", db.name());
+        assert!(!b.first_time_async("k").await.unwrap(), "{}: a live claim is honoured", db.name());
+        assert_eq!(a.first_time_many_async(&["k", "n"]).await.unwrap(), [false, true], "{}", db.name());
+        clock.advance(Duration::from_secs(12));
+        assert!(b.first_time_async("k").await.unwrap(), "{}: a stale claim is taken over", db.name());
+        assert!(!a.first_time_async("k").await.unwrap(), "{}: the takeover is a fresh claim", db.name());
+        b.confirm_async("k").await.unwrap();
+        assert!(a.confirmed_async("k").await.unwrap() && !a.confirmed_async("n").await.unwrap());
+        clock.advance(Duration::from_secs(60));
+        assert!(!a.first_time_async("k").await.unwrap(), "{}: a confirmed key is never taken over", db.name());
+        a.forget_async("n").await.unwrap();
+        assert_eq!(count(a.source(), &db.table).await, 1, "{}: a's own claim forgotten", db.name());
+        clock.advance(Duration::from_secs(3600));
+        assert_eq!(a.purge_expired().await.unwrap(), 1, "{}", db.name());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_idempotent_handler_runs_once_per_key_on_the_async_store() {
     for db in databases("handler") {
@@ -398,7 +444,7 @@ async fn the_idempotent_handler_runs_once_per_key_on_the_async_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_racing_for_each_key_have_exactly_one_winner() {
-    race(1).await;
+    race(1, TimeColumns::EpochMillis).await;
 }
 
 /// Batches of 25 overlapping keys, one child walking them forwards and the
@@ -406,13 +452,21 @@ async fn two_processes_racing_for_each_key_have_exactly_one_winner() {
 /// (one statement each, keys sent sorted) never deadlock each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_claiming_overlapping_batches_have_exactly_one_winner() {
-    race(25).await;
+    race(25, TimeColumns::EpochMillis).await;
 }
 
-async fn race(batch: usize) {
+/// The same on the guide's migration's datetime columns, where a MySQL
+/// claim goes key by key (INSERT IGNORE, then the takeover).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_claiming_batches_on_a_datetime_table_have_exactly_one_winner() {
+    race(25, TimeColumns::DatetimeUtc).await;
+}
+
+async fn race(batch: usize, times: TimeColumns) {
     const KEYS: usize = 200;
-    for db in databases("race") {
-        db.keys("parent").await.create_schema().await.unwrap();
+    let datetime = times == TimeColumns::DatetimeUtc;
+    for db in databases(if datetime { "race_dt" } else { "race" }) {
+        db.keys("parent").await.with_time_columns(times).create_schema().await.unwrap();
         let start_at = (epoch_ms() + 1500).to_string();
         let children: Vec<_> = ["w1", "w2"]
             .iter()
@@ -425,6 +479,7 @@ async fn race(batch: usize) {
                         ("ACEMQ_TEST_START_AT", start_at.clone()),
                         ("ACEMQ_TEST_KEYS", KEYS.to_string()),
                         ("ACEMQ_TEST_BATCH", batch.to_string()),
+                        ("ACEMQ_TEST_DATETIME", datetime.to_string()),
                     ],
                 )
             })
@@ -818,7 +873,10 @@ fn child_process() {
             "claim" => {
                 let worker = std::env::var("ACEMQ_TEST_WORKER").unwrap();
                 let keys: usize = std::env::var("ACEMQ_TEST_KEYS").unwrap().parse().unwrap();
-                let store = db.keys(&worker).await;
+                let mut store = db.keys(&worker).await;
+                if std::env::var("ACEMQ_TEST_DATETIME").as_deref() == Ok("true") {
+                    store = store.with_time_columns(TimeColumns::DatetimeUtc);
+                }
                 // Connected; now start together.
                 let start_at: u128 = std::env::var("ACEMQ_TEST_START_AT").unwrap().parse().unwrap();
                 tokio::time::sleep(Duration::from_millis(start_at.saturating_sub(epoch_ms()) as u64)).await;

@@ -56,8 +56,8 @@ pub use handler::{default_key, idempotent, Idempotent, KeyFn};
 pub use key::key_text;
 pub use memory::InMemoryIdempotencyStore;
 pub use options::{
-    InMemoryIdempotencyOptions, SqlIdempotencyOptions, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION, DEFAULT_TABLE,
-    DEFAULT_WINDOW,
+    InMemoryIdempotencyOptions, SqlIdempotencyOptions, TimeColumns, DEFAULT_CLAIM_TIMEOUT, DEFAULT_RETENTION,
+    DEFAULT_TABLE, DEFAULT_WINDOW,
 };
 // Where the seam lives; re-exported because the stores take it.
 pub use crate::sql::{ConnectionSource, PerCall};

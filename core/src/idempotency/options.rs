@@ -4,7 +4,7 @@
 //! refuse what cannot work.
 
 use crate::error::{Error, Result};
-use crate::sql::table_name;
+use crate::sql::qualified_table_name;
 use std::time::Duration;
 
 /// How long a key is remembered when no window is given: the SQL store's
@@ -23,12 +23,28 @@ pub const DEFAULT_TABLE: &str = "acemq_idempotency";
 /// starting point, not an answer.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
+/// What the SQL store's `recorded_at` and `expires_at` columns hold (see
+/// [`SqlIdempotencyStore::with_time_columns`](super::SqlIdempotencyStore::with_time_columns)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TimeColumns {
+    /// Integers, epoch milliseconds: the table `create_schema` makes. An
+    /// integer compares the same in every dialect and driver.
+    #[default]
+    EpochMillis,
+    /// Datetimes in UTC, the columns of the guide's ActiveRecord migration
+    /// (`t.datetime`): `TIMESTAMP` on PostgreSQL, `DATETIME` on MySQL (whole
+    /// seconds unless the column says otherwise), text on SQLite. The store
+    /// writes `YYYY-MM-DD HH:MM:SS.ffffff`, as ActiveRecord does with its
+    /// default time zone, UTC.
+    DatetimeUtc,
+}
+
 /// Options for [`SqlIdempotencyStore`](super::SqlIdempotencyStore) and
 /// [`AsyncSqlIdempotencyStore`](super::AsyncSqlIdempotencyStore).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SqlIdempotencyOptions {
-    /// The table (default `acemq_idempotency`). A plain identifier: letters,
-    /// digits and underscores; use the search path for a PostgreSQL schema.
+    /// The table (default `acemq_idempotency`). A plain identifier (letters,
+    /// digits and underscores), or `schema.table`.
     pub table: String,
     /// How long a key is remembered before [`SqlIdempotencyStore::purge_expired`](super::SqlIdempotencyStore::purge_expired)
     /// may remove it (default 24 hours).
@@ -110,7 +126,7 @@ impl SqlIdempotencyOptions {
     /// Refuse a table name that is not a plain identifier, a zero retention
     /// or claim timeout, an empty worker id.
     pub(crate) fn validate(&self) -> Result<()> {
-        table_name("idempotency", &self.table)?;
+        qualified_table_name("idempotency", &self.table)?;
         if self.retention.is_zero() || self.claim_timeout.is_zero() {
             return Err(Error::invalid(
                 "idempotency retention and claim_timeout must be longer than zero seconds: a zero retention \

@@ -6,11 +6,11 @@
 //! tokio-postgres or SQLite on the blocking pool.
 
 use super::clock::{Clock, SystemClock};
-use super::options::SqlIdempotencyOptions;
+use super::options::{SqlIdempotencyOptions, TimeColumns};
 use crate::error::{Error, Result};
 use super::statements::{Statements, CLAIM_ROWS, CONFIRMED, CONFIRM_ROWS, MYSQL_KEY_BYTES};
 use super::values;
-use crate::sql::time::millis;
+use crate::sql::time::{datetime_text, millis};
 use crate::sql::{AsyncSqlConnection, Dialect, SqlValue, WorkerId};
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -20,6 +20,7 @@ pub(crate) struct Keys {
     options: SqlIdempotencyOptions,
     worker: WorkerId,
     clock: Arc<dyn Clock>,
+    times: TimeColumns,
     sqlite: Statements,
     postgres: Statements,
     mysql: Statements,
@@ -39,14 +40,33 @@ fn claim_stamp() -> i64 {
 impl Keys {
     pub(crate) fn new(options: SqlIdempotencyOptions) -> Result<Self> {
         options.validate()?;
+        let times = TimeColumns::default();
         Ok(Keys {
             worker: WorkerId::new("idempotency", options.worker.clone())?,
-            sqlite: Statements::new(&options.table, Dialect::Sqlite),
-            postgres: Statements::new(&options.table, Dialect::Postgres),
-            mysql: Statements::new(&options.table, Dialect::Mysql),
+            sqlite: Statements::new(&options.table, Dialect::Sqlite, times),
+            postgres: Statements::new(&options.table, Dialect::Postgres, times),
+            mysql: Statements::new(&options.table, Dialect::Mysql, times),
+            times,
             options,
             clock: Arc::new(SystemClock),
         })
+    }
+
+    /// The same rules on a table whose times are `times`.
+    pub(crate) fn set_time_columns(&mut self, times: TimeColumns) {
+        let t = &self.options.table;
+        self.sqlite = Statements::new(t, Dialect::Sqlite, times);
+        self.postgres = Statements::new(t, Dialect::Postgres, times);
+        self.mysql = Statements::new(t, Dialect::Mysql, times);
+        self.times = times;
+    }
+
+    /// Epoch milliseconds `ms` as this table's time columns hold it.
+    fn at(&self, ms: i64) -> SqlValue {
+        match self.times {
+            TimeColumns::EpochMillis => SqlValue::Int(ms),
+            TimeColumns::DatetimeUtc => SqlValue::Text(datetime_text(ms)),
+        }
     }
 
     pub(crate) fn with_clock(mut self, clock: impl Clock + 'static) -> Self {
@@ -78,8 +98,13 @@ impl Keys {
         if e.is_invalid_argument() {
             return e;
         }
+        // A table of datetimes is an application's, made by its migration.
+        let made_by = match self.times {
+            TimeColumns::EpochMillis => "create_schema has been run",
+            TimeColumns::DatetimeUtc => "the migration that creates it has run on this database",
+        };
         Error::store(format!(
-            "cannot {doing} in table {}: {e} (check the database is reachable and create_schema has been run)",
+            "cannot {doing} in table {}: {e} (check the database is reachable and {made_by})",
             self.options.table
         ))
     }
@@ -104,7 +129,7 @@ impl Keys {
 
     pub(crate) async fn purge_expired<C: AsyncSqlConnection>(&self, c: &C) -> Result<u64> {
         let now = self.clock.now_millis();
-        c.execute(&self.statements(c.dialect()).purge, &[SqlValue::Int(now)]).await
+        c.execute(&self.statements(c.dialect()).purge, &[self.at(now)]).await
     }
 
     /// The claim of one key: [`claim_batch`](Self::claim_batch) of one, the
@@ -156,6 +181,10 @@ impl Keys {
             }
         }
         let now = self.clock.now_millis();
+        let s = self.statements(c.dialect());
+        if let Some(claim_one) = &s.claim_one {
+            return self.claim_one_by_one(c, keys, distinct, now, claim_one).await;
+        }
         let mut expires = now.saturating_add(millis(self.options.retention));
         if mysql {
             // Added, so a key is still remembered at least for the
@@ -163,11 +192,10 @@ impl Keys {
             let stamp = claim_stamp();
             expires = expires.checked_add(stamp).unwrap_or(expires - stamp);
         }
-        let expires = SqlValue::Int(expires);
-        let stale_before = SqlValue::Int(now.saturating_sub(millis(self.options.claim_timeout)));
+        let expires = self.at(expires);
+        let stale_before = self.at(now.saturating_sub(millis(self.options.claim_timeout)));
         let worker = SqlValue::Text(self.worker());
-        let now = SqlValue::Int(now);
-        let s = self.statements(c.dialect());
+        let now = self.at(now);
         let distinct: Vec<&str> = distinct.into_iter().collect();
         let mut mine: HashSet<String> = HashSet::with_capacity(distinct.len());
         for chunk in distinct.chunks(CLAIM_ROWS) {
@@ -190,9 +218,35 @@ impl Keys {
                 mine.insert(values::text(&row, 0, "message_id")?);
             }
         }
-        // In the caller's order; a repeated key is first at most once.
-        let mut answered: HashSet<&str> = HashSet::with_capacity(keys.len());
-        Ok(keys.iter().map(|k| answered.insert(k) && mine.contains(*k)).collect())
+        Ok(in_order(keys, &mine))
+    }
+
+    /// [`claim_batch`](Self::claim_batch) on MySQL with datetime columns:
+    /// each key alone, `INSERT IGNORE`, then the takeover for a key that was
+    /// there (see the statements' doc).
+    async fn claim_one_by_one<C: AsyncSqlConnection>(
+        &self,
+        c: &C,
+        keys: &[&str],
+        distinct: BTreeSet<&str>,
+        now: i64,
+        (insert, takeover): &(String, String),
+    ) -> Result<Vec<bool>> {
+        let expires = now.saturating_add(millis(self.options.retention));
+        let stale_before = self.at(now.saturating_sub(millis(self.options.claim_timeout)));
+        let (worker, now, expires) = (SqlValue::Text(self.worker()), self.at(now), self.at(expires));
+        let mut mine: HashSet<String> = HashSet::with_capacity(distinct.len());
+        for key in distinct {
+            let k = SqlValue::Text(key.to_owned());
+            let won = c.execute(insert, &[k.clone(), worker.clone(), now.clone(), expires.clone()]).await? > 0
+                || c.execute(takeover, &[worker.clone(), now.clone(), expires.clone(), k, stale_before.clone()])
+                    .await?
+                    > 0;
+            if won {
+                mine.insert(key.to_owned());
+            }
+        }
+        Ok(in_order(keys, &mine))
     }
 
     /// Confirm `keys`: one `UPDATE ... WHERE message_id IN (...)` per
@@ -206,4 +260,11 @@ impl Keys {
         }
         Ok(())
     }
+}
+
+/// The answer for each of `keys` in the caller's order: claimed by this call
+/// (in `mine`), and a repeated key first at most once.
+fn in_order(keys: &[&str], mine: &HashSet<String>) -> Vec<bool> {
+    let mut answered: HashSet<&str> = HashSet::with_capacity(keys.len());
+    keys.iter().map(|k| answered.insert(k) && mine.contains(*k)).collect()
 }

@@ -1,7 +1,7 @@
 //! The SQL store: the claim is an INSERT, SQLite and PostgreSQL alike.
 
 use super::clock::Clock;
-use super::options::SqlIdempotencyOptions;
+use super::options::{SqlIdempotencyOptions, TimeColumns};
 use super::rules::Keys;
 use super::store::IdempotencyStore;
 use crate::error::Result;
@@ -58,6 +58,16 @@ impl<C: ConnectionSource> SqlIdempotencyStore<C> {
     /// [`ConnectionSource`] that lends one per call.
     pub fn new(source: C, options: SqlIdempotencyOptions) -> Result<Self> {
         Ok(Self { keys: Keys::new(options)?, source })
+    }
+
+    /// Run on a table whose `recorded_at` and `expires_at` hold `times`:
+    /// [`TimeColumns::DatetimeUtc`] for the guide's ActiveRecord migration
+    /// (what `AceMQ::Rails::ActiveRecordIdempotencyStore` runs on). The
+    /// rules and their SQL are the same; only the times' type differs, and
+    /// on MySQL the claim goes one key at a time (see `TimeColumns`).
+    pub fn with_time_columns(mut self, times: TimeColumns) -> Self {
+        self.keys.set_time_columns(times);
+        self
     }
 
     /// Read time from `clock` (a [`ManualClock`](super::ManualClock) in tests).

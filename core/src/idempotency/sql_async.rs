@@ -3,7 +3,7 @@
 //! async seam.
 
 use super::clock::Clock;
-use super::options::SqlIdempotencyOptions;
+use super::options::{SqlIdempotencyOptions, TimeColumns};
 use super::rules::Keys;
 use super::store::AsyncIdempotencyStore;
 use crate::error::Result;
@@ -86,6 +86,20 @@ impl<S: AsyncConnectionSource> AsyncSqlIdempotencyStore<S> {
     /// A store whose calls run on connections from `source`.
     pub fn new(source: S, options: SqlIdempotencyOptions) -> Result<Self> {
         Ok(AsyncSqlIdempotencyStore { inner: Arc::new(Inner { keys: Keys::new(options)?, source }) })
+    }
+
+    /// Run on a table whose times are `times` (see
+    /// [`SqlIdempotencyStore::with_time_columns`](super::SqlIdempotencyStore::with_time_columns)).
+    /// Call it before cloning the store.
+    ///
+    /// # Panics
+    ///
+    /// When the store has been cloned already.
+    pub fn with_time_columns(mut self, times: TimeColumns) -> Self {
+        let inner = Arc::get_mut(&mut self.inner)
+            .expect("AsyncSqlIdempotencyStore::with_time_columns: call it before cloning the store");
+        inner.keys.set_time_columns(times);
+        self
     }
 
     /// Read time from `clock` (a [`ManualClock`](super::ManualClock) in

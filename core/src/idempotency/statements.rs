@@ -33,9 +33,19 @@
 //! own (now + retention, plus a per-claim number of milliseconds under a
 //! second, see `rules.rs`), since two threads of one process share the
 //! worker id and may claim in the same millisecond.
+//!
+//! A MySQL table with datetime columns ([`TimeColumns::DatetimeUtc`], the
+//! guide's migration) may keep whole seconds only, so that `SELECT` cannot
+//! find a claim by the times it wrote. There a claim is one key at a time:
+//! `INSERT IGNORE` (one row changed: inserted; none: the key was there),
+//! then, for a key that was there, the takeover as an `UPDATE` whose `WHERE`
+//! is the rule (InnoDB re-reads it on the locked row, so of two takeovers
+//! one matches). `IGNORE` turns a duplicate key into "no row", and also
+//! other errors into warnings: the key's length is checked before.
 
 use crate::sql::placeholders::{marks, number, tuples, MAX_PARAMS};
-use crate::sql::Dialect;
+use super::options::TimeColumns;
+use crate::sql::{qualified_table_name, Dialect};
 
 pub(crate) const CLAIMED: &str = "CLAIMED";
 pub(crate) const CONFIRMED: &str = "CONFIRMED";
@@ -58,6 +68,10 @@ pub(crate) const CONFIRM_ROWS: usize = MAX_PARAMS;
 pub(crate) struct Statements {
     table: String,
     dialect: Dialect,
+    /// A time parameter in the SQL: `?`, or on PostgreSQL with datetime
+    /// columns the text cast there (a driver that prepares statements would
+    /// otherwise type the parameter as a timestamp and refuse text).
+    time: &'static str,
     pub(crate) create_table: String,
     /// `None` for MySQL, whose table carries the index: MySQL 8 has no
     /// `CREATE INDEX IF NOT EXISTS`.
@@ -65,16 +79,36 @@ pub(crate) struct Statements {
     pub(crate) forget: String,
     pub(crate) state: String,
     pub(crate) purge: String,
+    /// MySQL with datetime columns: the claim of one key, and its takeover
+    /// (see the module's doc); `None` elsewhere.
+    pub(crate) claim_one: Option<(String, String)>,
 }
 
 impl Statements {
-    /// `t` must be a plain identifier (checked by the options).
-    pub(crate) fn new(t: &str, dialect: Dialect) -> Self {
-        let int = match dialect {
-            Dialect::Sqlite => "INTEGER",
-            Dialect::Postgres | Dialect::Mysql => "BIGINT",
+    /// `t` must be a plain identifier or `schema.table` (checked by the
+    /// options).
+    pub(crate) fn new(t: &str, dialect: Dialect, times: TimeColumns) -> Self {
+        let time = match (times, dialect) {
+            (TimeColumns::EpochMillis, Dialect::Sqlite) => "INTEGER",
+            (TimeColumns::EpochMillis, _) => "BIGINT",
+            (TimeColumns::DatetimeUtc, Dialect::Sqlite) => "TEXT",
+            (TimeColumns::DatetimeUtc, Dialect::Postgres) => "TIMESTAMP(6)",
+            (TimeColumns::DatetimeUtc, Dialect::Mysql) => "DATETIME(6)",
+        };
+        // An index is named after its table's own part and lives in the
+        // table's schema (SQLite names the schema on the index instead).
+        let name = qualified_table_name("idempotency", t).unwrap_or(t);
+        let index = match (dialect, t.split_once('.')) {
+            (Dialect::Sqlite, Some((schema, table))) => {
+                format!("CREATE INDEX IF NOT EXISTS {schema}.{name}_expiry ON {table} (expires_at)")
+            }
+            _ => format!("CREATE INDEX IF NOT EXISTS {name}_expiry ON {t} (expires_at)"),
         };
         let p = |sql: String| number(dialect, &sql);
+        let at = match (times, dialect) {
+            (TimeColumns::DatetimeUtc, Dialect::Postgres) => "CAST(CAST(? AS TEXT) AS TIMESTAMP)",
+            _ => "?",
+        };
         let (create_table, create_index) = match dialect {
             // VARBINARY, not VARCHAR: a key is compared byte for byte. A
             // VARCHAR takes the database's collation, which by default folds
@@ -85,27 +119,41 @@ impl Statements {
             Dialect::Mysql => (
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (message_id VARBINARY({MYSQL_KEY_BYTES}) NOT NULL PRIMARY KEY, \
-                     state VARCHAR(16) NOT NULL, claimed_by VARCHAR(255), recorded_at BIGINT NOT NULL, \
-                     expires_at BIGINT NOT NULL, INDEX {t}_expiry (expires_at)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
+                     state VARCHAR(16) NOT NULL, claimed_by VARCHAR(255), recorded_at {time} NOT NULL, \
+                     expires_at {time} NOT NULL, INDEX {name}_expiry (expires_at)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4"
                 ),
                 None,
             ),
             _ => (
                 format!(
                     "CREATE TABLE IF NOT EXISTS {t} (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
-                     claimed_by TEXT, recorded_at {int} NOT NULL, expires_at {int} NOT NULL)"
+                     claimed_by TEXT, recorded_at {time} NOT NULL, expires_at {time} NOT NULL)"
                 ),
-                Some(format!("CREATE INDEX IF NOT EXISTS {t}_expiry ON {t} (expires_at)")),
+                Some(index),
             ),
         };
         Statements {
             table: t.to_owned(),
             dialect,
+            time: at,
             create_table,
             create_index,
             forget: p(format!("DELETE FROM {t} WHERE message_id = ? AND state = '{CLAIMED}' AND claimed_by = ?")),
             state: p(format!("SELECT state FROM {t} WHERE message_id = ?")),
-            purge: p(format!("DELETE FROM {t} WHERE expires_at < ?")),
+            purge: p(format!("DELETE FROM {t} WHERE expires_at < {at}")),
+            claim_one: (dialect == Dialect::Mysql && times == TimeColumns::DatetimeUtc).then(|| {
+                (
+                    format!(
+                        "INSERT IGNORE INTO {t} (message_id, state, claimed_by, recorded_at, expires_at) \
+                         VALUES (?, '{CLAIMED}', ?, ?, ?)"
+                    ),
+                    // Parameters: worker, now, expires, key, stale-before.
+                    format!(
+                        "UPDATE {t} SET claimed_by = ?, recorded_at = ?, expires_at = ? \
+                         WHERE message_id = ? AND state = '{CLAIMED}' AND recorded_at < ?"
+                    ),
+                )
+            }),
         }
     }
 
@@ -113,7 +161,7 @@ impl Statements {
     /// `rows` times (key, worker, now, expires), then stale-before (three
     /// times for MySQL, once per assignment).
     pub(crate) fn claim(&self, rows: usize) -> String {
-        let t = &self.table;
+        let (t, at) = (&self.table, self.time);
         if self.dialect == Dialect::Mysql {
             // recorded_at last: MySQL assigns left to right and later
             // conditions would read the new value.
@@ -133,8 +181,8 @@ impl Statements {
                 "INSERT INTO {t} (message_id, state, claimed_by, recorded_at, expires_at) VALUES {} \
                  ON CONFLICT (message_id) DO UPDATE SET claimed_by = excluded.claimed_by, \
                  recorded_at = excluded.recorded_at, expires_at = excluded.expires_at \
-                 WHERE {t}.state = '{CLAIMED}' AND {t}.recorded_at < ? RETURNING message_id",
-                tuples(&format!("?, '{CLAIMED}', ?, ?, ?"), rows)
+                 WHERE {t}.state = '{CLAIMED}' AND {t}.recorded_at < {at} RETURNING message_id",
+                tuples(&format!("?, '{CLAIMED}', ?, {at}, {at}"), rows)
             ),
         )
     }

@@ -33,6 +33,27 @@ pub(crate) fn table_name(what: &str, table: &str) -> Result<()> {
     }
 }
 
+/// A table name that may also name its schema, `schema.table`, each part a
+/// plain identifier as [`table_name`] takes it: the idempotency store, which
+/// may be handed the table of an application's model (ActiveRecord's
+/// `payments.acemq_idempotency`). Returns the table's own part, which is
+/// what an index is named after: an index lives in its table's schema.
+pub(crate) fn qualified_table_name<'a>(what: &str, table: &'a str) -> Result<&'a str> {
+    match table.split_once('.') {
+        None => table_name(what, table).map(|()| table),
+        Some((schema, name)) => {
+            if table_name(what, schema).and(table_name(what, name)).is_ok() {
+                Ok(name)
+            } else {
+                Err(Error::invalid(format!(
+                    "{what} table name {table:?} is not a plain identifier or schema.table: use letters, digits \
+                     and underscores, each part starting with a letter or underscore, at most {MAX_TABLE_NAME} bytes"
+                )))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +75,15 @@ mod tests {
     fn the_longest_name_keeps_its_index_names_under_postgres_limit() {
         assert!(MAX_TABLE_NAME + "_expiry".len() <= 63);
         assert!(MAX_TABLE_NAME + "_due".len() <= 63);
+    }
+
+    #[test]
+    fn a_schema_may_be_named_once() {
+        assert_eq!(qualified_table_name("idempotency", "acemq_idempotency").unwrap(), "acemq_idempotency");
+        assert_eq!(qualified_table_name("idempotency", "payments.keys").unwrap(), "keys");
+        for bad in ["a.b.c", ".t", "t.", "p.1t", "x;DROP.t", "a b.t"] {
+            let e = qualified_table_name("idempotency", bad).unwrap_err();
+            assert!(e.message().contains("schema.table"), "{bad}: {e}");
+        }
     }
 }

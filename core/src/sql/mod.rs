@@ -92,13 +92,13 @@ pub(crate) use source::lend;
 // transactions, times, worker ids and which table names are accepted.
 mod identifier;
 pub use identifier::MAX_TABLE_NAME;
-pub(crate) use identifier::table_name;
+pub(crate) use identifier::{qualified_table_name, table_name};
 pub(crate) mod placeholders;
 pub(crate) mod time;
 mod transaction;
 pub(crate) use transaction::{begin, finish};
 mod worker;
-pub use worker::default_worker_id;
+pub use worker::{default_worker_id, DEFAULT_WORKER_ID_MAX};
 pub(crate) use worker::WorkerId;
 
 #[cfg(test)]

@@ -26,9 +26,52 @@ pub(crate) fn now_ms(dialect: Dialect) -> &'static str {
     }
 }
 
+/// The latest time a datetime column is asked to hold: 9999-12-31
+/// 23:59:59.999 UTC, the last millisecond every dialect's datetime takes (a
+/// retention of `Duration::MAX`, "forever", ends there).
+const LAST_DATETIME_MS: i64 = 253_402_300_799_999;
+
+/// Epoch milliseconds `ms` as the text of a UTC datetime, `YYYY-MM-DD
+/// HH:MM:SS.ffffff`: what ActiveRecord writes into a datetime column, so one
+/// compares with the other in each dialect (PostgreSQL and MySQL parse it
+/// into their timestamp; SQLite keeps datetimes as that text, whose order is
+/// time order). Clamped to 1970 ... 9999.
+pub(crate) fn datetime_text(ms: i64) -> String {
+    let ms = ms.clamp(0, LAST_DATETIME_MS);
+    let (days, in_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Days since 1970-01-01 to a civil date (H. Hinnant's days_from_civil,
+    // inverted), in the proleptic Gregorian calendar.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s, milli) = (in_day / 3_600_000, in_day / 60_000 % 60, in_day / 1000 % 60, in_day % 1000);
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}.{milli:03}000")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn datetime_text_is_utc_civil_time() {
+        assert_eq!(datetime_text(0), "1970-01-01 00:00:00.000000");
+        // 2024-02-29 12:34:56.789 UTC, a leap day.
+        assert_eq!(datetime_text(1_709_210_096_789), "2024-02-29 12:34:56.789000");
+        assert_eq!(datetime_text(951_782_400_000), "2000-02-29 00:00:00.000000");
+        assert_eq!(datetime_text(i64::MAX), "9999-12-31 23:59:59.999000");
+        assert_eq!(datetime_text(-5), "1970-01-01 00:00:00.000000");
+        // Text order is time order, across a day, a year, a century.
+        let times = [0, 86_399_999, 86_400_000, 946_684_799_999, 946_684_800_000, 4_102_444_800_000];
+        for w in times.windows(2) {
+            assert!(datetime_text(w[0]) < datetime_text(w[1]));
+        }
+    }
 
     #[test]
     fn millis_saturates() {

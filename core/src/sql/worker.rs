@@ -10,9 +10,20 @@ use once_cell::sync::Lazy;
 /// The hostname is read once (`/proc/sys/kernel/hostname`, then
 /// `$HOSTNAME`, then `$COMPUTERNAME`, then `localhost`); the pid at every
 /// call.
+/// At most [`DEFAULT_WORKER_ID_MAX`] bytes: the hostname is shortened to
+/// fit, so the id fits the migrations' `claimed_by` column (a string of 64).
 pub fn default_worker_id() -> String {
-    format!("{}:{}", *HOSTNAME, std::process::id())
+    let pid = format!(":{}", std::process::id());
+    let mut end = HOSTNAME.len().min(DEFAULT_WORKER_ID_MAX.saturating_sub(pid.len()));
+    while !HOSTNAME.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{pid}", &HOSTNAME[..end])
 }
+
+/// The longest [`default_worker_id`], in bytes: the `claimed_by` column of
+/// the Rails generator's migrations is a string of 64.
+pub const DEFAULT_WORKER_ID_MAX: usize = 64;
 
 static HOSTNAME: Lazy<String> = Lazy::new(|| {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -4,7 +4,7 @@
 use super::TempDb;
 use crate::error::Result;
 use crate::idempotency::statements::Statements;
-use crate::idempotency::{ConnectionSource, IdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore};
+use crate::idempotency::{ConnectionSource, IdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore, TimeColumns};
 use crate::sql::{Dialect, SqlConnection};
 use std::time::Duration;
 use crate::idempotency::{ManualClock, PerCall};
@@ -215,10 +215,10 @@ fn custom_table_and_its_expiry_index() {
 #[test]
 fn bad_options_are_refused_with_what_to_do() {
     let db = TempDb::new("opts");
-    for table in ["", "a b", "x;DROP TABLE y", "1abc", "public.t"] {
+    for table in ["", "a b", "x;DROP TABLE y", "1abc", "public.t.u", "public.1t"] {
         let o = SqlIdempotencyOptions { table: table.into(), ..Default::default() };
         let e = SqlIdempotencyStore::new(db.connect(), o).err().expect(table);
-        assert!(e.message().contains("letters, digits and underscores"), "{e}");
+        assert!(e.message().contains("letters, digits") && e.message().contains("underscores"), "{e}");
     }
     let o = SqlIdempotencyOptions { claim_timeout: Duration::ZERO, ..Default::default() };
     assert!(SqlIdempotencyStore::new(db.connect(), o).is_err());
@@ -275,7 +275,7 @@ fn failed_batch_rolls_back() {
 
 #[test]
 fn postgres_sql_text() {
-    let s = Statements::new("acemq_idempotency", Dialect::Postgres);
+    let s = Statements::new("acemq_idempotency", Dialect::Postgres, TimeColumns::EpochMillis);
     assert_eq!(
         s.create_table,
         "CREATE TABLE IF NOT EXISTS acemq_idempotency (message_id TEXT NOT NULL PRIMARY KEY, state TEXT NOT NULL, \
@@ -305,7 +305,7 @@ fn postgres_sql_text() {
 
 #[test]
 fn sqlite_sql_text() {
-    let s = Statements::new("t", Dialect::Sqlite);
+    let s = Statements::new("t", Dialect::Sqlite, TimeColumns::EpochMillis);
     assert!(s.create_table.contains("recorded_at INTEGER NOT NULL, expires_at INTEGER NOT NULL"));
     assert_eq!(s.claim(1).matches('?').count(), 5);
     assert_eq!(s.claim(100).matches('?').count(), 401);
@@ -315,7 +315,7 @@ fn sqlite_sql_text() {
 
 #[test]
 fn mysql_sql_text() {
-    let s = Statements::new("t", Dialect::Mysql);
+    let s = Statements::new("t", Dialect::Mysql, TimeColumns::EpochMillis);
     assert!(s.create_table.contains("message_id VARBINARY(255) NOT NULL PRIMARY KEY"), "{}", s.create_table);
     assert!(s.create_table.contains("INDEX t_expiry (expires_at)"), "{}", s.create_table);
     assert!(s.create_index.is_none());
@@ -381,4 +381,59 @@ fn postgres_dialect_binds_keys_as_text_and_times_as_integers() {
     assert_eq!(calls[2].1[4], SqlValue::Text("b".into()));
     assert_eq!(calls[2].1.len(), 9);
     assert_eq!(calls[3].1, vec![SqlValue::Text("a".into()), SqlValue::Text("b".into())]);
+}
+
+#[test]
+fn datetime_columns_sql_text() {
+    let dt = TimeColumns::DatetimeUtc;
+    let pg = Statements::new("payments.keys", Dialect::Postgres, dt);
+    assert!(pg.create_table.starts_with("CREATE TABLE IF NOT EXISTS payments.keys ("), "{}", pg.create_table);
+    assert!(pg.create_table.contains("recorded_at TIMESTAMP(6) NOT NULL, expires_at TIMESTAMP(6) NOT NULL"));
+    // An index is named without its schema: it lives in its table's.
+    assert_eq!(pg.create_index.as_deref(), Some("CREATE INDEX IF NOT EXISTS keys_expiry ON payments.keys (expires_at)"));
+    assert!(pg.claim_one.is_none(), "one statement claims a batch where RETURNING answers");
+    // Times are sent as text, cast there: a driver that prepares would type
+    // a bare parameter as a timestamp and refuse text.
+    assert_eq!(pg.purge, "DELETE FROM payments.keys WHERE expires_at < CAST(CAST($1 AS TEXT) AS TIMESTAMP)");
+    assert!(pg.claim(1).contains("VALUES ($1, 'CLAIMED', $2, CAST(CAST($3 AS TEXT) AS TIMESTAMP), CAST(CAST($4 AS TEXT) AS TIMESTAMP))"), "{}", pg.claim(1));
+    let lite = Statements::new("aux.keys", Dialect::Sqlite, dt);
+    assert!(lite.create_table.contains("recorded_at TEXT NOT NULL"));
+    assert_eq!(lite.create_index.as_deref(), Some("CREATE INDEX IF NOT EXISTS aux.keys_expiry ON keys (expires_at)"));
+    let my = Statements::new("t", Dialect::Mysql, dt);
+    assert!(my.create_table.contains("recorded_at DATETIME(6) NOT NULL"), "{}", my.create_table);
+    let (insert, takeover) = my.claim_one.expect("MySQL with datetimes claims key by key");
+    assert_eq!(
+        insert,
+        "INSERT IGNORE INTO t (message_id, state, claimed_by, recorded_at, expires_at) VALUES (?, 'CLAIMED', ?, ?, ?)"
+    );
+    assert_eq!(
+        takeover,
+        "UPDATE t SET claimed_by = ?, recorded_at = ?, expires_at = ? \
+         WHERE message_id = ? AND state = 'CLAIMED' AND recorded_at < ?"
+    );
+    assert!(Statements::new("t", Dialect::Mysql, TimeColumns::EpochMillis).claim_one.is_none());
+}
+
+#[test]
+fn datetime_columns_hold_utc_text_and_keep_every_rule() {
+    let db = TempDb::new("datetime");
+    let clock = ManualClock::default();
+    let open = |w: &str| {
+        let s = SqlIdempotencyStore::new(db.connect(), opts(w)).unwrap().with_time_columns(TimeColumns::DatetimeUtc);
+        s.with_clock(clock.clone())
+    };
+    let (a, b) = (open("w1"), open("w2"));
+    a.create_schema().unwrap();
+    assert!(a.first_time("k").unwrap());
+    assert!(!b.first_time("k").unwrap());
+    let row = &rows(&db)[0];
+    assert_eq!(row[3], SqlValue::Text(crate::sql::time::datetime_text(clock.now_millis())));
+    assert_eq!(row[4], SqlValue::Text(crate::sql::time::datetime_text(clock.now_millis() + 3_600_000)));
+    clock.advance(Duration::from_millis(10_001));
+    assert!(b.first_time("k").unwrap(), "a stale claim is taken over");
+    b.confirm("k").unwrap();
+    clock.advance(Duration::from_secs(100));
+    assert!(!a.first_time("k").unwrap(), "never a confirmed key");
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(a.purge_expired().unwrap(), 1);
 }

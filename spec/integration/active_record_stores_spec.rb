@@ -179,6 +179,24 @@ module ActiveRecordStoresSpec
       expect(HandledMessage.find("m").claimed_by).to eq("w-9")
     end
 
+    it "writes the migration's datetimes in UTC, the way ActiveRecord reads them back" do
+      before = Time.now.utc
+      store.first_time?("when")
+      row = HandledMessage.find("when")
+      expect(row.recorded_at).to be_within(2).of(before)
+      expect(row.expires_at - row.recorded_at).to be_within(1).of(store.retention)
+    end
+
+    it "refuses an application on default_timezone :local, whose datetimes would disagree by the offset" do
+      holder = ActiveRecord.respond_to?(:default_timezone=) ? ActiveRecord : ActiveRecord::Base
+      was = holder.default_timezone
+      holder.default_timezone = :local
+      expect { AceMQ::Rails::ActiveRecordIdempotencyStore.new.first_time?("k") }
+        .to raise_error(AceMQ::AMQP::ConfigurationError, /default_timezone is :local.*= :utc/)
+    ensure
+      holder.default_timezone = was
+    end
+
     it "defaults worker to hostname:pid, read at each call" do
       expect(AceMQ::Rails::ActiveRecordIdempotencyStore.new.worker).to eq("#{Socket.gethostname}:#{Process.pid}")
     end
@@ -416,7 +434,9 @@ module ActiveRecordStoresSpec
 
   # The guide's migration as written (a VARCHAR key, DATETIME in seconds) on
   # MariaDB through ActiveRecord's mysql2 adapter, which counts found rows:
-  # the shipped store claims with a plain INSERT there (see #insert).
+  # the engine claims key by key there, INSERT IGNORE then the takeover
+  # (core/src/idempotency/statements.rs), so no claim has to find the
+  # whole-second times it wrote.
   RSpec.describe "ActiveRecord idempotency stores on MariaDB (mysql2)" do
     before { @ar_config = establish_active_record(:mysql) }
 

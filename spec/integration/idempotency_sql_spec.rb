@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "time"
 require "spec_helper"
 require "acemq/amqp/patterns"
 require "sqlite3"
@@ -215,6 +216,25 @@ module IdempotencySQLSpec
       s.first_time?("k")
       expect(sqlite_db(path).get_first_value("SELECT count(*) FROM handled_keys")).to eq(1)
       expect(s.schema_sql(:postgres).first).to include("CREATE TABLE IF NOT EXISTS handled_keys", "BIGINT")
+    end
+
+    it "runs the same rules on datetime columns (times: :datetime), writing UTC as ActiveRecord does" do
+      s = store(table: "handled_at", times: :datetime, claim_timeout: 0.05)
+      expect(s.schema_sql(:postgres).first).to include("recorded_at TIMESTAMP(6) NOT NULL")
+      expect(s.first_time?("k")).to be(true)
+      expect(store(table: "handled_at", times: :datetime, worker: "other").first_time?("k")).to be(false)
+      recorded, expires = sqlite_db(path).execute("SELECT recorded_at, expires_at FROM handled_at").first
+      expect(recorded).to match(/\A\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{6}\z/)
+      expect(Time.parse("#{recorded} UTC")).to be_within(5).of(Time.now)
+      expect(Time.parse("#{expires} UTC") - Time.parse("#{recorded} UTC")).to eq(Patterns::SQLIdempotencyStore::DEFAULT_RETENTION)
+      sleep 0.1
+      expect(store(table: "handled_at", times: :datetime, worker: "other", claim_timeout: 0.05).first_time?("k"))
+        .to be(true)
+    end
+
+    it "refuses a kind of time column it does not know, saying which it does" do
+      expect { Patterns::SQLIdempotencyStore.new(path: path, times: :iso8601) }
+        .to raise_error(AceMQ::AMQP::ConfigurationError, /times: "iso8601".*:epoch_ms.*:datetime/)
     end
   end
 

@@ -7,7 +7,7 @@
 use super::{required_key, seconds};
 use crate::errors::IntoRuby;
 use crate::sql::{self, StoreSource};
-use acemq::idempotency::{IdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore};
+use acemq::idempotency::{IdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore, TimeColumns};
 use acemq::sql::Dialect;
 use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RModule, Ruby, Value};
 
@@ -36,7 +36,9 @@ fn options(
 }
 
 impl RbSqlStore {
-    /// On the SQLite file at `path`, or over `adapter` (`connection:`).
+    /// On the SQLite file at `path`, or over `adapter` (`connection:`), on
+    /// a table whose times are `times` ("epoch_ms" or "datetime").
+    #[allow(clippy::too_many_arguments)]
     fn new(
         ruby: &Ruby,
         path: Option<String>,
@@ -45,9 +47,26 @@ impl RbSqlStore {
         retention: Option<f64>,
         claim_timeout: Option<f64>,
         worker: Option<String>,
+        times: String,
     ) -> Result<Self, Error> {
+        let times = match times.as_str() {
+            "epoch_ms" => TimeColumns::EpochMillis,
+            "datetime" => TimeColumns::DatetimeUtc,
+            other => {
+                return Err(Error::new(
+                    ruby.get_inner(&crate::errors::CONFIGURATION_ERROR),
+                    format!(
+                        "times: {other:?} is not a kind of time column: give :epoch_ms (integers, the table \
+                         create_schema makes) or :datetime (UTC datetimes, the guide's ActiveRecord migration)"
+                    ),
+                ))
+            }
+        };
         let o = options(ruby, table, retention, claim_timeout, worker)?;
-        sql::SqlStore::open(ruby, path, adapter, |source| SqlIdempotencyStore::new(source, o)).map(Self)
+        sql::SqlStore::open(ruby, path, adapter, |source| {
+            SqlIdempotencyStore::new(source, o).map(|s| s.with_time_columns(times))
+        })
+        .map(Self)
     }
 
     /// Run `f` on the store as core sees it, for the guard: its result is
@@ -110,7 +129,7 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.const_set("DEFAULT_TABLE", acemq::idempotency::DEFAULT_TABLE)?;
     class.const_set("DEFAULT_RETENTION", acemq::idempotency::DEFAULT_RETENTION.as_secs_f64())?;
     class.const_set("DEFAULT_CLAIM_TIMEOUT", acemq::idempotency::DEFAULT_CLAIM_TIMEOUT.as_secs_f64())?;
-    class.define_singleton_method("_new", function!(RbSqlStore::new, 6))?;
+    class.define_singleton_method("_new", function!(RbSqlStore::new, 7))?;
     class.define_method("create_schema", method!(RbSqlStore::create_schema, 0))?;
     class.define_method("purge_expired", method!(RbSqlStore::purge_expired, 0))?;
     class.define_method("first_time?", method!(RbSqlStore::first_time, 1))?;

@@ -1,6 +1,5 @@
 # frozen_string_literal: true
 
-require "socket"
 require "acemq/amqp/patterns"
 
 module AceMQ
@@ -20,6 +19,13 @@ module AceMQ
     # handled: the first is retried, the second accepted. Without it a
     # consumer killed mid-handler leaves a key that looks handled, and the
     # broker's redelivery is accepted without running: the message is lost.
+    #
+    # The rules and their SQL are the engine's, written once: this is
+    # AMQP::Patterns::SQLIdempotencyStore with times: :datetime over the
+    # model's connection pool. What it adds is the model (yours, or one on
+    # table:) and the column's own key limit. Times are UTC, as ActiveRecord
+    # writes them by default; an application on default_timezone :local is
+    # refused, since its rows and the store's would disagree by the offset.
     #
     # Loaded only when ActiveRecord is; ActiveRecord::Base is first touched
     # when a store is built, not when this file is required, so requiring it
@@ -96,66 +102,43 @@ module AceMQ
 
       def table = @model.table_name
 
-      def worker
-        @worker || begin
-          pid = ":#{Process.pid}"
-          "#{Socket.gethostname[0, WORKER_LIMIT - pid.size]}#{pid}"
-        end
-      end
+      # hostname:pid unless worker: was given (core's default, read at each
+      # call, so a forked child is another worker).
+      def worker = keys.worker
 
-      # Claim key: true exactly once while it is remembered. The claim is an
-      # INSERT … ON CONFLICT DO NOTHING that commits on its own: a primary
-      # key is the one thing two concurrent transactions cannot both win, so
-      # the row appearing is the answer. DO NOTHING rather than a caught
-      # RecordNotUnique, because on PostgreSQL a violation aborts whatever
-      # transaction the connection is in.
-      def first_time?(key)
-        key = text(key)
-        now = Time.now.utc
-        operation("claim an idempotency key") do |conn|
-          inserted = insert(conn, key, now)
-          # Somebody has it. Take it over only if their claim has gone stale,
-          # and never from a CONFIRMED row: that message really was handled.
-          # The UPDATE's own WHERE decides between two takers (the first
-          # moves recorded_at to now).
-          inserted || @model.where(message_id: key, state: CLAIMED).where(recorded_at: ...(now - @claim_timeout))
-                            .update_all(claimed_by: worker, recorded_at: now, expires_at: now + @retention)
-                            .positive?
-        end
-      end
+      # Claim key: true exactly once while it is remembered. The claim is
+      # core's (SQLIdempotencyStore on the migration's datetime columns, in
+      # UTC): an INSERT that commits on its own — a primary key is the one
+      # thing two concurrent transactions cannot both win — that takes over a
+      # CLAIMED row gone stale and never a CONFIRMED one, and never aborts
+      # the caller's transaction when the key is taken (no violation is
+      # raised; on MySQL an INSERT IGNORE, key by key).
+      def first_time?(key) = keys.first_time?(text(key))
 
       # The handler finished: the claim becomes a fact no takeover touches.
       # Idempotent. Inside the handler's ActiveRecord::Base.transaction it
-      # commits with the work.
+      # commits with the work: the statement runs on the thread's own
+      # connection when it holds one.
       def confirm(key)
-        key = text(key)
-        operation("confirm an idempotency key") { @model.where(message_id: key).update_all(state: CONFIRMED) }
+        keys.confirm(text(key))
         nil
       end
 
       # The handler did not finish: drop this worker's own live claim so the
       # retry really runs. Never a CONFIRMED row, never another worker's.
       def forget(key)
-        key = text(key)
-        operation("forget an idempotency key") do
-          @model.where(message_id: key, state: CLAIMED, claimed_by: worker).delete_all
-        end
+        keys.forget(text(key))
         nil
       end
 
       # Was key handled (not: is somebody working on it)? What lets the
       # guard retry a key that is only claimed instead of dropping it.
-      def confirmed?(key)
-        key = text(key)
-        operation("read an idempotency key") { @model.where(message_id: key, state: CONFIRMED).exists? }
-      end
+      def confirmed?(key) = keys.confirmed?(text(key))
 
       # Remove keys past their retention; how many went. Nothing on the
       # handling path deletes, so schedule this (the index on expires_at keeps
       # it from scanning the table).
-      def purge_expired
-        operation("purge expired idempotency keys") { @model.where(expires_at: ...Time.now.utc).delete_all }
-      end
+      def purge_expired = keys.purge_expired
 
       def inspect
         "#<AceMQ::Rails::ActiveRecordIdempotencyStore table=#{table.inspect} worker=#{worker.inspect}>"
@@ -163,74 +146,37 @@ module AceMQ
 
       private
 
-      # One connection for the operation: the thread's own if it holds one
-      # (inside the handler's transaction, confirm is in it), else one lent
-      # by the pool and given back after, so consumer threads do not each
-      # keep a connection between messages.
-      def operation(doing)
-        @model.connection_pool.with_connection { |conn| yield conn }
-      rescue ::ActiveRecord::ActiveRecordError => e
-        raise AMQP::StoreError, "cannot #{doing} in table #{table}: #{e.class}: #{e.message} (check the " \
-                                "acemq_idempotency migration has run on this database)"
-      end
-
-      # Did this INSERT add the row? MySQL has no ON CONFLICT, and its
-      # ON DUPLICATE KEY UPDATE cannot answer: ActiveRecord's mysql2 connection
-      # counts found rows (CLIENT_FOUND_ROWS), so a no-op update of an existing
-      # key reports 1 like an insert. A plain INSERT's duplicate-key error is
-      # the answer there, and on MySQL it undoes only the statement, never the
-      # transaction around it.
-      def insert(conn, key, now)
-        return conn.exec_update(claim_sql(conn, key, now), "#{@model.name} Claim").positive? unless mysql?(conn)
-
-        begin
-          conn.exec_update(plain_insert_sql(conn, key, now), "#{@model.name} Claim")
-          true
-        rescue ::ActiveRecord::RecordNotUnique
-          false
-        end
-      end
-
-      def mysql?(conn) = conn.adapter_name.match?(/mysql|trilogy/i)
-
-      def plain_insert_sql(conn, key, now)
-        @model.sanitize_sql_array(
-          ["INSERT INTO #{quoted_table(conn)} (message_id, state, claimed_by, recorded_at, expires_at) " \
-           "VALUES (?, ?, ?, ?, ?)", key, CLAIMED, worker, now, now + @retention]
+      # The engine's store over the model's connection pool: each statement
+      # on the thread's own connection if it holds one, else on one the pool
+      # lends for that statement. Built on first use, so that building a
+      # store does not connect.
+      def keys
+        @keys ||= utc! && AMQP::Patterns::SQLIdempotencyStore.new(
+          connection: @model.connection_pool, table: table, retention: @retention,
+          claim_timeout: @claim_timeout, worker: @worker, times: :datetime
         )
       end
 
-      # Quoted by the connection the statement runs on, not the model's
-      # memoized quoted_table_name, which keeps the first adapter's quotes
-      # (`t` or "t") for the life of the class even when ActiveRecord::Base
-      # is connected to another kind of database later in the process.
-      def quoted_table(conn) = conn.quote_table_name(@model.table_name)
+      # ActiveRecord.default_timezone (7.0 on), ActiveRecord::Base's (6.1).
+      def utc!
+        zone = if ::ActiveRecord.respond_to?(:default_timezone) then ::ActiveRecord.default_timezone
+               else ::ActiveRecord::Base.default_timezone
+               end
+        return true if zone.nil? || zone.to_sym == :utc
 
-      def claim_sql(conn, key, now)
-        # ON CONFLICT (…) DO NOTHING is the same in SQLite (3.24+) and
-        # PostgreSQL; the values are quoted by the connection, as
-        # ActiveRecord would write them, so the times compare with the ones
-        # update_all and where write.
-        @model.sanitize_sql_array(
-          ["INSERT INTO #{quoted_table(conn)} (message_id, state, claimed_by, recorded_at, expires_at) " \
-           "VALUES (?, ?, ?, ?, ?) ON CONFLICT (message_id) DO NOTHING",
-           key, CLAIMED, worker, now, now + @retention]
-        )
+        raise AMQP::ConfigurationError,
+              "ActiveRecord's default_timezone is #{zone.inspect}: #{self.class} writes and compares the " \
+              "migration's datetimes in UTC, ActiveRecord's default; set config.active_record.default_timezone " \
+              "= :utc, or use SQLIdempotencyStore on a table of its own (integer times)"
       end
 
-      # A key is text. A binary string from a delivery and the UTF-8 string
-      # of the same bytes are one key: SQLite would store the binary one as
-      # a BLOB, which never equals the TEXT, and the console's lookup would
-      # find nothing. Bytes that are not UTF-8 are refused rather than
-      # replaced, because replacing them would make two keys one.
+      # A key is text, and no longer than the column: the engine refuses
+      # bytes that are not UTF-8 (EncodingError) and MySQL's 255 bytes; the
+      # column's own limit is read here.
       def text(key)
         raise ArgumentError, "an idempotency key is required, got nil" if key.nil?
 
         s = AMQP::SQL.text([key.is_a?(String) ? key : key.to_s]).first
-        unless s.valid_encoding?
-          raise AMQP::EncodingError, "idempotency key #{s.inspect} is not UTF-8 text: give a key: that returns text " \
-                                     "(hex-encode binary ids)"
-        end
         limit, unit = key_limit
         size = unit == :bytes ? s.bytesize : s.length
         if limit && size > limit
@@ -245,10 +191,13 @@ module AceMQ
       def key_limit
         return @key_limit if defined?(@key_limit)
 
-        @key_limit = operation("read the idempotency table") do
+        @key_limit = begin
           column = @model.columns_hash["message_id"]
           # The generated migration's MySQL column is VARBINARY(255): bytes.
           [column&.limit, column&.type == :binary ? :bytes : :characters]
+        rescue ::ActiveRecord::ActiveRecordError => e
+          raise AMQP::StoreError, "cannot read the idempotency table #{table}: #{e.class}: #{e.message} (check the " \
+                                  "acemq_idempotency migration has run on this database)"
         end
       end
 

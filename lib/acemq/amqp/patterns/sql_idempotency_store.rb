@@ -20,16 +20,18 @@ module AceMQ
       # statement.
       #
       # The table (default core's DEFAULT_TABLE, acemq_idempotency) has
-      # integer epoch-millisecond times, not the datetime columns of the
-      # guide's ActiveRecord migration: if that table exists, give this store
-      # another table:.
+      # integer epoch-millisecond times (times: :epoch_ms, the table
+      # create_schema makes). times: :datetime runs the same rules on the
+      # datetime columns of the guide's ActiveRecord migration, in UTC, as
+      # AceMQ::Rails::ActiveRecordIdempotencyStore does (docs/idempotency.md).
       #
       # retention: and claim_timeout: are seconds; what is left out is nil
       # here and core's default (DEFAULT_RETENTION, DEFAULT_CLAIM_TIMEOUT:
       # this class's constants of those names), the one a Rust service gets
       # too.
       class SQLIdempotencyStore
-        def self.new(connection: nil, path: nil, table: nil, retention: nil, claim_timeout: nil, worker: nil)
+        def self.new(connection: nil, path: nil, table: nil, retention: nil, claim_timeout: nil, worker: nil,
+                     times: :epoch_ms)
           if connection.nil? == path.nil?
             raise ConfigurationError, "SQLIdempotencyStore.new takes connection: (your database connection, or a " \
                                       "callable returning one) or path: (a SQLite file), exactly one of them"
@@ -40,7 +42,7 @@ module AceMQ
           table = table&.to_s
           worker = worker&.to_s
           adapter = SQL.connect(connection) unless path
-          _new(path&.to_s, adapter, table, retention, claim_timeout, worker)
+          _new(path&.to_s, adapter, table, retention, claim_timeout, worker, times.to_s)
         end
 
         # The statements create_schema runs, for a migration: dialect is

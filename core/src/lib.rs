@@ -38,6 +38,7 @@
 mod ack;
 mod broker;
 mod checks;
+mod civil;
 mod connection;
 mod consumer;
 pub mod delay;

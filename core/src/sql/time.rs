@@ -39,17 +39,7 @@ const LAST_DATETIME_MS: i64 = 253_402_300_799_999;
 pub(crate) fn datetime_text(ms: i64) -> String {
     let ms = ms.clamp(0, LAST_DATETIME_MS);
     let (days, in_day) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
-    // Days since 1970-01-01 to a civil date (H. Hinnant's days_from_civil,
-    // inverted), in the proleptic Gregorian calendar.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::civil::date(days);
     let (h, m, s, milli) = (in_day / 3_600_000, in_day / 60_000 % 60, in_day / 1000 % 60, in_day % 1000);
     format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}.{milli:03}000")
 }

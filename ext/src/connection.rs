@@ -3,7 +3,7 @@
 
 use crate::consumer::RbConsumer;
 use crate::convert::seconds;
-use crate::dead_letter::RbDeadLetter;
+use crate::dead_letter::{RbDeadLetterPage, RbReplayReport};
 use crate::errors::IntoRuby;
 use crate::outgoing::RbOutgoing;
 use crate::gvl;
@@ -11,7 +11,7 @@ use acemq::{BindingSpec, ExchangeSpec, QueueSpec};
 use acemq::{
     ConnectionOptions, ConsumeOptions, ExchangeKind, RetryPolicy, TlsOptions, Topology,
 };
-use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, Ruby, TryConvert};
+use magnus::{function, method, prelude::*, Error, RArray, RHash, RModule, Ruby, Value};
 use std::time::Duration;
 
 #[magnus::wrap(class = "AceMQ::AMQP::Connection", free_immediately, size)]
@@ -75,20 +75,20 @@ impl RbConnection {
         crate::stream::RbBatch::new(&self.inner, stream)
     }
 
-    fn apply(
-        ruby: &Ruby,
-        rb_self: &Self,
-        exchanges: Vec<(String, String)>,
-        queues: RArray,
-        bindings: Vec<(String, String, String)>,
-    ) -> Result<(), Error> {
+    /// `Connection#apply`: a Topology's rows (ExchangeSpec, QueueSpec and
+    /// BindingSpec structs) read by name and declared by core.
+    fn apply(ruby: &Ruby, rb_self: &Self, topology: Value) -> Result<(), Error> {
+        let rows = |list: &str| -> Result<RArray, Error> { topology.funcall(list, ()) };
         let mut t = Topology::new();
-        for (name, kind) in exchanges {
+        for row in rows("exchanges")? {
+            let kind: String = row.funcall("type", ())?;
             let kind = ExchangeKind::parse(&kind).rb(ruby)?;
-            t.exchanges.push(ExchangeSpec { name, kind });
+            t.exchanges.push(ExchangeSpec { name: row.funcall("name", ())?, kind });
         }
-        for row in queues {
-            let (name, args, kind): (String, Option<RHash>, Option<String>) = TryConvert::try_convert(row)?;
+        for row in rows("queues")? {
+            let name: String = row.funcall("name", ())?;
+            let args: Option<RHash> = row.funcall("arguments", ())?;
+            let kind: Option<String> = row.funcall("type", ())?;
             let what = format!("arguments of queue {name:?}");
             let mut spec = QueueSpec::new(name);
             if let Some(kind) = kind {
@@ -99,8 +99,12 @@ impl RbConnection {
             }
             t.queues.push(spec);
         }
-        for (queue, exchange, routing_key) in bindings {
-            t.bindings.push(BindingSpec { queue, exchange, routing_key });
+        for row in rows("bindings")? {
+            t.bindings.push(BindingSpec {
+                queue: row.funcall("queue", ())?,
+                exchange: row.funcall("exchange", ())?,
+                routing_key: row.funcall("routing_key", ())?,
+            });
         }
         let conn = &rb_self.inner;
         gvl::block_on(ruby, conn.apply(&t))?.rb(ruby)
@@ -149,7 +153,7 @@ impl RbConnection {
     }
 
     /// Replay (or, with `discard`, remove) the dead letters matching the
-    /// filter: [replayed or discarded, skipped].
+    /// filter: what was done, as a ReplayReport.
     #[allow(clippy::too_many_arguments)]
     fn replay(
         ruby: &Ruby,
@@ -161,7 +165,7 @@ impl RbConnection {
         error_class: Option<String>,
         ids: Vec<String>,
         discard: bool,
-    ) -> Result<(usize, usize), Error> {
+    ) -> Result<RbReplayReport, Error> {
         let conn = &rb_self.inner;
         let options = acemq::ReplayOptions { limit, reason, kind, error_class, ids };
         let report = if discard {
@@ -169,11 +173,11 @@ impl RbConnection {
         } else {
             gvl::block_on(ruby, conn.replay_dead_letters(&queue, options))?.rb(ruby)?
         };
-        Ok((report.replayed, report.skipped))
+        Ok(RbReplayReport(report))
     }
 
-    /// One page of dead letters, left in place, oldest first:
-    /// [letters, scanned, more, moved, partial].
+    /// One page of dead letters, left in place, oldest first, as a
+    /// DeadLetterPage.
     #[allow(clippy::too_many_arguments)]
     fn browse(
         ruby: &Ruby,
@@ -185,15 +189,11 @@ impl RbConnection {
         kind: Option<String>,
         error_class: Option<String>,
         ids: Vec<String>,
-    ) -> Result<(magnus::RArray, usize, bool, usize, bool), Error> {
+    ) -> Result<RbDeadLetterPage, Error> {
         let conn = &rb_self.inner;
         let filter = acemq::ReplayOptions { limit: None, reason, kind, error_class, ids };
         let page = gvl::block_on(ruby, conn.browse_dead_letters(&queue, &filter, skip, limit))?.rb(ruby)?;
-        let out = ruby.ary_new_capa(page.letters.len());
-        for d in page.letters {
-            out.push(RbDeadLetter(d))?;
-        }
-        Ok((out, page.scanned, page.more, page.moved, page.partial))
+        Ok(RbDeadLetterPage(page))
     }
 
     fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
@@ -288,24 +288,22 @@ fn check_retries(ruby: &Ruby, max_attempts: Option<u32>, initial_delay: Option<f
     retry_policy(ruby, max_attempts, initial_delay, max_delay)?.validate().rb(ruby)
 }
 
-/// `Topology#teardown`: core's [`acemq::Connection::teardown`] for these
-/// queues and ladders (each `[max_attempts, initial_delay, max_delay]`, nils
-/// for the defaults); the names deleted and the messages they held.
-fn teardown(
-    ruby: &Ruby,
-    rb_self: &RbConnection,
-    queues: Vec<String>,
-    ladders: Vec<(Option<u32>, Option<f64>, Option<f64>)>,
-    force: bool,
-) -> Result<(Vec<String>, u64), Error> {
+/// `Connection#teardown`: core's [`acemq::Connection::teardown`] for these
+/// queues and ladders (RetryPolicy structs, read by name; a nil setting is
+/// core's default); the names deleted.
+fn teardown(ruby: &Ruby, rb_self: &RbConnection, queues: Vec<String>, ladders: RArray, force: bool) -> Result<Vec<String>, Error> {
     let mut topology = Topology::new();
     for name in queues {
         topology = topology.queue(name);
     }
-    let retry = ladders.into_iter().map(|(a, i, m)| retry_policy(ruby, a, i, m)).collect::<Result<Vec<_>, _>>()?;
+    let retry = ladders
+        .into_iter()
+        .map(|p| {
+            retry_policy(ruby, p.funcall("max_attempts", ())?, p.funcall("initial_delay", ())?, p.funcall("max_delay", ())?)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let options = acemq::TeardownOptions { retry, force };
-    let report = gvl::block_on(ruby, rb_self.inner.teardown(&topology, &options))?.rb(ruby)?;
-    Ok((report.deleted, report.messages))
+    Ok(gvl::block_on(ruby, rb_self.inner.teardown(&topology, &options))?.rb(ruby)?.deleted)
 }
 
 fn rung_queues(ruby: &Ruby, queue: String, max_attempts: Option<u32>, initial_delay: Option<f64>, max_delay: Option<f64>) -> Result<Vec<String>, Error> {
@@ -343,7 +341,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_singleton_method("_open", function!(RbConnection::open, 2))?;
     class.define_private_method("_publish", method!(RbConnection::publish, 1))?;
     class.define_private_method("_batch", method!(RbConnection::batch, 1))?;
-    class.define_private_method("_apply", method!(RbConnection::apply, 3))?;
+    class.define_private_method("_apply", method!(RbConnection::apply, 1))?;
     class.define_private_method("_teardown", method!(teardown, 3))?;
     class.define_private_method("_consumer", method!(RbConnection::consumer, 2))?;
     class.define_private_method("_advance_clock", method!(RbConnection::advance_clock, 1))?;

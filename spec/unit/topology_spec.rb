@@ -20,6 +20,28 @@ RSpec.describe AceMQ::AMQP::Topology do
       .to raise_error(AceMQ::AMQP::PreconditionFailed, /x-overflow/)
   end
 
+  it "keeps rows the engine reads by name, which still come apart by position" do
+    t = described_class.new.exchange("ex", type: :topic).queue(queue, arguments: { a: 1 }, type: :quorum)
+                       .bind(queue, to: "ex", routing_key: "k.*")
+    expect(t.exchanges.first).to have_attributes(name: "ex", type: "topic")
+    expect(t.queues.first).to have_attributes(name: queue, arguments: { "a" => 1 }, type: "quorum")
+    expect(t.bindings.first).to have_attributes(queue: queue, exchange: "ex", routing_key: "k.*")
+    name, arguments, type = t.queues.first
+    expect([name, arguments, type]).to eq([queue, { "a" => 1 }, "quorum"])
+    expect(t.bindings.map { |q, e, k| "#{q}<-#{e}/#{k}" }).to eq(["#{queue}<-ex/k.*"])
+    expect(t.exchanges.first[0]).to eq("ex")
+    expect(t.queues.first).to be_frozen
+  end
+
+  it "is declared from either side: topology.apply(mq) or mq.apply(topology), and mq.apply takes nothing else" do
+    t = described_class.new.queue(queue)
+    expect(mq.apply(t)).to be(mq)
+    mq.publish({ "n" => 1 }, to: queue)
+    expect(mq.teardown(t, force: true)).to include(queue, "#{queue}.dlq")
+    expect { mq.apply([[queue, nil, nil]]) }.to raise_error(AceMQ::AMQP::ConfigurationError, /apply takes an AceMQ::AMQP::Topology, got Array/)
+    expect { mq.teardown("q") }.to raise_error(AceMQ::AMQP::ConfigurationError, /teardown takes an AceMQ::AMQP::Topology/)
+  end
+
   it "declares what the Hash held when queue was called, not what it holds later" do
     args = { "x-max-length" => 10 }
     topology = described_class.new.queue(queue, arguments: args)

@@ -291,6 +291,25 @@ module AceMQ
         store && SQL.connect(store)
       end
 
+      # Declare topology's exchanges, queues (each with its DLQ) and
+      # bindings: Topology#apply, said from this side, as Rust's
+      # Connection::apply says it.
+      def apply(topology)
+        raise ConfigurationError, "apply takes an AceMQ::AMQP::Topology, got #{topology.class}" unless topology.is_a?(Topology)
+
+        _apply(topology)
+        self
+      end
+
+      # Delete topology's queues with their rungs and DLQs (Topology#teardown
+      # has the rules); the names deleted.
+      def teardown(topology, retries: nil, force: false)
+        raise ConfigurationError, "teardown takes an AceMQ::AMQP::Topology, got #{topology.class}" unless topology.is_a?(Topology)
+
+        ladders = (retries.is_a?(Array) ? retries : [retries].compact).map { |r| RetryPolicy.from(r) }
+        _teardown(topology.queues.map(&:name), ladders, force ? true : false)
+      end
+
       # Move dead letters from {queue}.dlq back to queue, with the attempt
       # count reset and the failure kept in x-acemq-history. All of them, or
       # at most limit:, optionally only those whose reason contains reason:
@@ -299,9 +318,9 @@ module AceMQ
       # error_class: and ids: narrow it further (the class exactly; the
       # message ids, any of them).
       def replay_dead_letters(queue, limit: nil, reason: nil, type: nil, error_class: nil, ids: nil)
-        replayed, skipped = _replay(queue.to_s, Connection.count(:limit, limit), reason&.to_s, type&.to_s,
-                                    error_class&.to_s, Array(ids).map(&:to_s), false)
-        { replayed: replayed, skipped: skipped }
+        report = _replay(queue.to_s, Connection.count(:limit, limit), reason&.to_s, type&.to_s,
+                         error_class&.to_s, Array(ids).map(&:to_s), false)
+        { replayed: report.moved, skipped: report.skipped }
       end
 
       # Remove dead letters from {queue}.dlq for good: those whose id is in
@@ -315,8 +334,8 @@ module AceMQ
           raise ConfigurationError, "discard needs ids: or a filter (reason:, type:, error_class:); purge_dead_letters removes them all"
         end
 
-        discarded, skipped = _replay(queue.to_s, nil, reason&.to_s, type&.to_s, error_class&.to_s, ids, true)
-        { discarded: discarded, skipped: skipped }
+        report = _replay(queue.to_s, nil, reason&.to_s, type&.to_s, error_class&.to_s, ids, true)
+        { discarded: report.moved, skipped: report.skipped }
       end
 
       # What waits in the delay cascade (docs/delays.md): a Hash per level that
@@ -326,15 +345,14 @@ module AceMQ
       # message counted in the level it would be in now. What `acemq status`
       # and the web dashboard show.
       def delayed
-        _delayed_waiting.each_with_index.filter_map do |(queue, waiting), level|
-          { level: level, queue: queue, seconds: 2**level, waiting: waiting } if waiting.positive?
+        _delayed_waiting.filter_map do |l|
+          { level: l.level, queue: l.queue, seconds: l.seconds, waiting: l.waiting } if l.waiting.positive?
         end
       end
 
       # Every dead letter in {queue}.dlq removed. Returns { discarded: }.
       def purge_dead_letters(queue)
-        discarded, = _replay(queue.to_s, nil, nil, nil, nil, [], true)
-        { discarded: discarded }
+        { discarded: _replay(queue.to_s, nil, nil, nil, nil, [], true).moved }
       end
 
       # Up to limit: dead letters in {queue}.dlq, oldest first, left where
@@ -356,15 +374,14 @@ module AceMQ
       # broker that puts returned messages at the tail, RabbitMQ 3.10's
       # quorum queues, the DLQ has rotated by scanned) }.
       def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil)
-        letters, scanned, more, moved, partial = _browse(queue.to_s, Connection.count(:skip, skip) || 0,
-                                                Connection.count(:limit, limit) || 0, reason&.to_s, type&.to_s,
-                                                error_class&.to_s, Array(ids).map(&:to_s))
-        { dead_letters: letters.map { |d| Connection.dead_letter_hash(d) }, scanned: scanned, more: more, moved: moved,
-          partial: partial }
+        page = _browse(queue.to_s, Connection.count(:skip, skip) || 0, Connection.count(:limit, limit) || 0,
+                       reason&.to_s, type&.to_s, error_class&.to_s, Array(ids).map(&:to_s))
+        { dead_letters: page.letters.map { |d| Connection.dead_letter_hash(d) }, scanned: page.scanned,
+          more: page.more?, moved: page.moved, partial: page.partial? }
       end
 
       def self.dead_letter_hash(d)
-        headers = JSON.parse(d.headers_json)
+        headers = d.headers
         { id: d.id, type: d.type, attempt: d.attempt, reason: d.reason, error_class: d.error_class,
           failed_at: d.failed_at && Time.at(d.failed_at), body: d.body, exchange: d.exchange,
           routing_key: d.routing_key, headers: headers, history: Array(headers["x-acemq-history"]) }

@@ -21,6 +21,17 @@ module AceMQ
       EXCHANGE_TYPES = AMQP::EXCHANGE_TYPES.map(&:freeze).freeze
       QUEUE_TYPES = AMQP::QUEUE_TYPES.map(&:freeze).freeze
 
+      # A row of each list, read by name by the engine. Each still reads as
+      # the Array it used to be (name, type = row; row[0]; to_a), so code
+      # that took rows apart by position keeps working; comparing a row
+      # with an Array does not (compare row.to_a).
+      module Row
+        def to_ary = to_a
+      end
+      ExchangeSpec = Struct.new(:name, :type) { include Row }
+      QueueSpec = Struct.new(:name, :arguments, :type) { include Row }
+      BindingSpec = Struct.new(:queue, :exchange, :routing_key) { include Row }
+
       attr_reader :exchanges, :queues, :bindings
 
       def initialize
@@ -30,7 +41,7 @@ module AceMQ
       end
 
       def exchange(name, type: :direct)
-        @exchanges << [name.to_s, AMQP._exchange_type(type.to_s)]
+        @exchanges << ExchangeSpec.new(name.to_s, AMQP._exchange_type(type.to_s)).freeze
         self
       end
 
@@ -46,17 +57,18 @@ module AceMQ
         end
 
         # A copy of the top level: a Hash changed after this call must not change what apply declares.
-        @queues << [name.to_s, arguments&.transform_keys(&:to_s), type]
+        @queues << QueueSpec.new(name.to_s, arguments&.transform_keys(&:to_s), type).freeze
         self
       end
 
       def bind(queue, to:, routing_key: "")
-        @bindings << [queue.to_s, to.to_s, routing_key.to_s]
+        @bindings << BindingSpec.new(queue.to_s, to.to_s, routing_key.to_s).freeze
         self
       end
 
+      # Declares it on connection (Connection#apply, as in Rust).
       def apply(connection)
-        connection.__send__(:_apply, @exchanges, @queues, @bindings)
+        connection.apply(self)
         self
       end
 
@@ -70,14 +82,7 @@ module AceMQ
       # queues holds a message or has a consumer; `force: true` deletes them
       # anyway. Returns the names deleted. Core's Connection::teardown does
       # the work, for Rust and Ruby alike.
-      def teardown(connection, retries: nil, force: false)
-        ladders = (retries.is_a?(Array) ? retries : [retries].compact).map do |r|
-          policy = RetryPolicy.from(r)
-          [policy.max_attempts, policy.initial_delay, policy.max_delay]
-        end
-        deleted, _messages = connection.__send__(:_teardown, @queues.map(&:first), ladders, force ? true : false)
-        deleted
-      end
+      def teardown(connection, retries: nil, force: false) = connection.teardown(self, retries: retries, force: force)
     end
   end
 end

@@ -192,9 +192,24 @@ fn drive_until_pause(
     }
 }
 
+/// The Ruby relay's checked options, read by name.
+#[magnus::wrap(class = "AceMQ::AMQP::Patterns::OutboxRelay::Options", free_immediately, size)]
+struct Options(RelayOptions);
+
+impl Options {
+    /// Seconds between polls.
+    fn interval(&self) -> f64 {
+        self.0.interval.as_secs_f64()
+    }
+
+    fn batch_size(&self) -> usize {
+        self.0.batch_size
+    }
+}
+
 /// The Ruby relay's interval and batch size: nil is core's default, and
 /// core's RelayOptions::validate refuses what cannot work.
-fn relay_options(ruby: &Ruby, interval: Option<f64>, batch_size: Option<i64>) -> Result<(f64, usize), Error> {
+fn relay_options(ruby: &Ruby, interval: Option<f64>, batch_size: Option<i64>) -> Result<Options, Error> {
     let mut o = RelayOptions::default();
     if let Some(s) = interval {
         o.interval = crate::convert::seconds(ruby, "interval", s)?;
@@ -204,12 +219,16 @@ fn relay_options(ruby: &Ruby, interval: Option<f64>, batch_size: Option<i64>) ->
         o.batch_size = usize::try_from(n).unwrap_or(0);
     }
     o.validate().rb(ruby)?;
-    Ok((o.interval.as_secs_f64(), o.batch_size))
+    Ok(Options(o))
 }
 
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let relay: RClass = patterns.define_class("OutboxRelay", ruby.class_object())?;
     relay.define_singleton_method("_options", function!(relay_options, 2))?;
+    let options = relay.define_class("Options", ruby.class_object())?;
+    options.undef_default_alloc_func();
+    options.define_method("interval", method!(Options::interval, 0))?;
+    options.define_method("batch_size", method!(Options::batch_size, 0))?;
     // Core's defaults, for the Rails configuration's outbox_interval.
     relay.const_set("DEFAULT_INTERVAL", crate::runner::whole_seconds(ruby, RelayOptions::DEFAULT_INTERVAL))?;
     relay.const_set("DEFAULT_BATCH_SIZE", RelayOptions::DEFAULT_BATCH_SIZE)?;

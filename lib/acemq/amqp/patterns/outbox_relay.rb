@@ -52,8 +52,10 @@ module AceMQ
 
           @mq = mq
           @store = store
-          @interval, @batch_size = OutboxRelay._options(interval.nil? ? nil : Patterns.seconds(:interval, interval),
-                                                        batch_size.nil? ? nil : OutboxRelay.count(batch_size))
+          options = OutboxRelay._options(interval.nil? ? nil : Patterns.seconds(:interval, interval),
+                                         batch_size.nil? ? nil : OutboxRelay.count(batch_size))
+          @interval = options.interval
+          @batch_size = options.batch_size
           @listen = listen.nil? ? store.pg_conninfo : listen
           if on_error && !on_error.respond_to?(:call)
             raise ConfigurationError, "on_error: must answer call(error, exchange:, routing_key:)"

@@ -218,7 +218,7 @@ fn bad_options_are_refused_with_what_to_do() {
     for table in ["", "a b", "x;DROP TABLE y", "1abc", "public.t.u", "public.1t"] {
         let o = SqlIdempotencyOptions { table: table.into(), ..Default::default() };
         let e = SqlIdempotencyStore::new(db.connect(), o).err().expect(table);
-        assert!(e.message().contains("letters, digits") && e.message().contains("underscores"), "{e}");
+        assert!(e.message().contains("letters, digits and underscores"), "{e}");
     }
     let o = SqlIdempotencyOptions { claim_timeout: Duration::ZERO, ..Default::default() };
     assert!(SqlIdempotencyStore::new(db.connect(), o).is_err());

@@ -10,7 +10,12 @@ require "acemq"
 require "acemq/rails/active_record_idempotency_store"
 
 # POOL: the ordering drill's runner has a handler thread per partition.
-ActiveRecord::Base.establish_connection(ENV["POOL"] ? { url: ENV.fetch("DATABASE_URL"), pool: Integer(ENV["POOL"]) } : ENV.fetch("DATABASE_URL"))
+# On MySQL, encoding: utf8mb4 as a Rails app's generated database.yml has
+# it: a bare mysql2:// URL opens utf8mb3, which the stores refuse.
+DB_CONFIG = { url: ENV.fetch("DATABASE_URL") }
+DB_CONFIG[:pool] = Integer(ENV["POOL"]) if ENV["POOL"]
+DB_CONFIG[:encoding] = "utf8mb4" if DB_CONFIG[:url].start_with?("mysql2:")
+ActiveRecord::Base.establish_connection(DB_CONFIG)
 ActiveRecord::Base.logger = nil
 
 class DrillCharge < ActiveRecord::Base

@@ -192,7 +192,10 @@ module AceMQ
         return @key_limit if defined?(@key_limit)
 
         @key_limit = begin
-          column = @model.columns_hash["message_id"]
+          # Inside with_connection: on Rails 7.2 and later with
+          # permanent_connection_checkout = :disallowed, reading the schema
+          # outside it would check a connection out for good.
+          column = @model.connection_pool.with_connection { @model.columns_hash["message_id"] }
           # The generated migration's MySQL column is VARBINARY(255): bytes.
           [column&.limit, column&.type == :binary ? :bytes : :characters]
         rescue ::ActiveRecord::ActiveRecordError => e

@@ -78,7 +78,7 @@ pub use ack::{Ack, Guarded, Outcome, Settlement, Verdict};
 pub use broker::BrokerVersion;
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
 pub use consumer::{
-    Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Next, Settler, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
+    Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Fetch, Next, Settler, Unread, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
     TIMEOUT_CLASS,
 };
 pub use consumer::{BreakerState, CircuitBreaker, Throttle};

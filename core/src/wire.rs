@@ -452,6 +452,36 @@ pub fn decode(queue: &str, raw: &RawDelivery) -> Result<Message, Undecodable> {
 
 /// [`decode`], reading the payload as `payload` says.
 pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Message, Undecodable> {
+    let (mut message, value) = decode_then(queue, raw, |text| match payload {
+        Payload::Parsed => serde_json::from_str::<Value>(&text).map_err(|e| not_json(&e)),
+        Payload::Checked => {
+            // The syntax, without building anything, and every number in
+            // range, as Parsed reads them.
+            serde_json::from_str::<Syntax>(&text).map_err(|e| not_json(&e))?;
+            Ok(Value::Null)
+        }
+    })?;
+    message.payload = value;
+    Ok(message)
+}
+
+/// Why a body that is not JSON cannot be a message: `why` is what the
+/// parser said. The one wording, whoever parsed it (core, or an adapter
+/// that builds its own values from the body: `Consumer::refuse`).
+pub fn not_json(why: &dyn std::fmt::Display) -> Undecodable {
+    Undecodable { reason: format!("body is not JSON ({why}); the body is kept byte for byte on the dead-letter queue") }
+}
+
+/// A delivery into a message whose payload is still `Null`, after every
+/// check but the JSON one (its properties, content type, compression and
+/// UTF-8), and `read` of its body's text: what the JSON is, or why it is
+/// not. The text is borrowed from the body, or owned when the body came
+/// compressed.
+pub(crate) fn decode_then<T>(
+    queue: &str,
+    raw: &RawDelivery,
+    read: impl FnOnce(std::borrow::Cow<'_, str>) -> Result<T, Undecodable>,
+) -> Result<(Message, T), Undecodable> {
     if let Some(what) = raw.props.header(MALFORMED_HEADER) {
         // Its values are not what the publisher sent: handling it as if
         // they were would key the idempotent consumer on a repaired id, and
@@ -474,27 +504,24 @@ pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Mes
             });
         }
     }
-    let not_json = |e: &dyn std::fmt::Display| Undecodable {
-        reason: format!("body is not JSON ({e}); the body is kept byte for byte on the dead-letter queue"),
-    };
     let body = decoded_body(&raw.props, &raw.body).map_err(|e| Undecodable {
         reason: format!("{e}; the body is kept byte for byte, compressed, on the dead-letter queue"),
     })?;
     // JSON text is UTF-8 (RFC 8259), and a Value's strings must be: checked
     // over the whole body at once, so that the parser does not check each
     // string again.
-    let text = utf8(&body).map_err(|e| not_json(&format_args!("invalid UTF-8: {e}")))?;
-    let payload: Value = match payload {
-        Payload::Parsed => serde_json::from_str(text).map_err(|e| not_json(&e))?,
-        Payload::Checked => {
-            // The syntax, without building anything, and every number in
-            // range, as Parsed reads them.
-            serde_json::from_str::<Syntax>(text).map_err(|e| not_json(&e))?;
-            Value::Null
+    let invalid = |e: std::str::Utf8Error| not_json(&format_args!("invalid UTF-8: {e}"));
+    let text = match body {
+        std::borrow::Cow::Borrowed(b) => std::borrow::Cow::Borrowed(utf8(b).map_err(invalid)?),
+        std::borrow::Cow::Owned(b) => {
+            utf8(&b).map_err(invalid)?;
+            // SAFETY: checked just above.
+            std::borrow::Cow::Owned(unsafe { String::from_utf8_unchecked(b) })
         }
     };
-    Ok(Message {
-        payload,
+    let read = read(text)?;
+    let message = Message {
+        payload: Value::Null,
         envelope: envelope_of(&raw.props),
         delivery: DeliveryInfo {
             queue: queue.to_owned(),
@@ -503,7 +530,8 @@ pub fn decode_as(queue: &str, raw: &RawDelivery, payload: Payload) -> Result<Mes
             redelivered: raw.redelivered,
             properties: raw.props.clone(),
         },
-    })
+    };
+    Ok((message, read))
 }
 
 #[cfg(test)]

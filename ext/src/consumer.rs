@@ -7,15 +7,10 @@
 use crate::delivery::RbDelivery;
 use crate::errors::IntoRuby;
 use crate::gvl;
-use acemq::Payload;
-use acemq::{Ack, Consumer, Delivery, Next, Outcome};
+use acemq::{Ack, Consumer, Fetch, Outcome, Unread};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// Core checks that a body is JSON and builds nothing: the delivery object
-/// builds the Ruby payload from the bytes, once, when a handler reads it.
-const PAYLOAD: Payload = Payload::Checked;
 
 /// What `_next` raises once the consumer is closed: Ruby's own word for a
 /// source with nothing more to give (`loop` ends on it).
@@ -35,12 +30,28 @@ impl RbConsumer {
         RbConsumer { inner }
     }
 
-    /// A delivery as the Ruby object a handler's Message reads: the message
-    /// and what settles it both move into the object, the settler until
-    /// `_settle` takes it.
-    fn hand_out(&self, ruby: &Ruby, d: Delivery) -> Result<Value, Error> {
-        let (message, settler) = d.into_parts();
-        Ok(RbDelivery::handed_out(message, settler).into_value_with(ruby))
+    /// A delivery as the Ruby object a handler's Message reads. Its body is
+    /// read here, once: built into the payload's Ruby objects, which is also
+    /// how it is found to be JSON (core has made every other check). Then
+    /// the message and what settles it move into the object, the settler
+    /// until `_settle` takes it. None when there is nothing to hand out: the
+    /// body is not JSON (core dead-letters it, with what the parser said),
+    /// or the circuit breaker sent it back.
+    fn hand_out(&self, ruby: &Ruby, unread: Unread) -> Option<Value> {
+        let payload = match crate::json::build_protected(ruby, unread.text()) {
+            Ok(crate::json::Built::Value(v)) => Some(v),
+            Ok(crate::json::Built::Later) => None,
+            Err(e) => {
+                self.inner.refuse(unread, &e);
+                return None;
+            }
+        };
+        let (message, settler) = self.inner.admit(unread)?.into_parts();
+        let delivery = RbDelivery::handed_out(message, settler, payload).into_value_with(ruby);
+        // The payload lived only on this stack (and in the delivery's
+        // struct, which Ruby marks once it is an object) until here.
+        std::hint::black_box(payload);
+        Some(delivery)
     }
 
     /// The next delivery (a NativeDelivery), nil when nothing arrived within
@@ -49,10 +60,14 @@ impl RbConsumer {
     fn next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Option<Value>, Error> {
         // The fast path keeps the GVL: a delivery already buffered is handed
         // out without a thread switch.
-        match rb_self.inner.try_next_as(PAYLOAD) {
-            Next::Delivery(d) => return rb_self.hand_out(ruby, *d).map(Some),
-            Next::Closed => return Err(closed(ruby)),
-            Next::Empty => {}
+        match rb_self.inner.try_fetch() {
+            Fetch::Unread(unread) => {
+                if let Some(d) = rb_self.hand_out(ruby, *unread) {
+                    return Ok(Some(d));
+                }
+            }
+            Fetch::Closed => return Err(closed(ruby)),
+            Fetch::Empty => {}
         }
         let deadline = Instant::now() + crate::convert::seconds(ruby, "timeout", timeout)?;
         loop {
@@ -63,11 +78,15 @@ impl RbConsumer {
             let consumer = rb_self.inner.clone();
             let waker = rb_self.inner.clone();
             let slice = remaining.min(gvl::SLICE);
-            let next = gvl::without_gvl(ruby, move || consumer.next_blocking_as(slice, PAYLOAD), move || waker.wake())?;
+            let next = gvl::without_gvl(ruby, move || consumer.fetch_blocking(slice), move || waker.wake())?;
             match next {
-                Next::Delivery(d) => return rb_self.hand_out(ruby, *d).map(Some),
-                Next::Closed => return Err(closed(ruby)),
-                Next::Empty => ruby.thread_check_ints()?,
+                Fetch::Unread(unread) => {
+                    if let Some(d) = rb_self.hand_out(ruby, *unread) {
+                        return Ok(Some(d));
+                    }
+                }
+                Fetch::Closed => return Err(closed(ruby)),
+                Fetch::Empty => ruby.thread_check_ints()?,
             }
         }
     }
@@ -80,9 +99,13 @@ impl RbConsumer {
         let batch = ruby.ary_new_capa(max.max(1));
         batch.push(first)?;
         while batch.len() < max {
-            match rb_self.inner.try_next_as(PAYLOAD) {
-                Next::Delivery(d) => batch.push(rb_self.hand_out(ruby, *d)?)?,
-                Next::Empty | Next::Closed => break,
+            match rb_self.inner.try_fetch() {
+                Fetch::Unread(unread) => {
+                    if let Some(d) = rb_self.hand_out(ruby, *unread) {
+                        batch.push(d)?;
+                    }
+                }
+                Fetch::Empty | Fetch::Closed => break,
             }
         }
         Ok(Some(batch))

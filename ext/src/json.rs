@@ -92,25 +92,56 @@ pub fn parse(ruby: &Ruby, text: &str, what: &str) -> Result<Json, Error> {
 }
 
 /// A JSON body straight to Ruby objects, in one pass over the bytes: no
-/// serde_json `Value` built and dropped on the way (the consumer's payload,
-/// see core's `wire::Payload::Checked`). Built as `JSON.parse` builds them;
-/// a body whose numbers a float cannot hold exactly goes to `JSON.parse`
-/// itself, as `payload_to_ruby` does.
+/// serde_json `Value` built and dropped on the way. Built as `JSON.parse`
+/// builds them; a body whose numbers a float cannot hold exactly goes to
+/// `JSON.parse` itself, as `payload_to_ruby` does.
 ///
 /// Text, not bytes: the parser then takes its strings as they are, where
 /// from bytes it checks each one is UTF-8 again (the note of the benchmark's
 /// 1 KiB order alone cost 4,000 instructions).
 pub fn body_to_ruby(ruby: &Ruby, body: &str) -> Result<Value, Error> {
-    let mut state = Build { ruby, saw_float: false, keys: 0 };
-    let mut de = serde_json::Deserializer::from_str(body);
-    let built = serde::de::DeserializeSeed::deserialize(RubySeed(&mut state), &mut de).and_then(|v| de.end().map(|()| v));
-    match built {
-        Ok(v) if !state.saw_float || !long_number(body.as_bytes()) => Ok(v),
-        Ok(_) => {
+    match build(ruby, body) {
+        Ok(Built::Value(v)) => Ok(v),
+        Ok(Built::Later) => {
             let json: magnus::RModule = ruby.class_object().const_get("JSON")?;
             json.funcall("parse", (ruby.str_new(body),))
         }
         Err(e) => Err(not_json(ruby, e)),
+    }
+}
+
+/// What [`build`] made of a JSON body.
+pub enum Built {
+    Value(Value),
+    /// JSON, with a number a float cannot hold exactly: `JSON.parse` builds
+    /// it ([`body_to_ruby`]), as `payload_to_ruby` does.
+    Later,
+}
+
+/// A body into Ruby objects, or what the parser said when it is not JSON:
+/// the one read of a consumed delivery's body (core's
+/// `Consumer::fetch_blocking`), check and build in one pass.
+pub fn build(ruby: &Ruby, body: &str) -> Result<Built, serde_json::Error> {
+    let mut state = Build { ruby, saw_float: false, keys: 0 };
+    let mut de = serde_json::Deserializer::from_str(body);
+    let v = serde::de::DeserializeSeed::deserialize(RubySeed(&mut state), &mut de)?;
+    de.end()?;
+    Ok(if state.saw_float && long_number(body.as_bytes()) { Built::Later } else { Built::Value(v) })
+}
+
+/// [`build`] under `rb_protect`: called from inside a consumer's `_next`,
+/// where an exception Ruby raises mid-build (NoMemoryError) must not jump
+/// over the delivery in hand. Such a build is `Later`: the payload is then
+/// built when the handler reads it, and raises there.
+pub fn build_protected(ruby: &Ruby, body: &str) -> Result<Built, serde_json::Error> {
+    let mut out = None;
+    let protected = magnus::rb_sys::protect(|| {
+        out = Some(build(ruby, body));
+        raw(ruby.qnil().as_value())
+    });
+    match (protected, out) {
+        (Ok(_), Some(built)) => built,
+        _ => Ok(Built::Later),
     }
 }
 

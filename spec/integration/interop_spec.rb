@@ -106,6 +106,56 @@ RSpec.describe "interop with Bunny" do
     ch.close
   end
 
+  # The consumer reads each body once, building the payload's Ruby objects
+  # as it reads (core makes every other check first): a body that is UTF-8
+  # and not JSON is found so, and dead-lettered with core's reason and the
+  # parser's words, between good messages that are handled in order; one by
+  # one and in batches (a handler with call_many).
+  [[:one_by_one, 1], [:batches, 10]].each do |(how, batch)|
+    it "dead-letters each UTF-8 body that is not JSON with what the parser said, handling the good ones around it (#{how})" do
+      deep = ("[" * 129) + ("]" * 129)
+      bad = { "trailing" => ['{"a":1} and more', /trailing characters/],
+              "cut" => ['{"order_id":', /EOF while parsing/],
+              "huge" => ['{"n":1e400}', /number out of range/],
+              "deep" => [deep, /recursion limit exceeded/],
+              "bare" => ["hello", /expected value/] }
+      ch = @bunny.create_channel
+      publish = ->(body, id) { ch.default_exchange.publish(body, routing_key: queue, content_type: "application/json", message_id: id) }
+      publish.call(JSON.generate("n" => 0), "good-0")
+      bad.each_with_index do |(id, (body, _)), i|
+        publish.call(body, id)
+        publish.call(JSON.generate("n" => i + 1), "good-#{i + 1}")
+      end
+      # Valid JSON whose number a float cannot hold exactly: built by JSON.parse.
+      publish.call('{"n":12345678901234567.5}', "long")
+      handled = Queue.new
+      handler = ->(m) { handled << [m.envelope.id, m.payload]; AceMQ::AMQP::Ack.accept }
+      sizes = []
+      if batch > 1
+        handler.define_singleton_method(:call_many) { |ms| sizes << ms.size; ms.map { |m| call(m) } }
+      end
+      sub = mq.consume(queue, batch: batch, &handler)
+      seen = Array.new(bad.size + 2) { eventually { handled.pop(true) rescue nil } }
+      eventually { sub.stats[:dead_lettered] == bad.size }
+      sub.cancel
+      expect(seen.map(&:first)).to eq(Array.new(bad.size + 1) { |i| "good-#{i}" } + ["long"])
+      expect(seen.first(bad.size + 1).map(&:last)).to eq(Array.new(bad.size + 1) { |i| { "n" => i } })
+      expect(seen.last.last).to eq(JSON.parse('{"n":12345678901234567.5}'))
+      expect(sizes.sum).to eq(bad.size + 2) if batch > 1
+      copies = Array.new(bad.size) { eventually { (r = ch.basic_get("#{queue}.dlq", manual_ack: false)) && r[0] && r } }
+      by_id = copies.to_h { |_d, props, body| [props[:message_id], [props, body]] }
+      expect(by_id.keys).to match_array(bad.keys)
+      bad.each do |id, (body, words)|
+        props, copy = by_id.fetch(id)
+        expect(copy).to eq(body)
+        reason = props[:headers]["x-acemq-reason"]
+        expect(reason).to start_with("body is not JSON (").and match(words)
+        expect(reason).to end_with("the body is kept byte for byte on the dead-letter queue")
+      end
+      ch.close
+    end
+  end
+
   it "keeps a foreign publisher's header bytes and types in the dead-letter copy" do
     ch = @bunny.create_channel
     headers = { "raw" => "\xFF\xFEok".b, "n" => 7, "when" => Time.at(1_700_000_000), "nested" => { "k" => "v" } }

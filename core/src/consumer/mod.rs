@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::topology::QueueType;
 use crate::transport::Link;
 use crate::transport::queue::Pop;
-use crate::wire::{decode, decode_as, Payload, RawDelivery};
+use crate::message::Message;
+use crate::wire::{decode, decode_as, decode_then, Payload, RawDelivery};
 use deadline::Watchlist;
 use delivery::CONSUMER_IDS;
 use ladder::ladder;
@@ -40,6 +41,48 @@ pub enum Next {
     Empty,
     /// The consumer was stopped or the broker ended the subscription.
     Closed,
+}
+
+/// What [`Consumer::fetch_blocking`] produced.
+pub enum Fetch {
+    /// A delivery whose body the caller reads: [`Consumer::admit`] or
+    /// [`Consumer::refuse`] it.
+    Unread(Box<Unread>),
+    /// Nothing arrived within the wait.
+    Empty,
+    /// The consumer was stopped or the broker ended the subscription.
+    Closed,
+}
+
+/// A delivery taken off the queue and not handed out yet: every check made
+/// but the JSON one, which its taker makes by reading [`Unread::text`].
+/// Dropped without [`Consumer::admit`] or [`Consumer::refuse`], it is never
+/// acknowledged: the broker delivers it again when the consumer closes.
+#[derive(Debug)]
+pub struct Unread {
+    message: Message,
+    raw: RawDelivery,
+    /// The body decompressed, when it came compressed. Kept only for a
+    /// caller that reads the body ([`Consumer::fetch_blocking`]); a
+    /// delivery whose JSON core read goes straight to [`Consumer::admit`].
+    decompressed: Option<String>,
+}
+
+impl Unread {
+    /// The body as text: UTF-8 (checked), decompressed when it came
+    /// compressed. What the caller reads as JSON.
+    pub fn text(&self) -> &str {
+        match &self.decompressed {
+            Some(text) => text,
+            // SAFETY: decode_then checked it is UTF-8.
+            None => unsafe { std::str::from_utf8_unchecked(&self.raw.body) },
+        }
+    }
+
+    /// The message: its payload is `Null` until the caller builds its own.
+    pub fn message(&self) -> &Message {
+        &self.message
+    }
 }
 
 /// Counters a consumer keeps; read with [`Consumer::stats`].
@@ -258,43 +301,103 @@ impl Consumer {
     /// [`Consumer::next_blocking`], reading the payload as `payload` says
     /// (see [`Payload::Checked`]).
     pub fn next_blocking_as(self: &Arc<Self>, timeout: Duration, payload: Payload) -> Next {
+        match self.fetch_as(timeout, Some(payload)) {
+            Fetch::Unread(unread) => self.admit(*unread).map_or(Next::Empty, |d| Next::Delivery(Box::new(d))),
+            Fetch::Empty => Next::Empty,
+            Fetch::Closed => Next::Closed,
+        }
+    }
+
+    /// Like [`Consumer::next_blocking`] for an adapter that builds its own
+    /// values from the body (the Ruby extension builds Ruby objects): every
+    /// check but the JSON one is made here, and the caller reads the JSON
+    /// once, from [`Unread::text`], then hands the delivery to
+    /// [`Consumer::admit`], or to [`Consumer::refuse`] with what its parser
+    /// said when the body is not JSON. A check here and a build there read
+    /// each body twice; this reads it once, and the same deliveries are
+    /// refused for the same reasons, worded the same.
+    pub fn fetch_blocking(self: &Arc<Self>, timeout: Duration) -> Fetch {
+        self.fetch_as(timeout, None)
+    }
+
+    /// [`Consumer::fetch_blocking`] without waiting at all.
+    pub fn try_fetch(self: &Arc<Self>) -> Fetch {
+        self.fetch_as(Duration::ZERO, None)
+    }
+
+    /// The next delivery off the buffer, decoded (its payload read as
+    /// `payload` says, or left to the caller when None). One that cannot be
+    /// a message is dead-lettered in the background, as a handler's reject
+    /// is (see [`Consumer::settle_later`]): the calling thread (a Ruby
+    /// thread holding the GVL) never waits on the broker for it, and a copy
+    /// that fails reaches [`Consumer::take_errors`].
+    fn fetch_as(self: &Arc<Self>, timeout: Duration, payload: Option<Payload>) -> Fetch {
         if !self.flow_token_blocking(timeout) {
-            return Next::Empty;
+            return Fetch::Empty;
         }
         match self.link.pop_blocking(timeout) {
-            Pop::Item(raw) => match decode_as(&self.queue, &raw, payload) {
-                Ok(message) => {
-                    self.watch_deadlines();
-                    let d = self.hand_out(message, raw);
-                    if self.flow_admits(d.settler.watch.id) {
-                        return Next::Delivery(Box::new(d));
+            Pop::Item(raw) => {
+                let decoded = match payload {
+                    Some(payload) => decode_as(&self.queue, &raw, payload).map(|message| (message, None)),
+                    None => decode_then(&self.queue, &raw, |text| {
+                        Ok(match text {
+                            std::borrow::Cow::Owned(text) => Some(text),
+                            std::borrow::Cow::Borrowed(_) => None,
+                        })
+                    }),
+                };
+                match decoded {
+                    Ok((message, decompressed)) => Fetch::Unread(Box::new(Unread { message, raw, decompressed })),
+                    Err(undecodable) => {
+                        self.flow_refund();
+                        self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
+                        Fetch::Empty
                     }
-                    // Its circuit breaker is open: back to the queue, unspent.
-                    self.flow_refund();
-                    if self.claim(&d.settler) {
-                        let tag = d.tag();
-                        self.in_background(move |this| async move {
-                            this.link.requeue(tag).await;
-                            Ok(())
-                        });
-                    }
-                    Next::Empty
                 }
-                Err(undecodable) => {
-                    self.flow_refund();
-                    self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
-                    Next::Empty
-                }
-            },
+            }
             Pop::Empty => {
                 self.flow_refund();
-                Next::Empty
+                Fetch::Empty
             }
             Pop::Closed => {
                 self.flow_refund();
-                Next::Closed
+                Fetch::Closed
             }
         }
+    }
+
+    /// Hand out a delivery whose body the caller has read as JSON
+    /// ([`Consumer::fetch_blocking`]): from here it is in flight, its
+    /// deadline running, and its [`Settler`] settles it. None when the
+    /// circuit breaker is open: it went back to the queue, unspent.
+    pub fn admit(self: &Arc<Self>, unread: Unread) -> Option<Delivery> {
+        let Unread { message, raw, .. } = unread;
+        self.watch_deadlines();
+        let d = self.hand_out(message, raw);
+        if self.flow_admits(d.settler.watch.id) {
+            return Some(d);
+        }
+        // Its circuit breaker is open: back to the queue, unspent.
+        self.flow_refund();
+        if self.claim(&d.settler) {
+            let tag = d.tag();
+            self.in_background(move |this| async move {
+                this.link.requeue(tag).await;
+                Ok(())
+            });
+        }
+        None
+    }
+
+    /// A delivery whose body is not JSON (`why`: what the caller's parser
+    /// said): dead-lettered in the background with core's reason, as
+    /// [`Consumer::fetch_blocking`] does with every other delivery that
+    /// cannot be a message. It was never handed out.
+    pub fn refuse(self: &Arc<Self>, unread: Unread, why: &dyn std::fmt::Display) {
+        let reason = crate::wire::not_json(why).reason;
+        let raw = unread.raw;
+        self.flow_refund();
+        self.in_background(move |this| async move { this.dead_letter(raw, &reason, None).await });
     }
 
     /// Like [`Consumer::next_blocking`] without waiting at all.
@@ -356,5 +459,77 @@ impl Consumer {
             w.settled.store(true, Ordering::Release);
         }
         self.link.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Props;
+    use crate::{ConsumeOptions, Topology};
+
+    /// What an adapter that builds its own values does with
+    /// [`Consumer::fetch_blocking`]: read the text, admit what parses,
+    /// refuse what does not. A bad body between good ones: the good ones are
+    /// handed out in order, the bad one is dead-lettered with the reason
+    /// core gives when it parses (and a compressed body is read
+    /// decompressed); on memory:// and, with AMQP_URL, RabbitMQ.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn fetched_bodies_are_admitted_or_refused_with_cores_reason() {
+        let mut urls = vec![format!("memory://fetch-{}", uuid::Uuid::now_v7().simple())];
+        urls.extend(std::env::var("AMQP_URL").ok());
+        for url in urls {
+            let mq = Connection::open(&url).await.unwrap();
+            let q = format!("fetch-{}", uuid::Uuid::now_v7().simple());
+            mq.apply(&Topology::new().queue(&q)).await.unwrap();
+            let mut json = Props::default();
+            json.content_type = Some("application/json".into());
+            let mut gzip = json.clone();
+            gzip.content_encoding = Some("gzip".into());
+            let bodies: [(&[u8], &Props); 4] =
+                [(br#"{"n":1}"#, &json), (b"{\"n\":2} trailing", &json), (&crate::wire::gzip(br#"{"n":3}"#), &gzip), (br#"{"n":4}"#, &json)];
+            for (body, props) in bodies {
+                mq.backend().send("", &q, body, props).await.unwrap().wait().await.unwrap();
+            }
+            let c = Arc::new(mq.consumer(&q, ConsumeOptions::default()).await.unwrap());
+            let reader = c.clone();
+            let (seen, refused) = tokio::task::spawn_blocking(move || {
+                let (mut seen, mut refused) = (Vec::new(), Vec::new());
+                while seen.len() + refused.len() < 4 {
+                    let Fetch::Unread(unread) = reader.fetch_blocking(Duration::from_secs(10)) else { continue };
+                    assert_eq!(unread.message().payload, serde_json::Value::Null, "nothing built by core");
+                    match serde_json::from_str::<serde_json::Value>(unread.text()) {
+                        Ok(v) => {
+                            let d = reader.admit(*unread).expect("no breaker: admitted");
+                            seen.push(v["n"].as_i64().unwrap());
+                            reader.accept(d);
+                        }
+                        Err(e) => {
+                            refused.push(crate::wire::not_json(&e).reason);
+                            reader.refuse(*unread, &e);
+                        }
+                    }
+                }
+                (seen, refused)
+            })
+            .await
+            .unwrap();
+            assert_eq!(seen, [1, 3, 4], "{url}");
+            let dead = {
+                let until = std::time::Instant::now() + Duration::from_secs(10);
+                loop {
+                    let dead = mq.peek_dead_letters(&q, 10).await.unwrap();
+                    if !dead.is_empty() || std::time::Instant::now() > until {
+                        break dead;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            };
+            assert_eq!(dead.len(), 1, "{url}");
+            assert_eq!(dead[0].reason.as_deref(), Some(refused[0].as_str()), "{url}");
+            assert!(refused[0].starts_with("body is not JSON (trailing characters"), "{}", refused[0]);
+            assert_eq!(c.stats().dead_lettered, 1, "{url}");
+            c.close().await;
+        }
     }
 }

@@ -37,6 +37,10 @@ RSpec.describe "interop with Bunny" do
     bodies = ['{"a\"b":"c\nd","\u00e9t\u00e9":"\ud83d\ude00","raw":"été漢字","tab\t":"\/"}',
               '{"empty":{},"list":[],"deep":[[[{"x":[-0,1e2,-3.5e-3,18446744073709551615]}]]],"dup":1,"dup":2}',
               '[1,"two",null,false,{"k":"v"}]', '"just a string"', "0", "null"]
+    # Past the 8 pairs a Hash is built from at once, repeated keys across
+    # those groups: the last value, in the first one's place.
+    many = (1..20).map { |i| %("k#{i}":#{i}) } + ['"k3":"again"', '"k12":{"k1":1,"k1":2}', '"k20":null']
+    bodies << "{#{many.join(',')}}" << "[{#{many.first(9).join(',')}}]"
     ch = @bunny.create_channel
     bodies.each { |b| ch.default_exchange.publish(b, routing_key: queue, content_type: "application/json") }
     got = Queue.new
@@ -46,6 +50,8 @@ RSpec.describe "interop with Bunny" do
     built = Array.new(bodies.size) { got.pop }
     ch.close
     expect(built).to eq(bodies.map { |b| JSON.parse(b) })
+    expect(built[-2].keys).to eq((1..20).map { |i| "k#{i}" })
+    expect(built[-2].values_at("k3", "k12", "k20")).to eq(["again", { "k1" => 2 }, nil])
     expect(built.first.keys).to eq(["a\"b", "été", "raw", "tab\t"])
     expect(built.first.keys).to all(be_frozen)
     expect(built.first["été"]).to eq("\u{1F600}")

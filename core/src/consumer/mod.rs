@@ -54,6 +54,24 @@ pub enum Fetch {
     Closed,
 }
 
+/// [`Fetch`] unboxed: what `next_blocking_as` admits at once, without the
+/// box a caller that keeps it is given.
+enum Taken {
+    Unread(Unread),
+    Empty,
+    Closed,
+}
+
+impl From<Taken> for Fetch {
+    fn from(t: Taken) -> Fetch {
+        match t {
+            Taken::Unread(unread) => Fetch::Unread(Box::new(unread)),
+            Taken::Empty => Fetch::Empty,
+            Taken::Closed => Fetch::Closed,
+        }
+    }
+}
+
 /// A delivery taken off the queue and not handed out yet: every check made
 /// but the JSON one, which its taker makes by reading [`Unread::text`].
 /// Dropped without [`Consumer::admit`] or [`Consumer::refuse`], it is never
@@ -62,20 +80,33 @@ pub enum Fetch {
 pub struct Unread {
     message: Message,
     raw: RawDelivery,
-    /// The body decompressed, when it came compressed. Kept only for a
-    /// caller that reads the body ([`Consumer::fetch_blocking`]); a
-    /// delivery whose JSON core read goes straight to [`Consumer::admit`].
-    decompressed: Option<String>,
+    /// Where its text is, for a caller that reads the body
+    /// ([`Consumer::fetch_blocking`]); a delivery whose JSON core read goes
+    /// straight to [`Consumer::admit`] and keeps none.
+    text: Text,
+}
+
+/// Where an [`Unread`]'s text is.
+#[derive(Debug)]
+enum Text {
+    /// The body itself, checked to be UTF-8.
+    Body,
+    /// The body came compressed: this, decompressed and checked.
+    Decompressed(String),
+    /// Not kept: core read the JSON.
+    None,
 }
 
 impl Unread {
     /// The body as text: UTF-8 (checked), decompressed when it came
     /// compressed. What the caller reads as JSON.
     pub fn text(&self) -> &str {
-        match &self.decompressed {
-            Some(text) => text,
-            // SAFETY: decode_then checked it is UTF-8.
-            None => unsafe { std::str::from_utf8_unchecked(&self.raw.body) },
+        match &self.text {
+            // SAFETY: `Body` is set only once decode_then has checked the
+            // body is UTF-8 (fetch_as), and the body does not change.
+            Text::Body => unsafe { std::str::from_utf8_unchecked(&self.raw.body) },
+            Text::Decompressed(text) => text,
+            Text::None => "",
         }
     }
 
@@ -302,9 +333,9 @@ impl Consumer {
     /// (see [`Payload::Checked`]).
     pub fn next_blocking_as(self: &Arc<Self>, timeout: Duration, payload: Payload) -> Next {
         match self.fetch_as(timeout, Some(payload)) {
-            Fetch::Unread(unread) => self.admit(*unread).map_or(Next::Empty, |d| Next::Delivery(Box::new(d))),
-            Fetch::Empty => Next::Empty,
-            Fetch::Closed => Next::Closed,
+            Taken::Unread(unread) => self.admit(unread).map_or(Next::Empty, |d| Next::Delivery(Box::new(d))),
+            Taken::Empty => Next::Empty,
+            Taken::Closed => Next::Closed,
         }
     }
 
@@ -317,12 +348,12 @@ impl Consumer {
     /// each body twice; this reads it once, and the same deliveries are
     /// refused for the same reasons, worded the same.
     pub fn fetch_blocking(self: &Arc<Self>, timeout: Duration) -> Fetch {
-        self.fetch_as(timeout, None)
+        self.fetch_as(timeout, None).into()
     }
 
     /// [`Consumer::fetch_blocking`] without waiting at all.
     pub fn try_fetch(self: &Arc<Self>) -> Fetch {
-        self.fetch_as(Duration::ZERO, None)
+        self.fetch_as(Duration::ZERO, None).into()
     }
 
     /// The next delivery off the buffer, decoded (its payload read as
@@ -331,37 +362,37 @@ impl Consumer {
     /// is (see [`Consumer::settle_later`]): the calling thread (a Ruby
     /// thread holding the GVL) never waits on the broker for it, and a copy
     /// that fails reaches [`Consumer::take_errors`].
-    fn fetch_as(self: &Arc<Self>, timeout: Duration, payload: Option<Payload>) -> Fetch {
+    fn fetch_as(self: &Arc<Self>, timeout: Duration, payload: Option<Payload>) -> Taken {
         if !self.flow_token_blocking(timeout) {
-            return Fetch::Empty;
+            return Taken::Empty;
         }
         match self.link.pop_blocking(timeout) {
             Pop::Item(raw) => {
                 let decoded = match payload {
-                    Some(payload) => decode_as(&self.queue, &raw, payload).map(|message| (message, None)),
+                    Some(payload) => decode_as(&self.queue, &raw, payload).map(|message| (message, Text::None)),
                     None => decode_then(&self.queue, &raw, |text| {
                         Ok(match text {
-                            std::borrow::Cow::Owned(text) => Some(text),
-                            std::borrow::Cow::Borrowed(_) => None,
+                            std::borrow::Cow::Owned(text) => Text::Decompressed(text),
+                            std::borrow::Cow::Borrowed(_) => Text::Body,
                         })
                     }),
                 };
                 match decoded {
-                    Ok((message, decompressed)) => Fetch::Unread(Box::new(Unread { message, raw, decompressed })),
+                    Ok((message, text)) => Taken::Unread(Unread { message, raw, text }),
                     Err(undecodable) => {
                         self.flow_refund();
                         self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
-                        Fetch::Empty
+                        Taken::Empty
                     }
                 }
             }
             Pop::Empty => {
                 self.flow_refund();
-                Fetch::Empty
+                Taken::Empty
             }
             Pop::Closed => {
                 self.flow_refund();
-                Fetch::Closed
+                Taken::Closed
             }
         }
     }

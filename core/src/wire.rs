@@ -482,6 +482,30 @@ pub(crate) fn decode_then<T>(
     raw: &RawDelivery,
     read: impl FnOnce(std::borrow::Cow<'_, str>) -> Result<T, Undecodable>,
 ) -> Result<(Message, T), Undecodable> {
+    let (mut message, read) = decode_bare(raw, read)?;
+    message.delivery = delivery_info(queue, raw);
+    Ok((message, read))
+}
+
+/// Where `raw` came from, as a message carries it: copies of its names and
+/// properties (the delivery keeps its own, for the copies settling makes).
+pub(crate) fn delivery_info(queue: &str, raw: &RawDelivery) -> DeliveryInfo {
+    DeliveryInfo {
+        queue: queue.to_owned(),
+        exchange: raw.exchange.clone(),
+        routing_key: raw.routing_key.clone(),
+        redelivered: raw.redelivered,
+        properties: raw.props.clone(),
+    }
+}
+
+/// [`decode_then`] leaving the message's `delivery` empty (default): for a
+/// caller that reads it off the delivery itself, or fills it in later
+/// ([`delivery_info`]).
+pub(crate) fn decode_bare<T>(
+    raw: &RawDelivery,
+    read: impl FnOnce(std::borrow::Cow<'_, str>) -> Result<T, Undecodable>,
+) -> Result<(Message, T), Undecodable> {
     if let Some(what) = raw.props.header(MALFORMED_HEADER) {
         // Its values are not what the publisher sent: handling it as if
         // they were would key the idempotent consumer on a repaired id, and
@@ -520,17 +544,7 @@ pub(crate) fn decode_then<T>(
         }
     };
     let read = read(text)?;
-    let message = Message {
-        payload: Value::Null,
-        envelope: envelope_of(&raw.props),
-        delivery: DeliveryInfo {
-            queue: queue.to_owned(),
-            exchange: raw.exchange.clone(),
-            routing_key: raw.routing_key.clone(),
-            redelivered: raw.redelivered,
-            properties: raw.props.clone(),
-        },
-    };
+    let message = Message { payload: Value::Null, envelope: envelope_of(&raw.props), delivery: DeliveryInfo::default() };
     Ok((message, read))
 }
 

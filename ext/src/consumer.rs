@@ -21,13 +21,16 @@ fn closed(ruby: &Ruby) -> Error {
 #[magnus::wrap(class = "AceMQ::AMQP::NativeConsumer", free_immediately, size)]
 pub struct RbConsumer {
     inner: Arc<Consumer>,
+    /// Its queue's name, which each of its deliveries shares.
+    queue: Arc<str>,
 }
 
 impl RbConsumer {
     pub(crate) fn new(consumer: Consumer) -> Self {
         let inner = Arc::new(consumer);
         inner.watch_deadlines();
-        RbConsumer { inner }
+        let queue = Arc::from(inner.queue());
+        RbConsumer { inner, queue }
     }
 
     /// A delivery as the Ruby object a handler's Message reads. Its body is
@@ -46,8 +49,10 @@ impl RbConsumer {
                 return None;
             }
         };
-        let (message, settler) = self.inner.admit(unread)?.into_parts();
-        let delivery = RbDelivery::handed_out(message, settler, payload).into_value_with(ruby);
+        // Where it came from is read off the delivery's body (NativeDelivery
+        // #exchange and the rest), not copied into the message.
+        let (message, settler) = self.inner.admit_lean(unread)?.into_parts();
+        let delivery = RbDelivery::handed_out(message, settler, payload, self.queue.clone()).into_value_with(ruby);
         // The payload lived only on this stack (and in the delivery's
         // struct, which Ruby marks once it is an object) until here.
         std::hint::black_box(payload);

@@ -19,17 +19,23 @@ use magnus::typed_data::DataTypeFunctions;
 use magnus::value::Opaque;
 use magnus::{method, prelude::*, Error, RHash, RModule, Ruby, Value};
 use std::cell::Cell;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 #[derive(magnus::TypedData)]
 #[magnus(class = "AceMQ::AMQP::NativeDelivery", free_immediately, size, mark)]
 pub struct RbDelivery {
     tag: u64,
+    /// Its payload (unread: the extension builds its own) and envelope. Its
+    /// `delivery` is empty for a consumer's (`Consumer::admit_lean`): where
+    /// it came from is read off `body`, and `queue`.
     message: Message,
     /// The body as it arrived (shared with the delivery core settles, not
     /// copied): built again only for a payload `_next` left to its first
-    /// read (`json::Built::Later`), and for a reply's.
+    /// read (`json::Built::Later`), and for a reply's. Also its exchange,
+    /// routing key and properties.
     body: Body,
+    /// The queue it was consumed from (its consumer's, shared).
+    queue: Arc<str>,
     /// What settles it, until it is settled (None after, and for a reply,
     /// which nothing settles): the delivery in flight is held here and
     /// nowhere else in the extension.
@@ -56,17 +62,19 @@ impl DataTypeFunctions for RbDelivery {
 impl RbDelivery {
     /// A message no consumer handed out (a reply): nothing to settle.
     pub(crate) fn new(tag: u64, message: Message, body: Body) -> Self {
-        RbDelivery { tag, message, body, settler: Mutex::new(None), payload_read: Cell::new(None), read: Cell::new(None) }
+        let queue = Arc::from(message.delivery.queue.as_str());
+        RbDelivery { tag, message, body, queue, settler: Mutex::new(None), payload_read: Cell::new(None), read: Cell::new(None) }
     }
 
     /// A consumer's delivery: the message for its readers, its payload as
     /// built from the body (None: built when first read), the settler for
     /// `_settle`. The caller keeps `payload` on its stack until this is a
     /// Ruby object, which marks it from then on.
-    pub(crate) fn handed_out(message: Message, settler: Settler, payload: Option<Value>) -> Self {
+    pub(crate) fn handed_out(message: Message, settler: Settler, payload: Option<Value>, queue: Arc<str>) -> Self {
         RbDelivery {
             tag: settler.tag(),
             body: settler.shared_body(),
+            queue,
             message,
             settler: Mutex::new(Some(settler)),
             payload_read: Cell::new(payload.map(Opaque::from)),
@@ -97,7 +105,7 @@ impl RbDelivery {
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
     /// object every call: Message keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
-        let props = &rb_self.message.delivery.properties;
+        let props = rb_self.body.properties();
         if props.content_encoding.is_some() {
             // gzip or deflate: core has read it decompressed; so does this
             // (never an error: core hands a delivery out only once it reads).
@@ -158,14 +166,14 @@ impl RbDelivery {
     /// The application headers (no `x-acemq-*` envelope ones), a new Hash.
     fn headers(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
         let h = crate::json::map_to_ruby(ruby, &rb_self.message.envelope.headers)?;
-        binary_headers(ruby, &rb_self.message.delivery.properties, h)
+        binary_headers(ruby, rb_self.body.properties(), h)
     }
 
     /// Every AMQP property as a Hash of Symbol to value (nil where unset),
     /// `headers` with every header as it arrived, the envelope's included.
     /// lib/acemq/amqp/properties.rb makes it an `AceMQ::AMQP::Properties`.
     fn properties(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
-        let p = &rb_self.message.delivery.properties;
+        let p = rb_self.body.properties();
         let h = ruby.hash_new();
         h.aset(ruby.to_symbol("content_type"), p.content_type.as_deref())?;
         h.aset(ruby.to_symbol("content_encoding"), p.content_encoding.as_deref())?;
@@ -186,19 +194,19 @@ impl RbDelivery {
     }
 
     fn queue(&self) -> String {
-        self.message.delivery.queue.clone()
+        self.queue.to_string()
     }
 
     fn exchange(&self) -> String {
-        self.message.delivery.exchange.clone()
+        self.body.exchange().to_owned()
     }
 
     fn routing_key(&self) -> String {
-        self.message.delivery.routing_key.clone()
+        self.body.routing_key().to_owned()
     }
 
     fn redelivered(&self) -> bool {
-        self.message.delivery.redelivered
+        self.body.redelivered()
     }
 }
 

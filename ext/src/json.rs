@@ -177,16 +177,48 @@ impl<'de> serde::de::DeserializeSeed<'de> for RubySeed<'_, '_> {
 // they are returned, where Ruby's GC sees them.
 
 /// A String of `s`, UTF-8 (serde_json has checked it is).
+///
+/// Made as `rb_utf8_str_new` makes it, a binary String then given UTF-8,
+/// but with the encoding's index written into the new String's flags
+/// directly (Ruby's own `ENCODING_SET_INLINED`): `rb_enc_associate_index`
+/// first checks that the String is not frozen, looks up both encodings and
+/// compares them, which for a payload's 7 Strings was about 900
+/// instructions a message (callgrind). Its code range is left unknown, as
+/// `rb_utf8_str_new` leaves it.
 fn rstring(s: &str) -> rb_sys::VALUE {
-    // SAFETY: called with the GVL held (a handler's thread, reading its payload).
-    unsafe { rb_sys::rb_utf8_str_new(s.as_ptr().cast(), s.len() as _) }
+    // SAFETY: called with the GVL held (a handler's thread, reading its
+    // payload); the String was made just now, by this thread, and nothing
+    // else has seen it.
+    unsafe {
+        let string = rb_sys::rb_str_new(s.as_ptr().cast(), s.len() as _);
+        let basic = string as *mut rb_sys::RBasic;
+        (*basic).flags = ((*basic).flags & !ENCODING_MASK) | utf8_flag();
+        string
+    }
+}
+
+/// Where a String's flags keep its encoding's index, when it is one of
+/// the first 127 (UTF-8 is the second, index 1, in every Ruby since 2.0).
+const ENCODING_MASK: rb_sys::VALUE = rb_sys::ruby_encoding_consts::RUBY_ENCODING_MASK as rb_sys::VALUE;
+
+/// UTF-8's index, in place in a String's flags.
+fn utf8_flag() -> rb_sys::VALUE {
+    static FLAG: std::sync::OnceLock<rb_sys::VALUE> = std::sync::OnceLock::new();
+    *FLAG.get_or_init(|| {
+        // SAFETY: a lookup in Ruby's table of encodings, GVL held.
+        let index = unsafe { rb_sys::rb_utf8_encindex() };
+        assert!((0..rb_sys::ruby_encoding_consts::RUBY_ENCODING_INLINE_MAX as i32).contains(&index));
+        (index as rb_sys::VALUE) << rb_sys::ruby_encoding_consts::RUBY_ENCODING_SHIFT as u32
+    })
 }
 
 /// A Hash key: the frozen, deduplicated String Ruby keeps for that text
 /// (what `Hash#[]=` would make of a String key anyway, here without
 /// allocating one first when the same key was seen before).
 fn rkey(s: &str, place: usize) -> rb_sys::VALUE {
-    KEYS.lock().unwrap_or_else(|p| p.into_inner()).get(s, place)
+    // SAFETY: only ever called with the GVL held (a payload being built),
+    // and `get` does not call back into here.
+    unsafe { (*KEYS.0.get()).get(s, place) }
 }
 
 /// The keys interned so far, by their text. A payload's keys are the same
@@ -226,8 +258,24 @@ const KEY_TEXT: usize = 64;
 /// given type has the same ones each time.
 const KEY_PLACES: usize = 64;
 
-static KEYS: std::sync::Mutex<Keys> =
-    std::sync::Mutex::new(Keys { slots: Vec::new(), index: None, texts: Vec::new(), places: Vec::new() });
+/// The table, behind the GVL rather than a lock of its own: every payload
+/// is built with the GVL held, so no two builds meet here, and a Mutex
+/// taken for each key was some 40 instructions a key, 500 a message
+/// (callgrind). Nor can an exception Ruby raises mid-lookup (NoMemoryError
+/// from interning), which unwinds past Rust frames without running them,
+/// leave a lock held behind it.
+static KEYS: GvlCell = GvlCell(std::cell::UnsafeCell::new(Keys {
+    slots: Vec::new(),
+    index: None,
+    texts: Vec::new(),
+    places: Vec::new(),
+}));
+
+struct GvlCell(std::cell::UnsafeCell<Keys>);
+
+// SAFETY: read and written only with the GVL held ([`rkey`]), which admits
+// one thread at a time.
+unsafe impl Sync for GvlCell {}
 
 impl Keys {
     /// The key `s`, read as the `place`th key of its payload.
@@ -271,10 +319,6 @@ impl Keys {
     }
 }
 
-// SAFETY: the VALUEs are only read or written with the GVL held (while a
-// payload is built), which the Mutex around them does not replace but makes
-// the table shareable as a static.
-unsafe impl Send for Keys {}
 
 fn value(raw: rb_sys::VALUE) -> Value {
     use magnus::rb_sys::FromRawValue;

@@ -66,6 +66,28 @@ impl Body {
     pub(crate) fn of(raw: RawDelivery) -> Body {
         Body(Arc::new(raw))
     }
+
+    /// The exchange its message was published to (empty: the default one).
+    pub fn exchange(&self) -> &str {
+        &self.0.exchange
+    }
+
+    /// The routing key its message was published with.
+    pub fn routing_key(&self) -> &str {
+        &self.0.routing_key
+    }
+
+    /// Whether the broker had delivered it before.
+    pub fn redelivered(&self) -> bool {
+        self.0.redelivered
+    }
+
+    /// Every AMQP property it arrived with, as
+    /// [`DeliveryInfo::properties`](crate::DeliveryInfo::properties) has
+    /// them: what a caller of [`Consumer::admit_lean`] reads.
+    pub fn properties(&self) -> &crate::wire::Props {
+        &self.0.props
+    }
 }
 
 impl std::fmt::Debug for Body {

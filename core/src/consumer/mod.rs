@@ -10,7 +10,7 @@ use crate::topology::QueueType;
 use crate::transport::Link;
 use crate::transport::queue::Pop;
 use crate::message::Message;
-use crate::wire::{decode, decode_as, decode_then, Payload, RawDelivery};
+use crate::wire::{decode, decode_as, decode_bare, Payload, RawDelivery};
 use deadline::Watchlist;
 use delivery::CONSUMER_IDS;
 use ladder::ladder;
@@ -102,7 +102,7 @@ impl Unread {
     /// compressed. What the caller reads as JSON.
     pub fn text(&self) -> &str {
         match &self.text {
-            // SAFETY: `Body` is set only once decode_then has checked the
+            // SAFETY: `Body` is set only once decode_bare has checked the
             // body is UTF-8 (fetch_as), and the body does not change.
             Text::Body => unsafe { std::str::from_utf8_unchecked(&self.raw.body) },
             Text::Decompressed(text) => text,
@@ -110,7 +110,9 @@ impl Unread {
         }
     }
 
-    /// The message: its payload is `Null` until the caller builds its own.
+    /// The message: its payload is `Null` until the caller builds its own,
+    /// and its `delivery` (where it came from) is filled in by
+    /// [`Consumer::admit`].
     pub fn message(&self) -> &Message {
         &self.message
     }
@@ -370,7 +372,9 @@ impl Consumer {
             Pop::Item(raw) => {
                 let decoded = match payload {
                     Some(payload) => decode_as(&self.queue, &raw, payload).map(|message| (message, Text::None)),
-                    None => decode_then(&self.queue, &raw, |text| {
+                    // Where it came from is filled in when it is admitted,
+                    // and only for a caller that reads it there (`admit`).
+                    None => decode_bare(&raw, |text| {
                         Ok(match text {
                             std::borrow::Cow::Owned(text) => Text::Decompressed(text),
                             std::borrow::Cow::Borrowed(_) => Text::Body,
@@ -401,7 +405,20 @@ impl Consumer {
     /// ([`Consumer::fetch_blocking`]): from here it is in flight, its
     /// deadline running, and its [`Settler`] settles it. None when the
     /// circuit breaker is open: it went back to the queue, unspent.
-    pub fn admit(self: &Arc<Self>, unread: Unread) -> Option<Delivery> {
+    pub fn admit(self: &Arc<Self>, mut unread: Unread) -> Option<Delivery> {
+        unread.message.delivery = crate::wire::delivery_info(&self.queue, &unread.raw);
+        self.admit_lean(unread)
+    }
+
+    /// [`Consumer::admit`] for an adapter that reads where a delivery came
+    /// from off the delivery itself ([`Body::exchange`], [`Body::properties`]
+    /// and the rest, through [`Delivery::shared_body`]) rather than from
+    /// the message: the message's `delivery` is left empty
+    /// ([`DeliveryInfo::default`](crate::DeliveryInfo)). The Ruby
+    /// extension's: a message's copy of the properties and names was six
+    /// allocations a delivery, made and freed unread by a handler that
+    /// reads only the payload.
+    pub fn admit_lean(self: &Arc<Self>, unread: Unread) -> Option<Delivery> {
         let Unread { message, raw, .. } = unread;
         self.watch_deadlines();
         let d = self.hand_out(message, raw);

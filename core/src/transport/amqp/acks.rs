@@ -33,8 +33,16 @@ pub(super) struct AckInner {
     pub(super) floor: u64,
     /// Settled tags above the floor.
     pub(super) settled: BTreeSet<u64>,
-    /// Settled by acceptance and not yet acknowledged on the wire.
+    /// Settled by acceptance and not yet acknowledged on the wire, below
+    /// or at the floor when accepted: the highest of them (0: none). In
+    /// order, the common case, every acceptance lands here, and one
+    /// `multiple` ack up to it covers them all (a BTreeSet insert and pop a
+    /// tag was a third of what accepting cost, callgrind).
+    pub(super) run: u64,
+    /// Settled by acceptance beyond a gap, not yet acknowledged.
     pub(super) pending: BTreeSet<u64>,
+    /// How many acceptances wait: those up to `run` and those in `pending`.
+    count: usize,
     pub(super) closing: bool,
     /// The flusher's clock is running: whatever is pending when it runs out
     /// goes on the wire then, so an acceptance need not wake it.
@@ -61,6 +69,34 @@ impl AckInner {
             self.settled.pop_first();
             self.floor += 1;
         }
+    }
+
+    /// `tag` is settled by acceptance, to be acknowledged.
+    fn accepted(&mut self, tag: u64) {
+        self.settle(tag);
+        if tag <= self.floor {
+            self.run = self.run.max(tag);
+        } else {
+            self.pending.insert(tag);
+        }
+        self.count += 1;
+    }
+
+    /// What goes on the wire now: the `multiple` ack (the highest pending
+    /// tag at or below the floor) and single acks for those beyond a gap.
+    /// Nothing is pending afterwards.
+    fn take_due(&mut self) -> (Option<u64>, BTreeSet<u64>) {
+        self.oldest = None;
+        self.count = 0;
+        let mut multiple = std::mem::take(&mut self.run);
+        while let Some(&t) = self.pending.first() {
+            if t > self.floor {
+                break;
+            }
+            self.pending.pop_first();
+            multiple = multiple.max(t);
+        }
+        ((multiple > 0).then_some(multiple), std::mem::take(&mut self.pending))
     }
 }
 
@@ -108,20 +144,11 @@ impl AckState {
     /// frames, since a `multiple` ack below one already sent names a tag
     /// the broker no longer knows, and it closes the channel for that.
     fn flush(&self, g: &mut AckInner) {
-        g.oldest = None;
-        let floor = g.floor;
-        let mut multiple = None;
-        while let Some(&t) = g.pending.first() {
-            if t > floor {
-                break;
-            }
-            g.pending.pop_first();
-            multiple = Some(t);
-        }
+        let (multiple, singles) = g.take_due();
         if let Some(tag) = multiple {
             send_now(self.channel.basic_ack(tag, BasicAckOptions { multiple: true }));
         }
-        for tag in std::mem::take(&mut g.pending) {
+        for tag in singles {
             send_now(self.channel.basic_ack(tag, BasicAckOptions { multiple: false }));
         }
     }
@@ -136,11 +163,10 @@ impl AckState {
         if g.closing {
             return;
         }
-        g.settle(tag);
-        g.pending.insert(tag);
+        g.accepted(tag);
         let now = Instant::now();
         let oldest = *g.oldest.get_or_insert(now);
-        if g.pending.len() >= self.batch || now.duration_since(oldest) >= MAX_ACK_DELAY {
+        if g.count >= self.batch || now.duration_since(oldest) >= MAX_ACK_DELAY {
             self.flush(&mut g);
         } else if !g.armed {
             // The first of a batch starts the clock; the rest find it running.
@@ -164,6 +190,8 @@ impl AckState {
         let mut g = self.lock();
         g.closing = true;
         g.pending.clear();
+        g.run = 0;
+        g.count = 0;
         drop(g);
         self.notify.notify_one();
     }
@@ -248,5 +276,49 @@ mod tests {
         // Settling the gap moves the floor past what it held back.
         g.settle(3);
         assert_eq!((g.floor, g.settled.len()), (4, 0));
+    }
+
+    #[test]
+    fn acceptances_in_order_go_out_as_one_multiple_ack() {
+        let mut g = AckInner::default();
+        for tag in 1..=50 {
+            g.accepted(tag);
+        }
+        assert_eq!(g.count, 50);
+        assert!(g.pending.is_empty(), "in order, nothing is kept tag by tag");
+        assert_eq!(g.take_due(), (Some(50), Default::default()));
+        assert_eq!((g.count, g.run), (0, 0));
+        assert_eq!(g.take_due(), (None, Default::default()), "nothing twice");
+    }
+
+    #[test]
+    fn an_acceptance_beyond_a_gap_is_acknowledged_alone_until_the_gap_is_settled() {
+        let mut g = AckInner::default();
+        g.accepted(1);
+        g.accepted(3); // 2 is still with its handler
+        assert_eq!(g.take_due(), (Some(1), [3].into()), "3 alone: a multiple ack would take 2 with it");
+        // 2 is put back on the queue (settled, not accepted): the floor
+        // moves past 3, already acknowledged, and nothing is due.
+        g.settle(2);
+        assert_eq!(g.floor, 3);
+        assert_eq!(g.take_due(), (None, Default::default()));
+        // A tag held back by a gap that is then accepted, before a flush:
+        // one multiple ack covers both once the floor reaches them.
+        g.accepted(5);
+        g.accepted(4);
+        assert_eq!(g.count, 2);
+        assert_eq!(g.take_due(), (Some(5), Default::default()));
+    }
+
+    #[test]
+    fn a_requeued_tag_below_the_run_is_covered_by_nothing_new() {
+        // 1 accepted, 2 requeued (nack sent at once), 3 accepted: the
+        // multiple ack names 3, and 2, already nacked, is no longer the
+        // broker's to acknowledge.
+        let mut g = AckInner::default();
+        g.accepted(1);
+        g.settle(2);
+        g.accepted(3);
+        assert_eq!(g.take_due(), (Some(3), Default::default()));
     }
 }

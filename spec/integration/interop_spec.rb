@@ -56,6 +56,11 @@ RSpec.describe "interop with Bunny" do
     expect(built.first.keys).to all(be_frozen)
     expect(built.first["été"]).to eq("\u{1F600}")
     expect(built.first.values.map(&:encoding)).to all(eq(Encoding::UTF_8))
+    # The encoding is set without Ruby's own call (ext/src/json.rs,
+    # rstring): what Ruby works out of the text must still hold.
+    expect(built.first.values).to all(be_valid_encoding)
+    expect(built.first.values.map(&:ascii_only?)).to eq([true, false, false, true])
+    expect(built.first.values.map(&:length)).to eq([3, 1, 5, 1])
     # Values are the handler's to change, as JSON.parse's are.
     expect(built.first.values.none?(&:frozen?)).to be(true)
   end

@@ -146,19 +146,26 @@ pub fn publish_span(exchange: &str, routing_key: &str, envelope: &Envelope) -> S
 /// `delivery_tag`. `acemq.outcome` is recorded when it is settled.
 pub fn process_span(message: &Message, delivery_tag: u64) -> Span {
     let d = &message.delivery;
+    process_span_from(&d.queue, &d.exchange, &d.routing_key, message, delivery_tag)
+}
+
+/// [`process_span`] with where the delivery came from given apart from the
+/// message: a consumer's hand-out reads it off the delivery, since a message
+/// admitted lean (`Consumer::admit_lean`, the Ruby extension's) carries none.
+pub(crate) fn process_span_from(queue: &str, exchange: &str, routing_key: &str, message: &Message, delivery_tag: u64) -> Span {
     tracing::info_span!(
         target: "acemq",
         "process",
-        otel.name = %format_args!("process {}", d.queue),
+        otel.name = %format_args!("process {queue}"),
         otel.kind = "consumer",
         messaging.system = "rabbitmq",
         messaging.operation.type = "process",
         messaging.operation.name = "process",
-        messaging.destination.name = d.exchange.as_str(),
-        messaging.rabbitmq.destination.routing_key = d.routing_key.as_str(),
+        messaging.destination.name = exchange,
+        messaging.rabbitmq.destination.routing_key = routing_key,
         messaging.rabbitmq.message.delivery_tag = delivery_tag,
         messaging.message.id = message.envelope.id.as_str(),
-        acemq.queue = d.queue.as_str(),
+        acemq.queue = queue,
         acemq.attempt = message.envelope.attempt,
         acemq.traceparent = traceparent_of(&message.envelope.headers),
         acemq.outcome = tracing::field::Empty,

@@ -254,3 +254,45 @@ async fn publish_and_process_are_spans_with_the_messaging_attributes() {
         mq.close().await;
     }
 }
+
+/// The Ruby extension's path: a delivery fetched and admitted lean carries
+/// no copy of where it came from in its message, and its process span is
+/// still named from the delivery itself.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_delivery_admitted_lean_reads_where_it_came_from_off_its_body_and_names_its_span_from_it() {
+    let r = recorder();
+    for mq in transports().await {
+        let q = unique("lean");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let env = mq.publish(&json!({"n": 3}), &q, traced()).await.unwrap();
+        let c = Arc::new(mq.consumer(&q, ConsumeOptions::default()).await.unwrap());
+        let reader = c.clone();
+        let d = tokio::task::spawn_blocking(move || loop {
+            if let acemq::Fetch::Unread(unread) = reader.fetch_blocking(Duration::from_secs(10)) {
+                assert_eq!(unread.message().delivery, acemq::DeliveryInfo::default(), "filled in by admit, not before");
+                break reader.admit_lean(*unread).expect("no circuit breaker");
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(d.message.delivery, acemq::DeliveryInfo::default(), "admitted lean: no copy in the message");
+        let body = d.shared_body();
+        assert_eq!((body.exchange(), body.routing_key(), body.redelivered()), ("", q.as_str(), false));
+        assert_eq!(body.properties().content_type.as_deref(), Some("application/json"));
+        assert_eq!(body.properties().message_id.as_deref(), Some(env.id.as_str()));
+        let spans = spans_with(r, "process", "messaging.message.id", &env.id);
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        let f = &spans[0].fields;
+        for (k, v) in [
+            ("otel.name", format!("process {q}").as_str()),
+            ("messaging.destination.name", ""),
+            ("messaging.rabbitmq.destination.routing_key", q.as_str()),
+            ("acemq.queue", q.as_str()),
+        ] {
+            assert_eq!(f.get(k).map(String::as_str), Some(v), "process {k}: {f:?}");
+        }
+        c.settle(d, Outcome::Ack(Ack::accept())).await.unwrap();
+        c.close().await;
+        mq.close().await;
+    }
+}

@@ -196,7 +196,7 @@ impl Consumer {
         });
         let raw = Arc::new(raw);
         self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
-        let span = crate::trace::process_span(&message, raw.tag);
+        let span = crate::trace::process_span_from(&self.queue, &raw.exchange, &raw.routing_key, &message, raw.tag);
         let settler = Settler { consumer: self.id, attempt: message.envelope.attempt, raw, watch, span };
         Delivery { message, settler }
     }

@@ -176,13 +176,19 @@ fn spans_with(r: &Recorder, name: &str, key: &str, value: &str) -> Vec<Recorded>
     r.spans.lock().unwrap().values().filter(|s| s.name == name && s.fields.get(key).map(String::as_str) == Some(value)).cloned().collect()
 }
 
+/// A queue of its own, and one message on it carrying the trace context.
+async fn traced_on_a_new_queue(mq: &Connection, name: &str) -> (String, acemq::Envelope) {
+    let q = unique(name);
+    mq.apply(&Topology::new().queue(&q)).await.unwrap();
+    let env = mq.publish(&json!({"n": 1}), &q, traced()).await.unwrap();
+    (q, env)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn publish_and_process_are_spans_with_the_messaging_attributes() {
     let r = recorder();
     for mq in transports().await {
-        let q = unique("spans");
-        mq.apply(&Topology::new().queue(&q)).await.unwrap();
-        let env = mq.publish(&json!({"n": 1}), &q, traced()).await.unwrap();
+        let (q, env) = traced_on_a_new_queue(&mq, "spans").await;
         let published = spans_with(r, "publish", "messaging.message.id", &env.id);
         assert_eq!(published.len(), 1, "{published:?}");
         let f = &published[0].fields;
@@ -262,9 +268,7 @@ async fn publish_and_process_are_spans_with_the_messaging_attributes() {
 async fn a_delivery_admitted_lean_reads_where_it_came_from_off_its_body_and_names_its_span_from_it() {
     let r = recorder();
     for mq in transports().await {
-        let q = unique("lean");
-        mq.apply(&Topology::new().queue(&q)).await.unwrap();
-        let env = mq.publish(&json!({"n": 3}), &q, traced()).await.unwrap();
+        let (q, env) = traced_on_a_new_queue(&mq, "lean").await;
         let c = Arc::new(mq.consumer(&q, ConsumeOptions::default()).await.unwrap());
         let reader = c.clone();
         let d = tokio::task::spawn_blocking(move || loop {

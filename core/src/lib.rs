@@ -59,6 +59,7 @@ mod wire;
 
 pub mod events;
 pub mod idempotency;
+pub mod json_read;
 pub mod limits;
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -121,7 +121,15 @@ pub enum Built {
 /// A body into Ruby objects, or what the parser said when it is not JSON:
 /// the one read of a consumed delivery's body (core's
 /// `Consumer::fetch_blocking`), check and build in one pass.
+///
+/// Read by core's `json_read` first ([`Objects`]); what that leaves (text
+/// that is not JSON, and the few kinds of JSON it does not take) is read by
+/// serde_json, which builds the same objects or says what is wrong.
 pub fn build(ruby: &Ruby, body: &str) -> Result<Built, serde_json::Error> {
+    let mut state = Build { ruby, saw_float: false, keys: 0 };
+    if let Some(v) = acemq::json_read::read(body, &mut Objects(&mut state)) {
+        return Ok(if state.saw_float && long_number(body.as_bytes()) { Built::Later } else { Built::Value(value(v)) });
+    }
     let mut state = Build { ruby, saw_float: false, keys: 0 };
     let mut de = serde_json::Deserializer::from_str(body);
     let v = serde::de::DeserializeSeed::deserialize(RubySeed(&mut state), &mut de)?;
@@ -417,6 +425,82 @@ impl<'de> serde::de::Visitor<'de> for RubySeed<'_, '_> {
         }
         std::hint::black_box(&pairs);
         Ok(value(h))
+    }
+}
+
+/// core's `json_read` building Ruby objects, as [`RubySeed`] builds them
+/// from serde_json (the same Strings, keys, Integers, Floats, and Hashes
+/// filled [`PAIRS`] pairs at a time). Objects not yet in their Array or
+/// Hash live on this thread's stack, where Ruby's GC sees them.
+struct Objects<'a, 'r>(&'a mut Build<'r>);
+
+/// A Hash being filled, with the pairs not yet inserted.
+struct Pairs {
+    hash: rb_sys::VALUE,
+    pairs: [rb_sys::VALUE; 2 * PAIRS],
+    len: usize,
+}
+
+impl Pairs {
+    fn flush(&mut self) {
+        if self.len > 0 {
+            // SAFETY: a fresh, unfrozen Hash, frozen String keys, an even
+            // count; the GVL is held.
+            unsafe { rb_sys::rb_hash_bulk_insert(self.len as _, self.pairs.as_ptr(), self.hash) };
+            self.len = 0;
+        }
+    }
+}
+
+impl acemq::json_read::Builder for Objects<'_, '_> {
+    type Value = rb_sys::VALUE;
+    type Key = rb_sys::VALUE;
+    type Array = rb_sys::VALUE;
+    type Object = Pairs;
+    fn null(&mut self) -> rb_sys::VALUE {
+        raw(self.0.ruby.qnil().as_value())
+    }
+    fn bool(&mut self, b: bool) -> rb_sys::VALUE {
+        raw(b.into_value_with(self.0.ruby))
+    }
+    fn int(&mut self, i: i64) -> rb_sys::VALUE {
+        raw(i.into_value_with(self.0.ruby))
+    }
+    fn float(&mut self, f: f64) -> rb_sys::VALUE {
+        self.0.saw_float = true;
+        raw(f.into_value_with(self.0.ruby))
+    }
+    fn string(&mut self, s: &str) -> rb_sys::VALUE {
+        rstring(s)
+    }
+    fn key(&mut self, s: &str, place: usize) -> rb_sys::VALUE {
+        rkey(s, place)
+    }
+    fn array(&mut self) -> rb_sys::VALUE {
+        raw(self.0.ruby.ary_new().as_value())
+    }
+    fn push(&mut self, array: &mut rb_sys::VALUE, v: rb_sys::VALUE) {
+        // SAFETY: a fresh, unfrozen Array; the GVL is held.
+        unsafe { rb_sys::rb_ary_push(*array, v) };
+    }
+    fn end_array(&mut self, array: rb_sys::VALUE) -> rb_sys::VALUE {
+        array
+    }
+    fn object(&mut self) -> Pairs {
+        Pairs { hash: raw(self.0.ruby.hash_new().as_value()), pairs: [0; 2 * PAIRS], len: 0 }
+    }
+    fn insert(&mut self, object: &mut Pairs, k: rb_sys::VALUE, v: rb_sys::VALUE) {
+        object.pairs[object.len] = k;
+        object.pairs[object.len + 1] = v;
+        object.len += 2;
+        if object.len == object.pairs.len() {
+            object.flush();
+        }
+    }
+    fn end_object(&mut self, mut object: Pairs) -> rb_sys::VALUE {
+        object.flush();
+        std::hint::black_box(&object.pairs);
+        object.hash
     }
 }
 

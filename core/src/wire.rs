@@ -354,10 +354,13 @@ pub struct Undecodable {
 /// `application/octet-stream` (Bunny's default, which means "nobody said"),
 /// is tried as JSON: most clients publish that way unless told otherwise.
 fn json_content_type(ct: &str) -> bool {
-    let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    base == CONTENT_TYPE
-        || base == "application/octet-stream"
-        || (base.starts_with("application/") && base.ends_with("+json"))
+    // Compared without case and without a lowercased copy: this runs for
+    // every delivery.
+    let base = ct.split(';').next().unwrap_or("").trim().as_bytes();
+    let is = |s: &str| base.eq_ignore_ascii_case(s.as_bytes());
+    let starts = |s: &str| base.len() >= s.len() && base[..s.len()].eq_ignore_ascii_case(s.as_bytes());
+    let ends = |s: &str| base.len() >= s.len() && base[base.len() - s.len()..].eq_ignore_ascii_case(s.as_bytes());
+    is(CONTENT_TYPE) || is("application/octet-stream") || (starts("application/") && ends("+json"))
 }
 
 /// How a delivery's JSON body is read when it becomes a [`Message`].
@@ -587,6 +590,14 @@ mod tests {
         assert!(decode("q", &raw("{}", Some("application/json; charset=utf-8"))).is_ok());
         assert!(decode("q", &raw("{}", Some("application/octet-stream"))).is_ok());
         assert!(decode("q", &raw("nope", Some("application/octet-stream"))).is_err());
+        // Without case, around spaces and parameters; a suffix or prefix is
+        // not the type.
+        for ct in ["APPLICATION/JSON ; x", " Application/Vnd.Acme+JSON", "application/OCTET-stream;q=1", "application/+json"] {
+            assert!(json_content_type(ct), "{ct}");
+        }
+        for ct in ["application/jsonx", "xapplication/json", "text/json", "application/json+", "+json", "application/", "applicatio"] {
+            assert!(!json_content_type(ct), "{ct}");
+        }
     }
 
     #[test]

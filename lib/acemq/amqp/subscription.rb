@@ -213,21 +213,26 @@ module AceMQ
                                          "of #{@timeout}s; no more threads are started for it until they return"))
       end
 
+      # The loop a handler thread runs. Once per delivery, so written for
+      # it: a `while` rather than `loop` and a block, one delivery inlined
+      # (handle), the batch size looked at once.
       def work(me)
-        loop do
+        native = @native
+        many = @batch > 1
+        while true # rubocop:disable Style/InfiniteLoop
           deliveries = begin
-            @batch > 1 ? @native._next_many(@batch, POLL) : @native._next(POLL)
+            many ? native._next_many(@batch, POLL) : native._next(POLL)
           rescue StopIteration # the consumer is closed
             break
           end
           if deliveries.nil?
-            report(@native._errors)
+            report(native._errors)
             note_resubscriptions
             next
           end
 
           me.handling = deliveries
-          @batch > 1 ? handle_many(deliveries) : handle(deliveries)
+          many ? handle_many(deliveries) : handle(deliveries)
           me.handling = nil
           break if @close_after_handler || me.overdue
         end
@@ -254,14 +259,15 @@ module AceMQ
       end
 
       def handle(delivery)
-        message = Message.from_native(delivery)
+        message = Message::Consumed.new(delivery)
         # Inside the message's trace context when OpenTelemetry is loaded.
         result = if Tracing.enabled?
                    Tracing.process(message, @queue) { |span| run(message).tap { |r| Tracing.outcome(span, r) } }
                  else
                    run(message)
                  end
-        settle(delivery, result)
+        errors = @native._settle(delivery, result)
+        report(errors) if errors
       end
 
       def run(message)

@@ -126,8 +126,9 @@ pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16,
 pub(super) fn raw_delivery(d: lapin::message::Delivery, generation: u64, shift: u32, mask: u64) -> RawDelivery {
     RawDelivery {
         tag: (generation << shift) | (d.delivery_tag & mask),
-        exchange: d.exchange.to_string(),
-        routing_key: d.routing_key.to_string(),
+        // Moved out of lapin's strings, not copied.
+        exchange: d.exchange.into(),
+        routing_key: d.routing_key.into(),
         redelivered: d.redelivered,
         props: from_basic_properties(d.properties),
         body: d.data,

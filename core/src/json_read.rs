@@ -174,32 +174,42 @@ impl Reader<'_> {
         }
     }
 
-    /// A number. An integer of up to 18 digits is read here; any other
-    /// number (a fraction, an exponent) by serde_json, so that it is the
-    /// same `f64` serde_json makes of it in a document.
+    /// A number. An integer of up to 18 digits is read here, in the same
+    /// pass that finds its end; any other number (a fraction, an exponent)
+    /// by serde_json, so that it is the same `f64` serde_json makes of it in
+    /// a document.
     fn number<B: Builder>(&mut self, b: &mut B) -> Option<B::Value> {
         let start = self.at;
-        let end = start + self.bytes[start..].iter().position(|c| !matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')).unwrap_or(self.bytes.len() - start);
-        self.at = end;
-        let token = &self.bytes[start..end];
-        let (negative, digits) = match token.split_first() {
-            Some((b'-', rest)) => (true, rest),
-            _ => (false, token),
-        };
-        if !digits.is_empty() && digits.len() <= 18 && digits.iter().all(u8::is_ascii_digit) {
-            // No leading zero but 0 itself, and no -0 (serde_json reads
-            // that as the float -0.0).
-            if digits[0] == b'0' && (digits.len() > 1 || negative) {
-                return None;
+        let negative = self.bytes[start] == b'-';
+        let digits = start + usize::from(negative);
+        let mut at = digits;
+        let mut n = 0i64;
+        while let Some(&c) = self.bytes.get(at) {
+            if !c.is_ascii_digit() {
+                break;
             }
-            let n = digits.iter().fold(0i64, |n, d| n * 10 + i64::from(d - b'0'));
-            return Some(b.int(if negative { -n } else { n }));
+            // Past 18 digits n is no longer read (the number is left).
+            n = n.wrapping_mul(10).wrapping_add(i64::from(c - b'0'));
+            at += 1;
         }
-        if !token.iter().any(|c| matches!(c, b'.' | b'e' | b'E')) {
-            return None;
+        match self.bytes.get(at) {
+            Some(b'.' | b'e' | b'E') => {
+                let end = at + self.bytes[at..].iter().position(|c| !matches!(c, b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')).unwrap_or(self.bytes.len() - at);
+                self.at = end;
+                let f: f64 = serde_json::from_str(&self.text[start..end]).ok()?;
+                Some(b.float(f))
+            }
+            _ => {
+                self.at = at;
+                let len = at - digits;
+                // No leading zero but 0 itself, and no -0 (serde_json reads
+                // that as the float -0.0).
+                if len == 0 || len > 18 || (self.bytes[digits] == b'0' && (len > 1 || negative)) {
+                    return None;
+                }
+                Some(b.int(if negative { -n } else { n }))
+            }
         }
-        let f: f64 = serde_json::from_str(&self.text[start..end]).ok()?;
-        Some(b.float(f))
     }
 
     /// A string's text, the opening quote already read; escapes undone.

@@ -260,8 +260,9 @@ module AceMQ
 
       def handle(delivery)
         message = Message::Consumed.new(delivery)
-        # Inside the message's trace context when OpenTelemetry is loaded.
-        result = if Tracing.enabled?
+        # Inside the message's trace context when OpenTelemetry is loaded
+        # (the constant looked at here first: without it, no call at all).
+        result = if defined?(::OpenTelemetry) && Tracing.enabled?
                    Tracing.process(message, @queue) { |span| run(message).tap { |r| Tracing.outcome(span, r) } }
                  else
                    run(message)

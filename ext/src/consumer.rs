@@ -6,6 +6,7 @@
 
 use crate::delivery::RbDelivery;
 use crate::errors::IntoRuby;
+use crate::convert::{KnownType, Typed};
 use crate::gvl;
 use acemq::{Ack, Consumer, Fetch, Outcome, Unread};
 use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
@@ -23,6 +24,13 @@ pub struct RbConsumer {
     inner: Arc<Consumer>,
     /// Its queue's name, which each of its deliveries shares.
     queue: Arc<str>,
+}
+
+impl KnownType for RbConsumer {
+    fn known() -> &'static std::sync::atomic::AtomicPtr<rb_sys::rb_data_type_t> {
+        static KNOWN: std::sync::atomic::AtomicPtr<rb_sys::rb_data_type_t> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+        &KNOWN
+    }
 }
 
 impl RbConsumer {
@@ -62,7 +70,11 @@ impl RbConsumer {
     /// The next delivery (a NativeDelivery), nil when nothing arrived within
     /// `timeout` seconds. Raises StopIteration once the consumer is closed:
     /// there will be no more.
-    fn next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Option<Value>, Error> {
+    fn next(ruby: &Ruby, rb_self: Typed<Self>, timeout: f64) -> Result<Option<Value>, Error> {
+        Self::take_next(ruby, &rb_self, timeout)
+    }
+
+    fn take_next(ruby: &Ruby, rb_self: &Self, timeout: f64) -> Result<Option<Value>, Error> {
         // The fast path keeps the GVL: a delivery already buffered is handed
         // out without a thread switch.
         match rb_self.inner.try_fetch() {
@@ -100,7 +112,7 @@ impl RbConsumer {
     /// what is already buffered without waiting. An array of deliveries, nil
     /// when nothing arrived within `timeout`; StopIteration once closed.
     fn next_many(ruby: &Ruby, rb_self: &Self, max: usize, timeout: f64) -> Result<Option<RArray>, Error> {
-        let Some(first) = Self::next(ruby, rb_self, timeout)? else { return Ok(None) };
+        let Some(first) = Self::take_next(ruby, rb_self, timeout)? else { return Ok(None) };
         let batch = ruby.ary_new_capa(max.max(1));
         batch.push(first)?;
         while batch.len() < max {
@@ -124,7 +136,7 @@ impl RbConsumer {
     /// while the copy is confirmed. Returns the errors earlier background
     /// settlements met, as exceptions (nil when none): each of their
     /// messages went back to the queue.
-    fn settle(ruby: &Ruby, rb_self: &Self, delivery: &RbDelivery, result: Value) -> Result<Option<RArray>, Error> {
+    fn settle(ruby: &Ruby, rb_self: Typed<Self>, delivery: Typed<RbDelivery>, result: Value) -> Result<Option<RArray>, Error> {
         // Read before the settler is taken: an unreadable result (an Ack
         // whose reader raised) leaves the delivery settleable, not lost with
         // the exception.

@@ -59,6 +59,13 @@ impl DataTypeFunctions for RbDelivery {
     }
 }
 
+impl crate::convert::KnownType for RbDelivery {
+    fn known() -> &'static std::sync::atomic::AtomicPtr<rb_sys::rb_data_type_t> {
+        static KNOWN: std::sync::atomic::AtomicPtr<rb_sys::rb_data_type_t> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+        &KNOWN
+    }
+}
+
 impl RbDelivery {
     /// A message no consumer handed out (a reply): nothing to settle.
     pub(crate) fn new(tag: u64, message: Message, body: Body) -> Self {
@@ -120,11 +127,11 @@ impl RbDelivery {
 
     /// The payload, built on the first call and the same object after:
     /// Message::Consumed#payload.
-    fn kept_payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
+    fn kept_payload(ruby: &Ruby, rb_self: crate::convert::Typed<Self>) -> Result<Value, Error> {
         if let Some(v) = rb_self.payload_read.get() {
             return Ok(ruby.get_inner(v));
         }
-        let v = Self::payload(ruby, rb_self)?;
+        let v = Self::payload(ruby, &rb_self)?;
         rb_self.payload_read.set(Some(v.into()));
         Ok(v)
     }

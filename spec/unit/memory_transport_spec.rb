@@ -35,6 +35,33 @@ RSpec.describe "memory:// transport" do
     mq&.close
   end
 
+  # _next, _settle and _payload read their receiver and delivery with a
+  # check of their own (ext/src/convert.rs, Typed); anything else is
+  # refused as magnus refuses it, and the delivery in hand is unharmed.
+  it "refuses what is not a delivery or a consumer with a TypeError, and settles the delivery after" do
+    mq = AceMQ::AMQP::Connection.open(url)
+    q = unique("typed")
+    AceMQ::AMQP::Topology.new.queue(q).apply(mq)
+    native = mq.send(:_consumer, q, {})
+    mq.publish({ "n" => 1 }, to: q)
+    d = eventually { native._next(0.5) }
+    [Object.new, "delivery", nil, 7, native, AceMQ::AMQP::Ack.accept].each do |wrong|
+      expect { native._settle(wrong, AceMQ::AMQP::Ack.accept) }
+        .to raise_error(TypeError, /AceMQ::AMQP::NativeDelivery/)
+    end
+    settle = AceMQ::AMQP::NativeConsumer.instance_method(:_settle)
+    expect { settle.bind_call(Object.new, d, AceMQ::AMQP::Ack.accept) }.to raise_error(TypeError)
+    payload = AceMQ::AMQP::NativeDelivery.instance_method(:_payload)
+    expect { payload.bind_call(native) }.to raise_error(TypeError)
+    expect(payload.bind_call(d)).to eq("n" => 1)
+    expect(native._inflight).to eq(1)
+    native._settle(d, AceMQ::AMQP::Ack.accept)
+    expect(native._inflight).to eq(0)
+  ensure
+    native&._close
+    mq&.close
+  end
+
   it "walks a 5-minute ladder in no time with advance_clock" do
     mq = AceMQ::AMQP::Connection.open(url)
     q = unique("ladder")

@@ -108,69 +108,79 @@ impl Reader<'_> {
     }
 
     fn array<B: Builder>(&mut self, b: &mut B, depth: usize) -> Option<B::Value> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        self.at += 1;
+        let empty = self.open(depth, b']')?;
         let mut array = b.array();
-        self.skip_space();
-        if self.bytes.get(self.at) == Some(&b']') {
-            self.at += 1;
-            return Some(b.end_array(array));
+        self.items(empty, b']', |r| {
+            let v = r.value(b, depth)?;
+            b.push(&mut array, v);
+            Some(())
+        })?;
+        Some(b.end_array(array))
+    }
+
+    fn object<B: Builder>(&mut self, b: &mut B, depth: usize) -> Option<B::Value> {
+        let empty = self.open(depth, b'}')?;
+        let mut object = b.object();
+        self.items(empty, b'}', |r| {
+            if r.bytes.get(r.at) != Some(&b'"') {
+                return None;
+            }
+            r.at += 1;
+            let place = r.keys;
+            r.keys += 1;
+            let k = b.key(r.string()?, place);
+            r.skip_space();
+            if r.bytes.get(r.at) != Some(&b':') {
+                return None;
+            }
+            r.at += 1;
+            r.skip_space();
+            let v = r.value(b, depth)?;
+            b.insert(&mut object, k, v);
+            Some(())
+        })?;
+        Some(b.end_object(object))
+    }
+
+    /// An array's or object's items, each read by `item`, up to its
+    /// `close`; None when one is not there, or is not followed by a comma
+    /// or the `close`.
+    fn items(&mut self, empty: bool, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        if empty {
+            return Some(());
         }
         loop {
             self.skip_space();
-            let v = self.value(b, depth)?;
-            b.push(&mut array, v);
-            self.skip_space();
-            match *self.bytes.get(self.at)? {
-                b',' => self.at += 1,
-                b']' => {
-                    self.at += 1;
-                    return Some(b.end_array(array));
-                }
-                _ => return None,
+            item(self)?;
+            if self.item_ends(close)? {
+                return Some(());
             }
         }
     }
 
-    fn object<B: Builder>(&mut self, b: &mut B, depth: usize) -> Option<B::Value> {
+    /// Past an array's or object's opening bracket: whether it is empty
+    /// (its `close` read too); None past [`MAX_DEPTH`].
+    fn open(&mut self, depth: usize, close: u8) -> Option<bool> {
         if depth > MAX_DEPTH {
             return None;
         }
         self.at += 1;
-        let mut object = b.object();
         self.skip_space();
-        if self.bytes.get(self.at) == Some(&b'}') {
-            self.at += 1;
-            return Some(b.end_object(object));
-        }
-        loop {
-            self.skip_space();
-            if self.bytes.get(self.at) != Some(&b'"') {
-                return None;
-            }
-            self.at += 1;
-            let place = self.keys;
-            self.keys += 1;
-            let k = b.key(self.string()?, place);
-            self.skip_space();
-            if self.bytes.get(self.at) != Some(&b':') {
-                return None;
-            }
-            self.at += 1;
-            self.skip_space();
-            let v = self.value(b, depth)?;
-            b.insert(&mut object, k, v);
-            self.skip_space();
-            match *self.bytes.get(self.at)? {
-                b',' => self.at += 1,
-                b'}' => {
-                    self.at += 1;
-                    return Some(b.end_object(object));
-                }
-                _ => return None,
-            }
+        let empty = self.bytes.get(self.at) == Some(&close);
+        self.at += usize::from(empty);
+        Some(empty)
+    }
+
+    /// After an item: past a comma (false) or the `close` (true); None
+    /// for anything else.
+    fn item_ends(&mut self, close: u8) -> Option<bool> {
+        self.skip_space();
+        let c = *self.bytes.get(self.at)?;
+        self.at += 1;
+        match c {
+            b',' => Some(false),
+            c if c == close => Some(true),
+            _ => None,
         }
     }
 

@@ -214,8 +214,8 @@ module AceMQ
       end
 
       # The loop a handler thread runs. Once per delivery, so written for
-      # it: a `while` rather than `loop` and a block, one delivery inlined
-      # (handle), the batch size looked at once.
+      # it: a `while` rather than `loop` and a block, the batch size looked
+      # at once, and a delivery settled in #handle itself.
       def work(me)
         native = @native
         many = @batch > 1

@@ -60,7 +60,7 @@ impl RbConsumer {
         // Where it came from is read off the delivery's body (NativeDelivery
         // #exchange and the rest), not copied into the message.
         let (message, settler) = self.inner.admit_lean(unread)?.into_parts();
-        let delivery = RbDelivery::handed_out(message, settler, payload, self.queue.clone()).into_value_with(ruby);
+        let delivery = RbDelivery::handed_out(message, settler, payload, self.queue.clone()).into_message(ruby);
         // The payload lived only on this stack (and in the delivery's
         // struct, which Ruby marks once it is an object) until here.
         std::hint::black_box(payload);

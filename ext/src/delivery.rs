@@ -17,12 +17,12 @@
 use acemq::{Body, Message, Settler};
 use magnus::typed_data::DataTypeFunctions;
 use magnus::value::Opaque;
-use magnus::{method, prelude::*, Error, RHash, RModule, Ruby, Value};
+use magnus::{method, prelude::*, Error, IntoValue, RHash, RModule, Ruby, Value};
 use std::cell::Cell;
 use std::sync::{Arc, Mutex};
 
 #[derive(magnus::TypedData)]
-#[magnus(class = "AceMQ::AMQP::NativeDelivery", free_immediately, size, mark)]
+#[magnus(class = "AceMQ::AMQP::Message::Consumed", free_immediately, size, mark)]
 pub struct RbDelivery {
     tag: u64,
     /// Its payload (unread: the extension builds its own) and envelope. Its
@@ -93,6 +93,15 @@ impl RbDelivery {
         self.tag
     }
 
+    /// The Ruby object: the handler's message itself (Message::Consumed),
+    /// frozen as a message built by hand is. What it has read so far it
+    /// keeps in its own struct (`payload_read`, `read`), not in Ruby.
+    pub(crate) fn into_message(self, ruby: &Ruby) -> Value {
+        let v = self.into_value_with(ruby);
+        v.freeze();
+        v
+    }
+
     /// The settler, taken to settle with: None once settled.
     pub(crate) fn take_settler(&self) -> Option<Settler> {
         self.settler.lock().unwrap_or_else(|p| p.into_inner()).take()
@@ -110,7 +119,7 @@ impl RbDelivery {
     }
 
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
-    /// object every call: Message keeps the first.
+    /// object every call: `kept_payload` keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
         let props = rb_self.body.properties();
         if props.content_encoding.is_some() {
@@ -126,7 +135,7 @@ impl RbDelivery {
     }
 
     /// The payload, built on the first call and the same object after:
-    /// Message::Consumed#payload.
+    /// Message::Consumed#payload (and #_payload, its old name).
     fn kept_payload(ruby: &Ruby, rb_self: crate::convert::Typed<Self>) -> Result<Value, Error> {
         if let Some(v) = rb_self.payload_read.get() {
             return Ok(ruby.get_inner(v));
@@ -239,22 +248,27 @@ fn binary_headers(ruby: &Ruby, props: &acemq::Props, headers: Value) -> Result<V
 }
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
-    let class = amqp.define_class("NativeDelivery", ruby.class_object())?;
+    // The delivery is the handler's message: Message::Consumed, made here
+    // (lib/acemq/amqp/message.rb reopens both classes and adds the readers
+    // that build the envelope and delivery). NativeDelivery is its old name.
+    let message = amqp.define_class("Message", ruby.class_object())?;
+    let class = message.define_class("Consumed", message)?;
+    amqp.const_set("NativeDelivery", class)?;
     class.undef_default_alloc_func();
-    class.define_method("payload", method!(RbDelivery::payload, 0))?;
+    class.define_method("payload", method!(RbDelivery::kept_payload, 0))?;
     class.define_method("_payload", method!(RbDelivery::kept_payload, 0))?;
     class.define_method("_read", method!(RbDelivery::read, 0))?;
-    class.define_method("id", method!(RbDelivery::id, 0))?;
-    class.define_method("type", method!(RbDelivery::kind, 0))?;
-    class.define_method("origin", method!(RbDelivery::origin, 0))?;
-    class.define_method("timestamp", method!(RbDelivery::timestamp, 0))?;
+    class.define_method("_id", method!(RbDelivery::id, 0))?;
+    class.define_method("_type", method!(RbDelivery::kind, 0))?;
+    class.define_method("_origin", method!(RbDelivery::origin, 0))?;
+    class.define_method("_timestamp", method!(RbDelivery::timestamp, 0))?;
     class.define_method("attempt", method!(RbDelivery::attempt, 0))?;
-    class.define_method("headers", method!(RbDelivery::headers, 0))?;
-    class.define_method("properties", method!(RbDelivery::properties, 0))?;
-    class.define_method("queue", method!(RbDelivery::queue, 0))?;
-    class.define_method("exchange", method!(RbDelivery::exchange, 0))?;
-    class.define_method("routing_key", method!(RbDelivery::routing_key, 0))?;
-    class.define_method("redelivered?", method!(RbDelivery::redelivered, 0))?;
+    class.define_method("_headers", method!(RbDelivery::headers, 0))?;
+    class.define_method("_properties", method!(RbDelivery::properties, 0))?;
+    class.define_method("_queue", method!(RbDelivery::queue, 0))?;
+    class.define_method("_exchange", method!(RbDelivery::exchange, 0))?;
+    class.define_method("_routing_key", method!(RbDelivery::routing_key, 0))?;
+    class.define_method("_redelivered?", method!(RbDelivery::redelivered, 0))?;
     class.define_method("tag", method!(RbDelivery::tag, 0))?;
     class.define_method("_overdue?", method!(RbDelivery::is_overdue, 0))?;
     Ok(())

@@ -7,16 +7,16 @@ use crate::delivery::RbDelivery;
 use crate::errors::IntoRuby;
 use crate::gvl;
 use crate::outgoing::RbOutgoing;
-use magnus::{method, prelude::*, Error, RClass, RModule, Ruby};
+use magnus::{method, prelude::*, Error, RClass, RModule, Ruby, Value};
 
 /// Send the request `out` and wait up to `timeout` seconds for its reply,
-/// returned as a NativeDelivery (Message.from_native reads it).
-fn request(ruby: &Ruby, rb_self: &RbConnection, out: &RbOutgoing, timeout: f64) -> Result<RbDelivery, Error> {
+/// returned as the reply's Message::Consumed.
+fn request(ruby: &Ruby, rb_self: &RbConnection, out: &RbOutgoing, timeout: f64) -> Result<Value, Error> {
     let timeout = crate::convert::seconds(ruby, "timeout:", timeout)?;
     let (conn, out) = (&rb_self.inner, &out.inner);
     let (message, body) =
         gvl::block_on(ruby, conn.send_request(&out.body, &out.exchange, &out.routing_key, &out.envelope, timeout))?.rb(ruby)?;
-    Ok(RbDelivery::new(0, message, body))
+    Ok(RbDelivery::new(0, message, body).into_message(ruby))
 }
 
 /// Send `out` as the reply to a request's `reply_to` and `correlation_id`.

@@ -47,7 +47,7 @@ RSpec.describe "memory:// transport" do
     d = eventually { native._next(0.5) }
     [Object.new, "delivery", nil, 7, native, AceMQ::AMQP::Ack.accept].each do |wrong|
       expect { native._settle(wrong, AceMQ::AMQP::Ack.accept) }
-        .to raise_error(TypeError, /AceMQ::AMQP::NativeDelivery/)
+        .to raise_error(TypeError, /AceMQ::AMQP::Message::Consumed/)
     end
     settle = AceMQ::AMQP::NativeConsumer.instance_method(:_settle)
     expect { settle.bind_call(Object.new, d, AceMQ::AMQP::Ack.accept) }.to raise_error(TypeError)

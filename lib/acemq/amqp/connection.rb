@@ -121,7 +121,7 @@ module AceMQ
         Tracing.publish(exchange, to) do |span|
           out, env = outgoing(payload, to, exchange, envelope, type, headers)
           span&.set_attribute("messaging.message.id", env.id.to_s)
-          Message.from_native(_request(out, timeout))
+          _request(out, timeout)
         end
       rescue ArgumentError, TypeError
         raise ConfigurationError, "timeout: must be a number of seconds above 0, got #{timeout.inspect}"

@@ -258,8 +258,8 @@ module AceMQ
         report(@native._errors)
       end
 
-      def handle(delivery)
-        message = Message::Consumed.new(delivery)
+      # The delivery is the handler's message (a Message::Consumed).
+      def handle(message)
         # Inside the message's trace context when OpenTelemetry is loaded
         # (the constant looked at here first: without it, no call at all).
         result = if defined?(::OpenTelemetry) && Tracing.enabled?
@@ -267,7 +267,7 @@ module AceMQ
                  else
                    run(message)
                  end
-        errors = @native._settle(delivery, result)
+        errors = @native._settle(message, result)
         report(errors) if errors
       end
 
@@ -294,16 +294,15 @@ module AceMQ
 
       # call_many returns one result per message: an Ack, or the
       # StandardError its handler raised.
-      def handle_many(deliveries)
-        messages = deliveries.map { |d| Message.from_native(d) }
+      def handle_many(messages)
         results = Tracing.process_many(messages, @queue) do
           @handler.call_many(messages)
         rescue StandardError => e
           # Whatever failed for the batch as a whole failed for each of its
           # messages: each is retried, none is left unsettled.
-          Array.new(deliveries.size, e)
+          Array.new(messages.size, e)
         end
-        deliveries.each_with_index { |d, i| settle(d, results[i].is_a?(StandardError) ? outage(results[i]) : results[i]) }
+        messages.each_with_index { |m, i| settle(m, results[i].is_a?(StandardError) ? outage(results[i]) : results[i]) }
       end
 
       # The engine reads the result itself (an Ack, the StandardError the

@@ -9,7 +9,7 @@ use crate::errors::IntoRuby;
 use crate::convert::{KnownType, Typed};
 use crate::gvl;
 use acemq::{Ack, Consumer, Fetch, Outcome, Unread};
-use magnus::{method, prelude::*, Error, IntoValue, RArray, RModule, Ruby, Value};
+use magnus::{method, prelude::*, Error, RArray, RModule, Ruby, Value};
 use std::sync::Arc;
 use std::time::Instant;
 

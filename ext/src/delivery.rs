@@ -14,7 +14,7 @@
 //! (callgrind), where a payload its handler never reads (a duplicate the
 //! idempotent guard settles unrun) costs a build it did not need.
 
-use acemq::{Body, Message, Settler};
+use acemq::{Body, Envelope, Message, Settler};
 use magnus::typed_data::DataTypeFunctions;
 use magnus::value::Opaque;
 use magnus::{method, prelude::*, Error, IntoValue, RHash, RModule, Ruby, Value};
@@ -25,10 +25,11 @@ use std::sync::{Arc, Mutex};
 #[magnus(class = "AceMQ::AMQP::Message::Consumed", free_immediately, size, mark)]
 pub struct RbDelivery {
     tag: u64,
-    /// Its payload (unread: the extension builds its own) and envelope. Its
-    /// `delivery` is empty for a consumer's (`Consumer::admit_lean`): where
-    /// it came from is read off `body`, and `queue`.
-    message: Message,
+    /// Its envelope. Of the rest of core's `Message`, the payload is built
+    /// here from `body`, and where it came from is read off `body` and
+    /// `queue`: 120 bytes kept, not the Message's 536, which the delivery
+    /// was moved through on its way to Ruby.
+    envelope: Envelope,
     /// The body as it arrived (shared with the delivery core settles, not
     /// copied): built again only for a payload `_next` left to its first
     /// read (`json::Built::Later`), and for a reply's. Also its exchange,
@@ -70,7 +71,8 @@ impl RbDelivery {
     /// A message no consumer handed out (a reply): nothing to settle.
     pub(crate) fn new(tag: u64, message: Message, body: Body) -> Self {
         let queue = Arc::from(message.delivery.queue.as_str());
-        RbDelivery { tag, message, body, queue, settler: Mutex::new(None), payload_read: Cell::new(None), read: Cell::new(None) }
+        let envelope = message.envelope;
+        RbDelivery { tag, envelope, body, queue, settler: Mutex::new(None), payload_read: Cell::new(None), read: Cell::new(None) }
     }
 
     /// A consumer's delivery: the message for its readers, its payload as
@@ -82,7 +84,7 @@ impl RbDelivery {
             tag: settler.tag(),
             body: settler.shared_body(),
             queue,
-            message,
+            envelope: message.envelope,
             settler: Mutex::new(Some(settler)),
             payload_read: Cell::new(payload.map(Opaque::from)),
             read: Cell::new(None),
@@ -158,30 +160,30 @@ impl RbDelivery {
 
     /// The envelope id, nil for a foreign message without one.
     fn id(&self) -> Option<String> {
-        let id = &self.message.envelope.id;
+        let id = &self.envelope.id;
         (!id.is_empty()).then(|| id.clone())
     }
 
     fn kind(&self) -> Option<String> {
-        self.message.envelope.kind.clone()
+        self.envelope.kind.clone()
     }
 
     fn origin(&self) -> Option<String> {
-        self.message.envelope.origin.clone()
+        self.envelope.origin.clone()
     }
 
     /// Seconds since the epoch, nil when the publisher set none.
     fn timestamp(&self) -> Option<u64> {
-        self.message.envelope.timestamp
+        self.envelope.timestamp
     }
 
     fn attempt(&self) -> u32 {
-        self.message.envelope.attempt
+        self.envelope.attempt
     }
 
     /// The application headers (no `x-acemq-*` envelope ones), a new Hash.
     fn headers(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
-        let h = crate::json::map_to_ruby(ruby, &rb_self.message.envelope.headers)?;
+        let h = crate::json::map_to_ruby(ruby, &rb_self.envelope.headers)?;
         binary_headers(ruby, rb_self.body.properties(), h)
     }
 

@@ -187,14 +187,13 @@ impl Delivery {
 
 impl Consumer {
     /// A delivery just taken off the queue, watched by its deadline.
-    pub(super) fn hand_out(&self, message: Message, raw: RawDelivery) -> Delivery {
+    pub(super) fn hand_out(&self, message: Message, raw: Arc<RawDelivery>) -> Delivery {
         let watch = Arc::new(Watched {
             id: self.watchlist.next_id.fetch_add(1, Ordering::Relaxed),
             deadline: Instant::now() + self.options.timeout,
             settled: AtomicBool::new(false),
             timed_out: AtomicBool::new(false),
         });
-        let raw = Arc::new(raw);
         self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
         let span = crate::trace::process_span_from(&self.queue, &raw.exchange, &raw.routing_key, &message, raw.tag);
         let settler = Settler { consumer: self.id, attempt: message.envelope.attempt, raw, watch, span };

@@ -79,7 +79,8 @@ impl From<Taken> for Fetch {
 #[derive(Debug)]
 pub struct Unread {
     message: Message,
-    raw: RawDelivery,
+    /// Shared already: what its settler keeps once it is handed out.
+    raw: Arc<RawDelivery>,
     /// Where its text is, for a caller that reads the body
     /// ([`Consumer::fetch_blocking`]); a delivery whose JSON core read goes
     /// straight to [`Consumer::admit`] and keeps none.
@@ -385,6 +386,7 @@ impl Consumer {
                     Ok((message, text)) => Taken::Unread(Unread { message, raw, text }),
                     Err(undecodable) => {
                         self.flow_refund();
+                        let raw = Arc::unwrap_or_clone(raw);
                         self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
                         Taken::Empty
                     }
@@ -443,7 +445,7 @@ impl Consumer {
     /// cannot be a message. It was never handed out.
     pub fn refuse(self: &Arc<Self>, unread: Unread, why: &dyn std::fmt::Display) {
         let reason = crate::wire::not_json(why).reason;
-        let raw = unread.raw;
+        let raw = Arc::unwrap_or_clone(unread.raw);
         self.flow_refund();
         self.in_background(move |this| async move { this.dead_letter(raw, &reason, None).await });
     }
@@ -465,7 +467,7 @@ impl Consumer {
 
     async fn parse_delivery(&self, raw: RawDelivery) -> Option<Delivery> {
         match decode(&self.queue, &raw) {
-            Ok(message) => Some(self.hand_out(message, raw)),
+            Ok(message) => Some(self.hand_out(message, Arc::new(raw))),
             Err(undecodable) => {
                 let _ = self.dead_letter(raw, &undecodable.reason, None).await;
                 None

@@ -149,10 +149,14 @@ impl Link {
 
     /// The next delivery, waiting at most `timeout` on a thread outside
     /// the runtime.
-    pub(crate) fn pop_blocking(&self, timeout: std::time::Duration) -> queue::Pop {
+    pub(crate) fn pop_blocking(&self, timeout: std::time::Duration) -> queue::Pop<Arc<crate::wire::RawDelivery>> {
         match self {
             Link::Amqp(c) => c.pop_blocking(timeout),
-            Link::Memory { out, .. } => out.pop_blocking(timeout),
+            Link::Memory { out, .. } => match out.pop_blocking(timeout) {
+                queue::Pop::Item(d) => queue::Pop::Item(Arc::new(d)),
+                queue::Pop::Empty => queue::Pop::Empty,
+                queue::Pop::Closed => queue::Pop::Closed,
+            },
         }
     }
 

@@ -26,9 +26,11 @@ pub(crate) struct DeliveryQueue {
     notify: Notify,
 }
 
-/// What a wait produced.
-pub(crate) enum Pop {
-    Item(RawDelivery),
+/// What a wait produced. A blocking reader's delivery comes shared
+/// (`Pop<Arc<RawDelivery>>`, see [`super::Link::pop_blocking`]): that is
+/// what its settler keeps, and a pointer is all that moves on the way there.
+pub(crate) enum Pop<T = RawDelivery> {
+    Item(T),
     Empty,
     Closed,
 }

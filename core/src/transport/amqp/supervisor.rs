@@ -361,7 +361,7 @@ impl AmqpConsumer {
     }
 
     /// Wait at most `timeout` on a thread outside the runtime.
-    pub(crate) fn pop_blocking(&self, timeout: Duration) -> Pop {
+    pub(crate) fn pop_blocking(&self, timeout: Duration) -> Pop<Arc<RawDelivery>> {
         self.feed.pop_blocking(timeout)
     }
 

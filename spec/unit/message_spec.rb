@@ -163,6 +163,21 @@ RSpec.describe AceMQ::AMQP::Message do
     expect(read.call(2)).to eq(key.call)
   end
 
+  it "answers NativeDelivery's old readers with the same values, each warning once that it is deprecated" do
+    envelope = AceMQ::AMQP::Envelope.new(type: "t", timestamp: 1_700_000_000)
+    m = consumed({ "a" => 1 }, envelope)
+    AceMQ::AMQP::Message::Consumed.instance_variable_set(:@warned, {})
+    expect { expect(m.native_delivery.origin).to eq(mq.origin) }
+      .to output(/NativeDelivery#origin is deprecated .*read message\.envelope\.origin/).to_stderr
+    expect { m.origin }.not_to output.to_stderr
+    expect { expect(m.queue).to eq(queue) }.to output(/delivery\.queue/).to_stderr
+    read = -> { [m.timestamp, m.exchange, m.routing_key, m.redelivered?, m.properties[:type]] }
+    expect { expect(read.call).to eq([1_700_000_000, "", queue, false, "t"]) }
+      .to output(/#timestamp.*#exchange.*#routing_key.*#redelivered\?.*#properties/m).to_stderr
+  ensure
+    AceMQ::AMQP::Message::Consumed.instance_variable_set(:@warned, {})
+  end
+
   it "is a NativeDelivery only the engine makes" do
     expect { AceMQ::AMQP::NativeDelivery.new }.to raise_error(TypeError, /allocator undefined/)
   end

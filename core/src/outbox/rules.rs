@@ -22,6 +22,31 @@ use std::time::Duration;
 /// parameters, with room for the worker id.
 const IDS_PER_STATEMENT: usize = 500;
 
+/// How many times in all a relay's step runs when the database keeps
+/// rolling it back for a lock conflict ([`crate::sql::lock_conflict`]).
+/// Relays claiming and deleting in one table can deadlock one another even
+/// with `SKIP LOCKED` (seen with three relays on MariaDB 10.11): the
+/// database picks one transaction, rolls it back and says to try again. It
+/// is run again at once; the other one has its locks by then.
+const CONFLICT_ATTEMPTS: u32 = 5;
+
+/// `$step` (a future of a whole step: one autocommitted statement, or a
+/// transaction from `BEGIN` to its `finish`) awaited, and made again and
+/// awaited again while it fails with a lock conflict, up to
+/// [`CONFLICT_ATTEMPTS`] times in all. Never one statement of a transaction:
+/// the conflict has rolled the whole transaction back.
+macro_rules! again_on_conflict {
+    ($step:expr) => {{
+        let mut attempt = 1;
+        loop {
+            match $step.await {
+                Err(e) if attempt < CONFLICT_ATTEMPTS && crate::sql::lock_conflict(&e) => attempt += 1,
+                done => break done,
+            }
+        }
+    }};
+}
+
 /// One outbox table's rules: its statements, who leases as whom, and the
 /// lease and backoff options.
 #[derive(Debug)]
@@ -122,6 +147,10 @@ impl Rules {
     /// `conn`: one autocommitted statement ([`Statements::claim`]), plus one
     /// per row that cannot be read back (rare: its headers are not JSON).
     pub(crate) async fn claim<C: AsyncSqlConnection>(&self, conn: &C, batch_size: usize) -> Result<Vec<OutboxRecord>> {
+        again_on_conflict!(self.claim_once(conn, batch_size))
+    }
+
+    async fn claim_once<C: AsyncSqlConnection>(&self, conn: &C, batch_size: usize) -> Result<Vec<OutboxRecord>> {
         if batch_size == 0 {
             return Ok(Vec::new());
         }
@@ -200,6 +229,15 @@ impl Rules {
             self.delete_ids(conn, done).await?;
             return self.claim(conn, batch_size).await;
         }
+        again_on_conflict!(self.delete_then_claim_once(conn, done, batch_size))
+    }
+
+    async fn delete_then_claim_once<C: AsyncSqlConnection>(
+        &self,
+        conn: &C,
+        done: &[i64],
+        batch_size: usize,
+    ) -> Result<Vec<OutboxRecord>> {
         match conn.dialect() {
             Dialect::Postgres => {
                 let limit = i64::try_from(batch_size).unwrap_or(i64::MAX);
@@ -212,8 +250,8 @@ impl Rules {
             Dialect::Sqlite => {
                 self.begin(conn).await?;
                 let result = async {
-                    self.delete_ids(conn, done).await?;
-                    self.claim(conn, batch_size).await
+                    self.delete_ids_in_transaction(conn, done).await?;
+                    self.claim_once(conn, batch_size).await
                 }
                 .await;
                 finish(conn, result).await
@@ -221,7 +259,7 @@ impl Rules {
             Dialect::Mysql => {
                 self.begin_mysql(conn).await?;
                 let result = async {
-                    self.delete_ids(conn, done).await?;
+                    self.delete_ids_in_transaction(conn, done).await?;
                     self.claim_locked_mysql(conn, batch_size).await
                 }
                 .await;
@@ -231,17 +269,30 @@ impl Rules {
         }
     }
 
-    /// Delete rows of ours the broker confirmed; the rows deleted.
+    /// Delete rows of ours the broker confirmed, each statement autocommitted
+    /// (and run again on a lock conflict); the rows deleted.
     pub(crate) async fn delete_ids<C: AsyncSqlConnection>(&self, conn: &C, ids: &[i64]) -> Result<usize> {
-        let me = SqlValue::Text(self.worker_id.current());
-        let dialect = conn.dialect();
         let mut deleted = 0u64;
         for chunk in ids.chunks(IDS_PER_STATEMENT) {
-            let mut params = vec![me.clone()];
-            params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
-            deleted += conn.execute(&self.statements.delete_owned(dialect, chunk.len()), &params).await?;
+            deleted += again_on_conflict!(self.delete_chunk(conn, chunk))?;
         }
         Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    /// [`delete_ids`](Self::delete_ids) inside a transaction the caller
+    /// opened: a conflict ends the transaction, which the caller runs again.
+    async fn delete_ids_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, ids: &[i64]) -> Result<usize> {
+        let mut deleted = 0u64;
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            deleted += self.delete_chunk(conn, chunk).await?;
+        }
+        Ok(usize::try_from(deleted).unwrap_or(usize::MAX))
+    }
+
+    async fn delete_chunk<C: AsyncSqlConnection>(&self, conn: &C, chunk: &[i64]) -> Result<u64> {
+        let mut params = vec![SqlValue::Text(self.worker_id.current())];
+        params.extend(chunk.iter().map(|id| SqlValue::Int(*id)));
+        conn.execute(&self.statements.delete_owned(conn.dialect(), chunk.len()), &params).await
     }
 
     /// Delete the confirmed rows still leased by this worker and back off the
@@ -255,16 +306,15 @@ impl Rules {
             // per 500 ids, as the hand-written relay does. A crash between two
             // of them leaves confirmed rows to be published again (a
             // duplicate, never a loss), as a crash before the commit would.
-            return self.delete_confirmed(conn, completions).await;
+            return self.delete_ids(conn, &confirmed(completions)).await;
         }
+        again_on_conflict!(self.complete_once(conn, completions))
+    }
+
+    async fn complete_once<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
         self.begin(conn).await?;
         let completed = self.complete_in_transaction(conn, completions).await;
         finish(conn, completed).await
-    }
-
-    async fn delete_confirmed<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
-        let confirmed: Vec<i64> = completions.iter().filter(|c| c.result.is_ok()).map(|c| c.id).collect();
-        self.delete_ids(conn, &confirmed).await
     }
 
     async fn complete_in_transaction<C: AsyncSqlConnection>(&self, conn: &C, completions: &[Completion]) -> Result<usize> {
@@ -272,7 +322,7 @@ impl Rules {
             completions.iter().filter_map(|c| c.result.as_ref().err().map(|e| (c.id, e.as_str()))).collect();
         let me = SqlValue::Text(self.worker_id.current());
         let dialect = conn.dialect();
-        let deleted = self.delete_confirmed(conn, completions).await?;
+        let deleted = self.delete_ids_in_transaction(conn, &confirmed(completions)).await?;
         for chunk in failed.chunks(IDS_PER_STATEMENT) {
             let mut params = vec![me.clone()];
             params.extend(chunk.iter().map(|(id, _)| SqlValue::Int(*id)));
@@ -363,6 +413,11 @@ impl Rules {
             )
         })
     }
+}
+
+/// The ids of the rows the broker confirmed.
+fn confirmed(completions: &[Completion]) -> Vec<i64> {
+    completions.iter().filter(|c| c.result.is_ok()).map(|c| c.id).collect()
 }
 
 /// Build a record from a row of [`super::statements::RECORD_COLUMNS`].

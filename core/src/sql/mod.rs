@@ -96,7 +96,7 @@ pub(crate) use identifier::{qualified_table_name, table_name};
 pub(crate) mod placeholders;
 pub(crate) mod time;
 mod transaction;
-pub(crate) use transaction::{begin, finish};
+pub(crate) use transaction::{begin, finish, lock_conflict};
 mod worker;
 pub use worker::{default_worker_id, DEFAULT_WORKER_ID_MAX};
 pub(crate) use worker::WorkerId;
@@ -112,5 +112,19 @@ mod tests {
         }
         let e = Dialect::parse("oracle").unwrap_err();
         assert!(e.is_invalid_argument() && e.message().contains("\"oracle\" is not supported"), "{e}");
+    }
+    #[test]
+    fn lock_conflicts_are_told_by_the_servers_words() {
+        use crate::error::{Error, ErrorKind};
+        for words in [
+            "the SQL connection's execute raised Mysql2::Error: Deadlock found when trying to get lock; try restarting transaction",
+            "ERROR 1205 (HY000): Lock wait timeout exceeded; try restarting transaction",
+            "db error: ERROR: deadlock detected",
+            "the SQL connection's query raised PG::TRSerializationFailure: ERROR:  could not serialize access due to concurrent update",
+        ] {
+            assert!(super::lock_conflict(&Error::store(words)), "{words}");
+        }
+        assert!(!super::lock_conflict(&Error::store("ERROR 1146 (42S02): Table 'test.t' doesn't exist")));
+        assert!(!super::lock_conflict(&Error::new(ErrorKind::Timeout, "deadlock detected")), "a store's words only");
     }
 }

@@ -44,3 +44,15 @@ pub(crate) async fn finish<C: AsyncSqlConnection + ?Sized, T>(c: &C, result: Res
         }
     }
 }
+
+/// Whether the database rolled `e`'s statement or transaction back for a
+/// lock conflict with another connection, and says to run it again: a
+/// deadlock (MySQL and MariaDB 1213, PostgreSQL 40P01), a lock wait timeout
+/// (MySQL and MariaDB 1205), a serialization failure (PostgreSQL 40001).
+/// Told by the server's own words, which every driver passes on (mysql2,
+/// `pg`, tokio-postgres, mysql_async), as their codes are not.
+pub(crate) fn lock_conflict(e: &crate::error::Error) -> bool {
+    const WORDS: [&str; 4] =
+        ["Deadlock found when trying to get lock", "Lock wait timeout exceeded", "deadlock detected", "could not serialize access"];
+    matches!(e.kind(), crate::error::ErrorKind::Store) && WORDS.iter().any(|w| e.to_string().contains(w))
+}

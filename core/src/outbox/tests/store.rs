@@ -367,3 +367,136 @@ fn delete_then_claim_deletes_only_our_held_rows_and_claims_the_next_ones() {
     assert_eq!(store.delete_confirmed(&[next[0].id.unwrap()]).unwrap(), 1);
     assert_eq!(store.delete_confirmed(&[]).unwrap(), 0);
 }
+
+/// A connection that fails the statements starting with `verb` with the
+/// words MariaDB uses for a deadlock, `conflicts` times, then runs them:
+/// what a relay sees when the database picks its transaction as the
+/// victim of a lock conflict with another relay's.
+struct Conflicting {
+    inner: SqliteConnection,
+    verb: &'static str,
+    error: &'static str,
+    counts: Arc<Counts>,
+}
+
+/// How many more statements fail, and how many ran (failed or not).
+#[derive(Default)]
+struct Counts {
+    conflicts: std::sync::atomic::AtomicUsize,
+    runs: std::sync::atomic::AtomicUsize,
+}
+
+impl Counts {
+    fn runs(&self) -> usize {
+        self.runs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Conflicting {
+    const DEADLOCK: &'static str =
+        "the SQL connection's execute raised Mysql2::Error: Deadlock found when trying to get lock; try restarting transaction";
+
+    fn store(db: &TempDb, verb: &'static str, conflicts: usize, error: &'static str) -> (SqlOutboxStore<Conflicting>, Arc<Counts>) {
+        let counts = Arc::new(Counts { conflicts: conflicts.into(), ..Counts::default() });
+        let conn = Conflicting { inner: db.connect(), verb, error, counts: counts.clone() };
+        let options = OutboxStoreOptions { worker_id: Some("w1".into()), ..OutboxStoreOptions::default() };
+        let store = SqlOutboxStore::new(conn, options).unwrap();
+        store.create_schema().unwrap();
+        (store, counts)
+    }
+
+    fn check(&self, sql: &str) -> crate::error::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if !sql.trim_start().starts_with(self.verb) {
+            return Ok(());
+        }
+        self.counts.runs.fetch_add(1, SeqCst);
+        if self.counts.conflicts.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(crate::error::Error::store(self.error));
+        }
+        Ok(())
+    }
+}
+
+impl SqlConnection for Conflicting {
+    fn dialect(&self) -> crate::sql::Dialect {
+        self.inner.dialect()
+    }
+    fn execute(&self, sql: &str, params: &[SqlValue]) -> crate::error::Result<u64> {
+        self.check(sql)?;
+        self.inner.execute(sql, params)
+    }
+    fn query(&self, sql: &str, params: &[SqlValue]) -> crate::error::Result<Vec<crate::sql::Row>> {
+        self.check(sql)?;
+        self.inner.query(sql, params)
+    }
+}
+
+#[test]
+fn a_claim_the_database_rolls_back_for_a_deadlock_runs_again() {
+    let db = TempDb::new("conflict-claim");
+    let (store, counts) = Conflicting::store(&db, "UPDATE", 2, Conflicting::DEADLOCK);
+    let app = db.connect();
+    let ids: Vec<i64> = (0..3).map(|n| add_committed(&store, &app, &record("ex", "rk", n))).collect();
+
+    let claimed = store.claim(10).unwrap();
+    assert_eq!(claimed.iter().map(|r| r.id.unwrap()).collect::<Vec<_>>(), ids);
+    assert_eq!(counts.runs(), 3, "two rolled back, the third ran");
+}
+
+#[test]
+fn a_delete_and_claim_rolled_back_for_a_deadlock_runs_again_as_one_transaction() {
+    let db = TempDb::new("conflict-delete-claim");
+    let (store, counts) = Conflicting::store(&db, "DELETE", 1, Conflicting::DEADLOCK);
+    let app = db.connect();
+    for n in 0..4 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let first = store.claim(2).unwrap();
+    let done: Vec<i64> = first.iter().map(|r| r.id.unwrap()).collect();
+
+    let next = store.delete_then_claim(&done, 10).unwrap();
+    assert_eq!(next.len(), 2, "the other two rows, claimed in the transaction that ran again");
+    assert_eq!(store.backlog().unwrap().count, 2, "the two confirmed rows deleted once");
+    assert_eq!(counts.runs(), 2);
+}
+
+#[test]
+fn a_completion_with_failures_rolled_back_for_a_lock_wait_timeout_runs_again() {
+    let db = TempDb::new("conflict-complete");
+    let (store, counts) = Conflicting::store(&db, "DELETE", 1, "ERROR 1205 (HY000): Lock wait timeout exceeded; try restarting transaction");
+    let app = db.connect();
+    for n in 0..2 {
+        add_committed(&store, &app, &record("ex", "rk", n));
+    }
+    let claimed = store.claim(10).unwrap();
+    let completions = [Completion::confirmed(&claimed[0]), Completion::failed(&claimed[1], "nacked")];
+    assert_eq!(store.complete(&completions).unwrap(), 1);
+    let attempts = scalar(&app, "SELECT attempts FROM acemq_outbox WHERE id = ?", &[SqlValue::Int(claimed[1].id.unwrap())]);
+    assert_eq!(attempts, SqlValue::Int(1), "the failure recorded once, by the transaction that committed");
+    assert_eq!(counts.runs(), 2);
+}
+
+#[test]
+fn a_step_that_keeps_deadlocking_gives_up_with_the_databases_words_and_the_store_works_after() {
+    let db = TempDb::new("conflict-give-up");
+    let (store, counts) = Conflicting::store(&db, "UPDATE", 100, Conflicting::DEADLOCK);
+    let app = db.connect();
+    add_committed(&store, &app, &record("ex", "rk", 1));
+
+    let err = store.claim(10).unwrap_err();
+    assert!(err.to_string().contains("Deadlock found"), "{err}");
+    assert_eq!(counts.runs(), 5);
+    counts.conflicts.store(0, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(store.claim(10).unwrap().len(), 1);
+}
+
+#[test]
+fn any_other_error_is_not_run_again() {
+    let db = TempDb::new("conflict-other");
+    let (store, counts) = Conflicting::store(&db, "UPDATE", 1, "ERROR 1146 (42S02): Table 'test.acemq_outbox' doesn't exist");
+    let app = db.connect();
+    add_committed(&store, &app, &record("ex", "rk", 1));
+    assert!(store.claim(10).is_err());
+    assert_eq!(counts.runs(), 1);
+}

@@ -68,7 +68,7 @@ pub fn record(exchange: &str, routing_key: &str, n: usize) -> OutboxRecord {
 }
 
 /// Add `record` in a transaction of its own on `conn`, as an application would.
-pub fn add_committed(store: &SqlOutboxStore<SqliteConnection>, conn: &SqliteConnection, record: &OutboxRecord) -> i64 {
+pub fn add_committed<S: crate::sql::ConnectionSource>(store: &SqlOutboxStore<S>, conn: &SqliteConnection, record: &OutboxRecord) -> i64 {
     conn.execute("BEGIN", &[]).unwrap();
     let id = store.add(record, conn).unwrap();
     conn.execute("COMMIT", &[]).unwrap();

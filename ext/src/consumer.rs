@@ -2,7 +2,7 @@
 //! lib/acemq/amqp/subscription.rb starts. Each thread asks for the next
 //! delivery (waiting without the GVL), calls the block with the GVL, and
 //! settles the delivery here; core decides what the settlement does. What
-//! settles a delivery lives in its NativeDelivery, not in a table here.
+//! settles a delivery lives in its Message::Consumed, not in a table here.
 
 use crate::delivery::RbDelivery;
 use crate::errors::IntoRuby;
@@ -57,8 +57,8 @@ impl RbConsumer {
                 return None;
             }
         };
-        // Where it came from is read off the delivery's body (NativeDelivery
-        // #exchange and the rest), not copied into the message.
+        // Where it came from is read off the delivery's body (Message::Consumed
+        // #_exchange and the rest), not copied into the message.
         let (message, settler) = self.inner.admit_lean(unread)?.into_parts();
         let delivery = RbDelivery::handed_out(message, settler, payload, self.queue.clone()).into_message(ruby);
         // The payload lived only on this stack (and in the delivery's
@@ -67,7 +67,7 @@ impl RbConsumer {
         Some(delivery)
     }
 
-    /// The next delivery (a NativeDelivery), nil when nothing arrived within
+    /// The next delivery (a Message::Consumed), nil when nothing arrived within
     /// `timeout` seconds. Raises StopIteration once the consumer is closed:
     /// there will be no more.
     fn next(ruby: &Ruby, rb_self: Typed<Self>, timeout: f64) -> Result<Option<Value>, Error> {

@@ -1,4 +1,4 @@
-//! AceMQ::AMQP::NativeDelivery: one delivery as a Ruby handler reads it,
+//! AceMQ::AMQP::Message::Consumed (once NativeDelivery): one delivery as a Ruby handler reads it,
 //! and the one owner of what settles it (core's `Settler`) until its
 //! consumer's `_settle` takes that. What a handler produced is read back
 //! into core's `Outcome` in convert.rs.

@@ -13,7 +13,7 @@ Gem::Specification.new do |s|
   s.license = "MIT"
   s.required_ruby_version = ">= 3.1"
   s.files = Dir["lib/**/*.rb", "lib/**/*.erb", "lib/**/*.rake", "lib/generators/**/*.tt", "exe/*", "ext/extconf.rb", "ext/Cargo.toml", "ext/src/**/*.rs", "core/Cargo.toml",
-                "core/src/**/*.rs", "Cargo.toml", "Cargo.lock", "README.md", "docs/**/*.md"]
+                "core/src/**/*.rs", "vendor/lapin/**/*", "Cargo.toml", "Cargo.lock", "README.md", "docs/**/*.md"]
   s.extensions = ["ext/extconf.rb"]
   s.require_paths = ["lib"]
   s.bindir = "exe"

@@ -195,6 +195,19 @@ impl Drop for Inner {
     }
 }
 
+/// What a [`Connection`] holds at one moment: see [`Connection::resources`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Resources {
+    /// Channel ids the client holds on the current AMQP connection: open,
+    /// opening, or closed and not yet given back. 0 on `memory://`, which has
+    /// no channels. RabbitMQ allows 2,047 (its `channel_max`).
+    pub channels: usize,
+    /// Tasks alive on the tokio runtime the connection runs on (the process
+    /// runtime for the Ruby gem): lapin's, the consumers' and the engine's.
+    pub tasks: usize,
+}
+
 /// A connection to RabbitMQ (`amqp://`) or to an in-process broker (`memory://`).
 /// Cheap to clone; every clone is the same connection.
 #[derive(Clone)]
@@ -310,6 +323,18 @@ impl Connection {
             crate::limits::queue(q)?;
         }
         self.inner.backend.queue_counts_many(queues).await
+    }
+
+    /// What this connection holds now: channels, and the tasks alive on the
+    /// runtime it runs on. A soak (`rake soak`, `examples/soak.rs`) or a
+    /// health check reads it to see that failed operations give back what
+    /// they took: after any number of them these stay where they were.
+    pub fn resources(&self) -> Resources {
+        let tasks = tokio::runtime::Handle::try_current()
+            .unwrap_or_else(|_| crate::runtime::handle())
+            .metrics()
+            .num_alive_tasks();
+        Resources { channels: self.inner.backend.channels_in_use(), tasks }
     }
 
     pub(crate) fn replies(&self) -> Arc<crate::request::Replies> {

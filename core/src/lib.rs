@@ -77,7 +77,7 @@ pub mod fuzzing;
 
 pub use ack::{Ack, Guarded, Outcome, Settlement, Verdict};
 pub use broker::BrokerVersion;
-pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, TlsOptions};
+pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, Resources, TlsOptions};
 pub use consumer::{
     Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Fetch, Next, Settler, Unread, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
     TIMEOUT_CLASS,

@@ -218,6 +218,15 @@ impl RbConnection {
         self.inner.server_version()
     }
 
+    /// Connection#resources' fields: the channels held and the runtime's tasks.
+    fn resources(ruby: &Ruby, rb_self: &Self) -> Result<magnus::RHash, Error> {
+        let r = rb_self.inner.resources();
+        let h = ruby.hash_new();
+        h.aset(ruby.to_symbol("channels"), r.channels)?;
+        h.aset(ruby.to_symbol("tasks"), r.tasks)?;
+        Ok(h)
+    }
+
     fn is_memory(&self) -> bool {
         self.inner.memory_broker().is_some()
     }
@@ -358,6 +367,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("origin", method!(RbConnection::origin, 0))?;
     class.define_method("memory?", method!(RbConnection::is_memory, 0))?;
     class.define_method("server_version", method!(RbConnection::server_version, 0))?;
+    class.define_private_method("_resources", method!(RbConnection::resources, 0))?;
     crate::dead_letter::init(ruby, class)?;
     Ok(())
 }

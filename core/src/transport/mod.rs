@@ -319,6 +319,14 @@ fn check_amqp_url(url: &str, tls: Option<&TlsOptions>) -> Result<()> {
 }
 
 impl Backend {
+    /// Channel ids held on the current AMQP connection; 0 on memory://.
+    pub(crate) fn channels_in_use(&self) -> usize {
+        match self {
+            Backend::Amqp(a) => a.channels_in_use(),
+            Backend::Memory(_) => 0,
+        }
+    }
+
     pub(crate) async fn open(
         urls: &[String],
         origin: &str,

@@ -422,6 +422,14 @@ module AceMQ
       # counts toward them and where consumer_timeout applies differ by
       # version (docs/production.md); the engine's checks read it.
 
+      # What the connection holds now: channels (the channel ids held on the
+      # current AMQP connection; 0 on memory://, which has none) and tasks
+      # (alive on the engine's runtime). After any number of failed
+      # operations both stay where they were: `rake soak` checks it.
+      Resources = Struct.new(:channels, :tasks, keyword_init: true)
+
+      def resources = Resources.new(**_resources)
+
       def inspect = "#<AceMQ::AMQP::Connection origin=#{origin.inspect}#{closed? ? ' closed' : ''}>"
 
       private

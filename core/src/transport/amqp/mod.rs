@@ -121,6 +121,11 @@ impl AmqpBackend {
         self.server_version.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Channel ids held on the current connection (lapin's map).
+    pub(crate) fn channels_in_use(&self) -> usize {
+        self.current().channels_in_use()
+    }
+
     async fn open_channel(&self, confirms: bool) -> Result<Channel> {
         let conn = self.connection().await?;
         let ch = conn.create_channel().await.map_err(|e| map_error(&e, "opening a channel"))?;

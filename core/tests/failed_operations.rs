@@ -1,0 +1,57 @@
+//! Failed operations do not wear out a connection (issue 47, part 1): the
+//! broker closes the channel of every one of them, and before the fix in
+//! vendor/lapin (PATCHES.md) the 2,048th such close left lapin unable to open
+//! a channel on that connection ever again. 2,500 of each kind here, past
+//! RabbitMQ's channel_max of 2,047, then good traffic on the same
+//! connection. On both transports; RabbitMQ when AMQP_URL is set.
+
+use acemq::{ConsumeOptions, PublishOptions, Topology};
+use serde_json::json;
+use std::time::Duration;
+
+mod support;
+use support::{next, transports, unique};
+
+const ROUNDS: usize = 2_500;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_channel_max_failed_operations_leave_the_connection_as_it_was() {
+    for mq in transports().await {
+        let q = unique("after-failures");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        mq.publish(&json!({"n": 0}), &q, PublishOptions::default()).await.unwrap();
+        let before = mq.resources();
+
+        let missing_queue = unique("missing-queue");
+        for i in 0..ROUNDS {
+            let counts = mq.queue_counts(&missing_queue).await;
+            assert!(matches!(counts, Ok(None)), "queue_counts of a missing queue, call {i}: {counts:?}");
+        }
+        let missing_exchange = unique("missing-exchange");
+        for i in 0..ROUNDS {
+            let opts = PublishOptions { exchange: missing_exchange.clone(), ..Default::default() };
+            let err = mq.publish(&json!({"n": i}), "anything", opts).await.expect_err("a publish to a missing exchange");
+            assert!(err.is_not_found(), "publish to a missing exchange, call {i}: {err}");
+        }
+
+        // The same connection declares, publishes and consumes.
+        let q2 = unique("after-failures-2");
+        mq.apply(&Topology::new().queue(&q2)).await.unwrap();
+        mq.publish(&json!({"n": 1}), &q, PublishOptions::default()).await.unwrap();
+        assert_eq!(mq.queue_counts(&q).await.unwrap().map(|c| c.ready), Some(2));
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        for n in 0..2 {
+            let d = next(&c).await;
+            assert_eq!(d.message.payload["n"], json!(n));
+            c.accept(d);
+        }
+        c.close().await;
+        // Channels given back: the consumer's closes as it is cancelled.
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while mq.resources().channels > before.channels {
+            assert!(std::time::Instant::now() < until, "channels held {:?}, before {:?}", mq.resources(), before);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        mq.close().await;
+    }
+}

@@ -262,7 +262,9 @@ pub struct Outbox {
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct ConnectionChange {
-    /// `lost`, `recovered`, `blocked` or `unblocked`.
+    /// `lost`, `recovered`, `replaced` (the client could not open a channel
+    /// for a reason of its own and dialled a new connection), `blocked` or
+    /// `unblocked`.
     pub state: &'static str,
     /// The broker's address (no credentials).
     pub endpoint: String,

@@ -56,6 +56,9 @@ pub(crate) struct AmqpBackend {
     /// One redial at a time: the first caller to find the connection down
     /// dials, the others wait for it and use what it got.
     redial: tokio::sync::Mutex<()>,
+    /// When the connection was last replaced because lapin could not open a
+    /// channel for reasons of its own (redial.rs, `create_channel`).
+    replaced: Mutex<Option<std::time::Instant>>,
     closed: std::sync::atomic::AtomicBool,
     connect_timeout: Duration,
     /// Exchanges known to exist: declared through this connection, or
@@ -106,6 +109,7 @@ impl AmqpBackend {
             conn: Mutex::new(Arc::new(dialed.conn)),
             server_version: Mutex::new(dialed.version),
             redial: tokio::sync::Mutex::new(()),
+            replaced: Mutex::new(None),
             closed: std::sync::atomic::AtomicBool::new(false),
             connect_timeout,
             known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
@@ -127,8 +131,7 @@ impl AmqpBackend {
     }
 
     async fn open_channel(&self, confirms: bool) -> Result<Channel> {
-        let conn = self.connection().await?;
-        let ch = conn.create_channel().await.map_err(|e| map_error(&e, "opening a channel"))?;
+        let ch = self.create_channel().await?;
         if confirms {
             ch.confirm_select(ConfirmSelectOptions::default()).await.map_err(|e| map_error(&e, "enabling publisher confirms"))?;
         }

@@ -64,6 +64,75 @@ impl AmqpBackend {
     }
 }
 
+/// How long after replacing a connection for lost channel bookkeeping the
+/// next replacement may come. A process that really holds `channel_max`
+/// channels (2,047 consumers on one connection) gets the same refusal from a
+/// fresh connection once its consumers are back; replacing it again at once
+/// would only churn them.
+const REPLACE_COOLDOWN: Duration = Duration::from_secs(30);
+
+/// Whether lapin refused to open a channel because its own record of the
+/// connection's channels went wrong, not because the broker said anything:
+/// ChannelsLimitReached, or a channel.open refused with a channel-level
+/// (soft) error, which RabbitMQ never answers channel.open with, so it is a
+/// closed channel's error left behind.
+fn bookkeeping_lost(e: &lapin::Error) -> bool {
+    match e.kind() {
+        lapin::ErrorKind::ChannelsLimitReached => true,
+        lapin::ErrorKind::ProtocolError(amqp) => matches!(amqp.kind(), lapin::protocol::AMQPErrorKind::Soft(_)),
+        _ => false,
+    }
+}
+
+impl AmqpBackend {
+    /// A new channel on the current connection (dialled again if it was
+    /// lost). If lapin cannot open one for a reason of its own bookkeeping
+    /// (see [`bookkeeping_lost`]), the connection is replaced and the channel
+    /// opened on the new one, rather than every later call failing the same
+    /// way: issue 47, where 2,047 failed operations used up a connection for
+    /// good. Consumers on the old connection subscribe again on the new one,
+    /// as after any lost connection.
+    pub(super) async fn create_channel(&self) -> Result<lapin::Channel> {
+        let conn = self.connection().await?;
+        let refused = match crate::fault::refuse_channel_open() {
+            Some(e) => e,
+            None => match conn.create_channel().await {
+                Ok(ch) => return Ok(ch),
+                Err(e) => e,
+            },
+        };
+        if !bookkeeping_lost(&refused) || !conn.status().connected() {
+            return Err(map_error(&refused, "opening a channel"));
+        }
+        let held = conn.channels_in_use();
+        {
+            let mut last = self.replaced.lock().unwrap_or_else(|p| p.into_inner());
+            if last.is_some_and(|t| t.elapsed() < REPLACE_COOLDOWN) {
+                return Err(Error::new(
+                    ErrorKind::Closed,
+                    format!(
+                        "opening a channel: {held} channel ids in use on the connection to {}, and it was replaced less than {}s ago: \
+                         does this process hold that many channels (consumers, requests)? RabbitMQ allows 2,047 on one connection",
+                        self.endpoint(),
+                        REPLACE_COOLDOWN.as_secs()
+                    ),
+                ));
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        crate::events::connection(
+            "replaced",
+            self.endpoint(),
+            Some(format!("the client could not open a channel ({}) with {held} channel ids in use", map_error(&refused, "opening a channel"))),
+        );
+        if Arc::ptr_eq(&conn, &self.current()) {
+            let _ = tokio::time::timeout(self.connect_timeout, conn.close(200, "replacing a connection whose channel bookkeeping was lost".into())).await;
+        }
+        let conn = self.connection().await?;
+        conn.create_channel().await.map_err(|e| map_error(&e, "opening a channel"))
+    }
+}
+
 /// Dial each address in turn from `start`, each within `connect_timeout`,
 /// and return the first that answers with its index. A refused login is
 /// reported as that (the same user is refused everywhere); otherwise what

@@ -84,7 +84,6 @@ pub(super) const SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
 
 pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16, id: u64) -> Result<(Arc<Generation>, lapin::Consumer)> {
     // Dialling has its own limits (connect_timeout a node).
-    let conn = backend.connection().await?;
     let wait = SUBSCRIBE_WAIT.min(backend.confirm_timeout);
     let late = |what: &str| {
         Error::new(
@@ -92,10 +91,7 @@ pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16,
             format!("{what}: no answer from {} within {}ms; subscribing again", backend.endpoint(), wait.as_millis()),
         )
     };
-    let ch = tokio::time::timeout(wait, conn.create_channel())
-        .await
-        .map_err(|_| late("opening a channel"))?
-        .map_err(|e| map_error(&e, "opening a channel"))?;
+    let ch = tokio::time::timeout(wait, backend.create_channel()).await.map_err(|_| late("opening a channel"))??;
     let consumed = tokio::time::timeout(wait, async {
         ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
         ch.basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())

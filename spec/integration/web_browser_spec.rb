@@ -164,6 +164,47 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     expect(dlq_ids).not_to include(@ids[2])
   end
 
+  # Anyone who may publish to a queue may set a dead letter's headers
+  # (issue 48): markup in the history's attempts once ran script in this
+  # page, which holds the CSRF token, and a history of another shape made
+  # the page a 500, hiding Purge. Between two good letters, none of it runs
+  # or breaks anything: the markup reads as characters.
+  it "shows a hostile publisher's headers as text between good letters: no script runs, no 500, Purge still there" do
+    dlq = "#{@other}.dlq"
+    pwn = "<img src=x onerror=\"window.acemqPwned=(window.acemqPwned||0)+1\">"
+    good = ->(n) { @mq.publish({ "good" => n }, to: dlq, headers: { "x-acemq-reason" => "good #{n}" }).id }
+    ids = [good.call(1)]
+    ids << @mq.publish({ "evil" => pwn }, to: dlq, type: "<script>window.acemqPwned=1</script>",
+                                          headers: { "x-acemq-reason" => pwn, "x-acemq-error-class" => pwn,
+                                                     "x-acemq-failed-at" => pwn,
+                                                     "x-acemq-history" => [{ "attempts" => "<img src=x onerror=alert(2)>" },
+                                                                           { "attempts" => pwn, "reason" => pwn,
+                                                                             "error_class" => pwn, "failed_at" => pwn }] }).id
+    ids << @mq.publish({ "odd" => 1 }, to: dlq, headers: { "x-acemq-history" => [5] }).id
+    ids << @mq.publish({ "odd" => 2 }, to: dlq, headers: { "x-acemq-history" => { "reason" => "a table" } }).id
+    ids << @mq.publish({ "odd" => 3 }, to: dlq, headers: { "x-acemq-history" => [{ "failed_at" => "yesterday" }] }).id
+    ids << good.call(2)
+    eventually(timeout: 10) { @mq.queue_counts(dlq)&.dig(:ready) == ids.size }
+    sign_in("admin")
+    go("/acemq/queues/#{@other}/dlq")
+    expect(page).to have_css("h1", text: "Dead letters of #{@other}")
+    expect(page.all("article.letter").map { |a| a[:id] }).to eq(ids.map { |i| "dl-#{i}" })
+    expect(page).to have_button("Purge the DLQ…")
+    page.execute_script("document.querySelectorAll('article.letter details').forEach(function (d) { d.open = true; })")
+    expect(page).to have_no_css("main img", visible: :all)
+    expect(page).to have_no_css("main script", visible: :all)
+    expect(page.evaluate_script("window.acemqPwned")).to be_nil
+    evil = page.find("#dl-#{ids[1]}")
+    expect(evil).to have_text("<img src=x onerror=alert(2)> attempts")
+    expect(evil).to have_css("dd.reason", exact_text: pwn)
+    expect(evil).to have_text("<script>window.acemqPwned=1</script>")
+    expect(page.find("#dl-#{ids[2]}")).to have_css("li", exact_text: "5")
+    expect(page.find("#dl-#{ids[3]}")).to have_css("li", text: "a table")
+    expect(page.find("#dl-#{ids[4]}")).to have_css("li", text: "failed at yesterday")
+  ensure
+    @mq.purge_dead_letters(@other)
+  end
+
   it "asks before discarding the selected, and a cancel discards nothing" do
     sign_in("admin")
     go("/acemq/queues/#{@queue}/dlq")

@@ -84,6 +84,89 @@ RSpec.describe "AceMQ::Web (Rack)" do
     expect(@mq.peek_dead_letters(@queue, limit: 100).map { |d| d[:id] }).to eq(ids)
   end
 
+  # Anyone who may publish to a queue may publish to its DLQ, or get a
+  # message dead-lettered with the headers they chose (issue 48): markup in
+  # any field, x-acemq-history of any shape, bytes that are not UTF-8 (from
+  # another client: AceMQ's own publish refuses them). Each renders as
+  # text between two good letters: the page is a 200, still has Purge, and
+  # prints the markup as characters.
+  HOSTILE = "<img src=x onerror=alert(2)>"
+  MALFORMED_HISTORIES = {
+    "markup" => [{ "attempts" => HOSTILE, "reason" => "<b>r</b>", "error_class" => "<i>E</i>", "failed_at" => "<u>t</u>" }],
+    "a number" => [5],
+    "a table, not an array" => { "reason" => "a table", "failed_at" => 1_700_000_000 },
+    "a string failed_at" => [{ "reason" => "string time", "failed_at" => "yesterday" }],
+    "nested arrays" => [[1, [2, [3]]], "text", nil],
+    "null" => nil,
+    "huge numbers" => [{ "attempts" => 2**62, "failed_at" => 2**62 }, { "failed_at" => 1e300 }, { "failed_at" => -5 }]
+  }.freeze
+
+  def publish_dead_letter(reason, headers = {}, type: "order.v1")
+    @mq.publish({ "reason" => reason }, to: dlq, type: type,
+                                        headers: { "x-acemq-reason" => reason, "x-acemq-failed-at" => Time.now.to_i - 60,
+                                                   "x-acemq-history" => [{ "reason" => "earlier", "attempts" => 5,
+                                                                           "failed_at" => Time.now.to_i - 120 }] }
+                                                 .merge(headers)).id
+  end
+
+  it "renders hostile and malformed headers as text, never markup and never a 500, between good letters" do
+    ids = [publish_dead_letter("good first")]
+    MALFORMED_HISTORIES.each do |name, history|
+      ids << publish_dead_letter("history: #{name}", { "x-acemq-history" => history, "x-acemq-failed-at" => "<s>noon</s>" },
+                                 type: "<script>window.pwned=1</script>")
+    end
+    require "bunny"
+    bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil)).tap(&:start)
+    begin
+      ch = bunny.create_channel
+      bunny_id = "bunny-#{SecureRandom.hex(4)}"
+      ch.default_exchange.publish("{}", routing_key: dlq, message_id: bunny_id, content_type: "application/json",
+                                        headers: { "x-acemq-reason" => "bytes \xFF\xFE<b>".b,
+                                                   "x-acemq-history" => [{ "reason" => "\xC3\x28 <i>".b, "attempts" => "\xFF".b }] })
+      ids << bunny_id
+    ensure
+      bunny.close
+    end
+    ids << publish_dead_letter("good last")
+    eventually { @mq.queue_counts(dlq)[:ready] == ids.size }
+    page = Rack::MockRequest.new(AceMQ::Web.new(connection: @mq, queues: [@queue], runners: [])).get("/queues/#{@queue}/dlq")
+    expect(page.status).to eq(200)
+    body = page.body
+    expect(body.scan(/<article class="letter" id="dl-([^"]+)"/).flatten).to eq(ids)
+    expect(body).to include(%(id="purge"))
+    # Markup from the headers is text: escaped once, never twice.
+    expect(body).not_to include("<img", "<b>", "<i>", "<u>", "<s>", "<script>window")
+    expect(body).to include("&lt;img src=x onerror=alert(2)&gt;", "&lt;i&gt;E&lt;/i&gt;", "&lt;u&gt;t&lt;/u&gt;",
+                            "&lt;script&gt;window.pwned=1&lt;/script&gt;")
+    expect(body).not_to include("&amp;lt;")
+    # Each malformed entry shows as its text; a failed_at that is no time as text.
+    expect(body).to include("<li>5</li>", "a table", "yesterday", "<li>[1,[2,[3]]]</li>", "<li>text</li>", "<li>null</li>",
+                            "4611686018427387904 attempts", "1.0e+300", "-5")
+    # The good ones' history still reads as markup the page made: a <time>.
+    expect(body.scan(/earlier, 5 attempts, <time datetime="[^"]+"/).size).to be >= 2
+    # Bytes that are not UTF-8 arrive as U+FFFD (the engine reads headers as UTF-8, lossily).
+    expect(body).to include("bytes \uFFFD\uFFFD&lt;b&gt;")
+  end
+
+  it "escapes every <%= %> unless the template marks it as markup, and escapes nothing twice" do
+    views = AceMQ::Web::Views
+    render = ->(src, **locals) { views.compile(src).result_with_hash(locals) }
+    expect(render.call("<p><%= x %></p>", x: "<b>&\"'")).to eq("<p>&lt;b&gt;&amp;&quot;&#39;</p>")
+    page = views.new(nil, nil)
+    expect(render.call("<%= x %>", x: page.raw("<b>"))).to eq("<b>")
+    expect(render.call("<%= x %>", x: page.h("<b>"))).to eq("&lt;b&gt;")
+    safe = views::SafeHTML.new("<b>made here</b>")
+    expect(render.call("<%= x %>", x: safe)).to eq("<b>made here</b>")
+    expect(render.call("<%= x %>", x: 5)).to eq("5")
+    expect(render.call("<%= x %>", x: nil)).to eq("")
+    expect(render.call("<%= x %>", x: "\xFF<".b)).to eq("\uFFFD&lt;")
+    expect(views.escape(views.escape("<"))).to eq("&lt;")
+    expect(views.script_json("</script><!-- \u2028\u2029 & >")).to eq(
+      '"\\u003c/script\\u003e\\u003c!-- \\u2028\\u2029 \\u0026 \\u003e"'
+    )
+    expect(views.script_json("x")).to be_a(views::SafeHTML)
+  end
+
   it "refuses a POST without the CSRF token, or from another origin, and changes nothing" do
     ids = dead_letters(2)
     token = token_of(http.get("/"))

@@ -114,14 +114,66 @@ module AceMQ
         size = Integer(@config.page_size || 25)
         t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         result = connection.browse_dead_letters(queue, limit: size, skip: (page - 1) * size, **filter)
-        result.merge(ms: ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0) * 1000).round, page: page,
+        result.merge(dead_letters: result[:dead_letters].map { |d| Source.readable(d) },
+                     ms: ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0) * 1000).round, page: page,
                      page_size: size)
       end
 
       # The newest dead letters: the last `count` of the first NEWEST_SCAN.
       def newest(queue, count)
         r = connection.browse_dead_letters(queue, limit: NEWEST_SCAN)
-        r.merge(dead_letters: r[:dead_letters].last(count).reverse)
+        r.merge(dead_letters: r[:dead_letters].last(count).reverse.map { |d| Source.readable(d) })
+      end
+
+      # The latest time a failure can claim: 9999-12-31T23:59:59Z.
+      LAST_TIME = 253_402_300_799
+
+      # A dead letter as the pages show it. Its headers are whatever its
+      # publisher (or anyone who may publish to its queue or DLQ) chose:
+      # x-acemq-history of any shape, a failed-at that is no time. So
+      # :history is a list of entries, each { reason:, error_class:,
+      # attempts:, failed_at: (a Time or nil), failed_at_text: } read from a
+      # Hash, every field as text, or { text: } for an entry that is not a
+      # Hash (shown as it is, JSON for what is not a string); a history that
+      # is not an array is one entry. :failed_at is a Time only for a number
+      # of seconds from 1970 to 9999, and :failed_at_text the header as text
+      # otherwise. Nothing in it makes the page fail.
+      def self.readable(letter)
+        headers = letter[:headers].is_a?(Hash) ? letter[:headers] : {}
+        history = headers.key?("x-acemq-history") ? headers["x-acemq-history"] : []
+        entries = (history.is_a?(Array) ? history : [history])
+        failed_at, failed_at_text = time_of(headers["x-acemq-failed-at"])
+        letter.merge(history: entries.map { |e| history_entry(e) }, failed_at: failed_at, failed_at_text: failed_at_text)
+      end
+
+      def self.history_entry(entry)
+        return { text: text_of(entry) } unless entry.is_a?(Hash)
+
+        failed_at, failed_at_text = time_of(entry["failed_at"])
+        { reason: field_text(entry["reason"]), error_class: field_text(entry["error_class"]),
+          attempts: field_text(entry["attempts"]), failed_at: failed_at, failed_at_text: failed_at_text }
+      end
+
+      # [a Time, nil] for seconds since the epoch in range; [nil, its text]
+      # for anything else; [nil, nil] for none.
+      def self.time_of(value)
+        return [nil, nil] if value.nil?
+        if value.is_a?(Numeric) && value.real? && value.to_f.finite? && value >= 0 && value <= LAST_TIME
+          return [Time.at(value), nil]
+        end
+
+        [nil, text_of(value)]
+      end
+
+      def self.field_text(value) = value.nil? ? nil : text_of(value)
+
+      # A header value as text: a string as it is, anything else as JSON.
+      def self.text_of(value)
+        return value if value.is_a?(String)
+
+        JSON.generate(value)
+      rescue JSON::JSONError, EncodingError, SystemStackError
+        value.inspect
       end
 
       def counts(name) = connection.queue_counts(name)

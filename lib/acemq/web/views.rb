@@ -9,11 +9,68 @@ module AceMQ
     # One request: the route, the data from Source, the HTML. Pages are ERB
     # templates under views/ in one layout; no JavaScript framework, no
     # asset pipeline: the CSS and the few lines of JS are inline.
+    #
+    # `<%= %>` escapes what it prints (Views.escape): a dead letter's headers
+    # are whatever its publisher chose, and the page holds the CSRF token.
+    # Markup the code builds itself is a SafeHTML (what render, h,
+    # token_field, ago and chart_svg return), printed as it is; a template
+    # that means to print markup says so with raw(...). So a forgotten h()
+    # is a string shown with its angle brackets, never script.
     class Views
       include ERB::Util
 
+      # A String that is HTML already: markup built here, or text escaped
+      # once. `<%= %>` prints it as it is (as Rails' SafeBuffer). Anything
+      # made from it by String's methods (+, interpolation) is a plain
+      # String again, escaped when printed: wrap such a result in raw(...)
+      # only when every piece of it was markup or escaped.
+      class SafeHTML < String
+        def html_safe? = true
+        def to_s = self
+      end
+
+      # `<%= expr %>` compiles to Views.escape(expr): escaped unless it is
+      # SafeHTML.
+      class Compiler < ERB::Compiler
+        def add_insert_cmd(out, content)
+          out.push("#{@insert_cmd}(::AceMQ::Web::Views.escape((#{content})))")
+        end
+      end
+
+      # ERB with that compiler.
+      class Template < ERB
+        def make_compiler(trim_mode) = Compiler.new(trim_mode)
+      end
+
+      # What `<%= value %>` prints: SafeHTML as it is, anything else as text
+      # (to_s, made valid UTF-8, HTML-escaped).
+      def self.escape(value)
+        return value if value.is_a?(SafeHTML)
+
+        SafeHTML.new(ERB::Util.html_escape(text(value)))
+      end
+
+      # value.to_s as valid UTF-8: bytes that are not become U+FFFD (a body
+      # or a header can be anything; a binary string would not join the page).
+      def self.text(value)
+        s = value.to_s
+        return s if s.encoding == Encoding::UTF_8 && s.valid_encoding?
+
+        s.dup.force_encoding(Encoding::UTF_8).scrub
+      end
+
+      # value as JSON that is safe inside a <script> element, marked as
+      # markup: <, > and & escaped (no "</script>" or "<!--" can end or
+      # change the element) and U+2028/U+2029 (line ends to older
+      # JavaScript).
+      def self.script_json(value)
+        SafeHTML.new(JSON.generate(value).gsub(/[<>&\u2028\u2029]/) { |c| format("\\u%04x", c.ord) })
+      end
+
+      def self.compile(source) = Template.new(source, trim_mode: "-")
+
       DIR = File.join(__dir__, "views")
-      TEMPLATES = Hash.new { |h, name| h[name] = ERB.new(File.read(File.join(DIR, "#{name}.erb")), trim_mode: "-") }
+      TEMPLATES = Hash.new { |h, name| h[name] = compile(File.read(File.join(DIR, "#{name}.erb"), encoding: Encoding::UTF_8)) }
       FILTERS = %w[reason type error_class id].freeze
       ACTIONS = %w[replay discard purge].freeze
 
@@ -180,7 +237,15 @@ module AceMQ
 
       def qpath(queue, rest = "") = "/queues/#{url_encode(queue)}#{rest}"
 
-      def token_field = %(<input type="hidden" name="#{CSRF_FIELD}" value="#{h(@req.token)}">)
+      # Text escaped once, as SafeHTML (already SafeHTML: as it is).
+      def h(value) = Views.escape(value)
+
+      # Markup printed as it is: only for text that is markup, built here.
+      def raw(markup) = SafeHTML.new(Views.text(markup))
+
+      def script_json(value) = Views.script_json(value)
+
+      def token_field = raw(%(<input type="hidden" name="#{CSRF_FIELD}" value="#{h(@req.token)}">))
 
       def read_only? = @req.read_only?
 
@@ -212,7 +277,7 @@ module AceMQ
 
         s = (Time.now - time).round
         rel = s < 90 ? "#{s} s ago" : s < 5400 ? "#{(s / 60.0).round} min ago" : "#{(s / 3600.0).round(1)} h ago"
-        %(<time datetime="#{time.utc.iso8601}" title="#{time.utc.iso8601}">#{rel}</time>)
+        raw(%(<time datetime="#{time.utc.iso8601}" title="#{time.utc.iso8601}">#{rel}</time>))
       end
 
       # The body as JSON pretty-printed, else as text, else its size.
@@ -225,14 +290,18 @@ module AceMQ
         text
       end
 
-      def pretty_headers(headers) = JSON.pretty_generate(headers.reject { |k, _| k == "x-acemq-history" })
+      def pretty_headers(headers)
+        JSON.pretty_generate(headers.reject { |k, _| k == "x-acemq-history" })
+      rescue JSON::JSONError, EncodingError
+        headers.inspect
+      end
 
       # The kept samples as inline SVG: the rates (handled/s from the
       # runner's counter, dead-lettered/s from the DLQ's growth) and the
       # depths (ready, DLQ), each over the last minutes.
       def chart_svg
         pts = @samples
-        return %(<p class="muted" id="chart">No samples yet: the overview and this page take one each refresh.</p>) if pts.size < 2
+        return raw(%(<p class="muted" id="chart">No samples yet: the overview and this page take one each refresh.</p>)) if pts.size < 2
 
         rate = lambda do |field|
           pts.each_cons(2).map do |a, b|
@@ -243,10 +312,10 @@ module AceMQ
         end
         depth = ->(field) { pts.map { |s| [s.at, s.public_send(field)] } }
         span = [pts.last.at - pts.first.at, 1].max
-        %(<div id="chart">) +
+        raw(%(<div id="chart">) +
           svg_chart("Rates", "/s", pts.first.at, span, "handled" => rate.call(:done), "dead-lettered" => rate.call(:dlq)) +
           svg_chart("Depth", "", pts.first.at, span, "ready" => depth.call(:ready), "in the DLQ" => depth.call(:dlq)) +
-          "</div>"
+          "</div>")
       end
 
       def svg_chart(title, unit, t0, span, series)
@@ -296,7 +365,7 @@ module AceMQ
         html(status, render(:layout))
       end
 
-      def render(name) = TEMPLATES[name.to_s].result(binding)
+      def render(name) = SafeHTML.new(TEMPLATES[name.to_s].result(binding))
 
       def refuse(status, title, message)
         @title = title

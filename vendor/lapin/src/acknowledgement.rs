@@ -5,7 +5,7 @@ use crate::{
     publisher_confirm::{Confirmation, PublisherConfirm},
     returned_messages::ReturnedMessages,
     shared::SharedMutex,
-    types::DeliveryTag,
+    types::{DeliveryTag, ShortString},
 };
 use std::{collections::HashMap, fmt, sync::MutexGuard};
 use tracing::trace;
@@ -20,8 +20,8 @@ impl Acknowledgements {
         Self(SharedMutex::new(Inner::new(channel_id, returned_messages)))
     }
 
-    pub(crate) fn register_pending(&self) -> PublisherConfirm {
-        self.lock_inner().register_pending()
+    pub(crate) fn register_pending(&self, message_id: Option<ShortString>) -> PublisherConfirm {
+        self.lock_inner().register_pending(message_id)
     }
 
     pub(crate) fn get_last_pending(&self) -> Option<Promise<()>> {
@@ -85,6 +85,9 @@ struct Inner {
     delivery_tag: IdSequence<DeliveryTag>,
     last: Option<Promise<()>>,
     pending: HashMap<DeliveryTag, (PromiseResolver<Confirmation>, PromiseResolver<()>)>,
+    /// PATCH (acemq, vendor/lapin/PATCHES.md, 4): the message id each pending
+    /// publish carried, to hand a returned message to its own confirm.
+    message_ids: HashMap<DeliveryTag, ShortString>,
     returned_messages: ReturnedMessages,
 }
 
@@ -95,12 +98,16 @@ impl Inner {
             delivery_tag: IdSequence::new(false),
             last: None,
             pending: HashMap::default(),
+            message_ids: HashMap::default(),
             returned_messages,
         }
     }
 
-    fn register_pending(&mut self) -> PublisherConfirm {
+    fn register_pending(&mut self, message_id: Option<ShortString>) -> PublisherConfirm {
         let delivery_tag = self.delivery_tag.next();
+        if let Some(id) = message_id {
+            self.message_ids.insert(delivery_tag, id);
+        }
         trace!("Publishing with delivery_tag {}", delivery_tag);
         let (promise, resolver) = Promise::new("acknowledgement");
         let (err_promise, err_resolver) = Promise::new("acknowledgement-error");
@@ -116,7 +123,12 @@ impl Inner {
         delivery_tag: DeliveryTag,
         resolvers: (PromiseResolver<Confirmation>, PromiseResolver<()>),
     ) {
-        let returned_message = self.returned_messages.get_waiting_message();
+        // PATCH (acemq, 4): the returned message whose id this publish
+        // carried, not whichever was returned first: a basic.return names no
+        // delivery tag, and the ack of another publish on the channel can come
+        // between a return and its own ack (or one multiple ack covers both).
+        let message_id = self.message_ids.remove(&delivery_tag);
+        let returned_message = self.returned_messages.take_waiting_message(message_id.as_ref());
         resolvers.0.resolve(if success {
             Confirmation::Ack(returned_message)
         } else {
@@ -174,6 +186,7 @@ impl Inner {
     }
 
     fn on_channel_error(&mut self, error: Error) {
+        self.message_ids.clear();
         for (delivery_tag, resolvers) in self.pending.drain() {
             resolvers.0.reject(error.clone());
             if Some(delivery_tag) == self.delivery_tag.current() {

@@ -630,9 +630,9 @@ impl Channel {
         }
     }
 
-    fn before_basic_publish(&self) -> Option<PublisherConfirm> {
+    fn before_basic_publish(&self, message_id: Option<ShortString>) -> Option<PublisherConfirm> {
         if self.status.confirm() {
-            Some(self.acknowledgements.register_pending())
+            Some(self.acknowledgements.register_pending(message_id))
         } else {
             None
         }

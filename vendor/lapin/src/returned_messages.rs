@@ -1,6 +1,6 @@
 use crate::{
     BasicProperties, Promise, message::BasicReturnMessage, publisher_confirm::Confirmation,
-    types::PayloadSize,
+    types::{PayloadSize, ShortString},
 };
 use std::{
     collections::VecDeque,
@@ -45,8 +45,13 @@ impl ReturnedMessages {
         self.lock_inner().register_dropped_confirm(promise);
     }
 
-    pub(crate) fn get_waiting_message(&self) -> Option<BasicReturnMessage> {
-        self.lock_inner().waiting_messages.pop_front()
+    /// PATCH (acemq, vendor/lapin/PATCHES.md, 4): the waiting returned
+    /// message that carries `message_id`; for a publish without one, the
+    /// first returned without one (upstream took the first of any).
+    pub(crate) fn take_waiting_message(&self, message_id: Option<&ShortString>) -> Option<BasicReturnMessage> {
+        let waiting = &mut self.lock_inner().waiting_messages;
+        let at = waiting.iter().position(|m| m.properties.message_id().as_ref() == message_id)?;
+        waiting.remove(at)
     }
 
     pub(crate) fn clear_dropped_confirms(&self) {

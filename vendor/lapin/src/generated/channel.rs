@@ -673,7 +673,8 @@ impl Channel {
             return Err(self.status.state_error("basic.publish"));
         }
 
-        let start_hook_res = self.before_basic_publish();
+        // PATCH (acemq, 4): the message id, to match a basic.return to it.
+        let start_hook_res = self.before_basic_publish(properties.message_id().clone());
         let BasicPublishOptions {
             mandatory,
             immediate,

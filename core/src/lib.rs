@@ -89,7 +89,7 @@ pub use handler::{Failure, Handler};
 pub use headers::Headers;
 pub use message::{DeliveryInfo, Message};
 pub use request::{RequestOptions, DEFAULT_REQUEST_TIMEOUT, REPLY_TO};
-pub use replay::{DeadLetter, DeadLetterPage, ReplayOptions, ReplayReport, REFRESHED_BY_HEADER, REFRESH_AT};
+pub use replay::{DeadLetter, DeadLetterPage, ReplayOptions, ReplayReport, REFRESHED_BY_HEADER, REFRESH_AT, REPLAYED_BY_HEADER};
 pub use retry::{dlq_name, rung_name, RetryPolicy};
 pub use stream::{OutgoingMessage, PublishStream, STREAM_CHUNK, STREAM_WINDOW};
 pub use teardown::{TeardownOptions, TeardownReport};

@@ -75,6 +75,42 @@ RSpec.describe "reading a quorum DLQ" do
     read_it_all_over_and_over(fill_dlq)
   end
 
+  # A replay reads what the DLQ held when it started (issue 48): with a
+  # handler that still fails, each copy it sends is back in the DLQ while it
+  # runs, and a replay that read on to the DLQ's end replayed those again
+  # (300 dead letters: replay_dead_letters had not returned after 120 s).
+  # Each is replayed once, the count is the DLQ's, and it returns at once;
+  # the copies that failed again wait for the next replay.
+  it "replays each of a DLQ of 300 once when the handler still fails, and returns promptly" do
+    topology.apply(mq)
+    seen = Hash.new(0)
+    lock = Mutex.new
+    sub = mq.consume(queue) do |m|
+      lock.synchronize { seen[m.id] += 1 }
+      AceMQ::AMQP::Ack.reject("still declined #{m.payload['n']}")
+    end
+    ids = Array.new(300) { |n| mq.publish({ "n" => n }, to: queue).id }
+    eventually(timeout: 30) { mq.queue_counts("#{queue}.dlq")[:ready] == 300 }
+    lock.synchronize { seen.clear }
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    report = Timeout.timeout(60) { mq.replay_dead_letters(queue) }
+    took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
+    expect(report).to eq(replayed: 300, skipped: 0)
+    expect(took).to be < 30
+    eventually(timeout: 30) { mq.queue_counts("#{queue}.dlq")[:ready] == 300 }
+    sleep 0.3
+    sub.cancel
+    counts = lock.synchronize { seen.dup }
+    expect(counts.keys.sort).to eq(ids.sort)
+    expect(counts.values.uniq).to eq([1])
+    expect(mq.queue_counts("#{queue}.dlq")[:ready]).to eq(300)
+    again = mq.peek_dead_letters(queue, limit: 1).first
+    expect(again[:history].last["reason"]).to start_with("still declined")
+    expect(again[:headers]["x-acemq-replayed-by"]).to be_a(String)
+  ensure
+    sub&.cancel
+  end
+
   it "still refuses to turn a classic queue and its DLQ into quorum ones, naming the argument" do
     AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
     expect { topology.apply(mq) }.to raise_error(AceMQ::AMQP::PreconditionFailed, /x-queue-type/)

@@ -216,6 +216,35 @@ RSpec.describe "AceMQ::Web (Rack)" do
     expect(@mq.peek_dead_letters(@queue)).to eq([])
   end
 
+  # Issue 48: with a handler that still fails, one click on one letter
+  # replayed it twice and "all matching" replayed more than it showed: each
+  # copy was back in the DLQ before the replay ended, and read again. A
+  # replay takes what the DLQ held at the click, each once.
+  it "replays one, then all matching, each once, while the handler still fails" do
+    seen = Hash.new(0)
+    lock = Mutex.new
+    sub = @mq.consume(@queue, retries: { max_attempts: 1 }) do |m|
+      lock.synchronize { seen[m.id] += 1 }
+      AceMQ::AMQP::Ack.reject("declined #{m.payload['n']}")
+    end
+    ids = Array.new(6) { |n| @mq.publish({ "n" => n }, to: @queue).id }
+    eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == 6 }
+    lock.synchronize { seen.clear }
+    token = token_of(http.get("/"))
+    one = post("/queues/#{@queue}/dlq/replay", { "ids[]" => ids[0], "confirmed" => "yes" }, token: token)
+    expect(one.body).to include("Replayed 1 dead letter from #{dlq} to #{@queue}; 5 others left in the DLQ.")
+    eventually(timeout: 10) { lock.synchronize { seen[ids[0]] } == 1 && @mq.queue_counts(dlq)[:ready] == 6 }
+    all = post("/queues/#{@queue}/dlq/replay", { "scope" => "filter", "reason" => "declined", "confirmed" => "yes" },
+               token: token)
+    expect(all.body).to include("Replayed 6 dead letters from #{dlq} to #{@queue}; 0 others left in the DLQ.")
+    eventually(timeout: 10) { lock.synchronize { seen.values.sum } == 7 && @mq.queue_counts(dlq)[:ready] == 6 }
+    sleep 0.3
+    sub.cancel
+    expect(lock.synchronize { seen.dup }).to eq(ids.to_h { |i| [i, i == ids[0] ? 2 : 1] })
+  ensure
+    sub&.cancel
+  end
+
   it "in read-only mode (configured, or set per request by the host) shows no action and refuses every POST" do
     ids = dead_letters(2)
     [AceMQ::Web.new(connection: @mq, queues: [@queue], runners: [], read_only: true), app].each do |ro|

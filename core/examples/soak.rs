@@ -23,6 +23,8 @@
 //!   user may not write to. The soak declares it first (harmless if it
 //!   exists or the user may not); a publish there that is not refused
 //!   skips the path ("the user may write to it");
+//! - `SOAK_PATHS`: a comma-separated list of path names to run (all when
+//!   unset), to reproduce one finding alone;
 //! - `SOAK_MAX_MESSAGE`: the size in bytes past which the broker refuses a
 //!   message (RabbitMQ's `max_message_size`). Unset, the oversized path is
 //!   skipped: the crate bounds names, properties and frames
@@ -68,6 +70,29 @@ const LADDER_ATTEMPTS: u32 = 3;
 /// A panic the handler path raises on purpose: not printed.
 const DELIBERATE: &str = "soak: deliberate panic";
 
+/// Connection and subscription events since the last look: a failed
+/// operation must never cost the connection, nor the long-lived consumer
+/// its subscription.
+static EVENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn watch_events(good_queue: String) {
+    acemq::events::subscribe(move |event: &acemq::events::Event| {
+        let p = event.payload();
+        let line = match event.name() {
+            "connection" => format!("connection {}: {}", p["state"].as_str().unwrap_or("?"), p["reason"].as_str().unwrap_or("")),
+            "subscription" if p["queue"] == json!(good_queue) => {
+                format!("the long-lived consumer's subscription {}: {}", p["state"].as_str().unwrap_or("?"), p["reason"].as_str().unwrap_or(""))
+            }
+            _ => return,
+        };
+        EVENTS.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+    });
+}
+
+fn take_events() -> Vec<String> {
+    std::mem::take(&mut *EVENTS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// What the process holds at one moment.
 #[derive(Debug, Clone, Copy)]
 struct Snap {
@@ -85,6 +110,43 @@ struct Snap {
 
 fn count_dir(path: &str) -> usize {
     std::fs::read_dir(path).map(|d| d.count()).unwrap_or(0)
+}
+
+/// The process's file descriptors by what they are (`socket`, `pipe`,
+/// `anon_inode:[eventpoll]`, a path), counted: what a leak is made of.
+fn fd_kinds() -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc/self/fd").into_iter().flatten().flatten() {
+        let target = std::fs::read_link(entry.path()).map(|t| t.to_string_lossy().into_owned()).unwrap_or_else(|_| "?".into());
+        let kind = match target.split_once(":[") {
+            Some((k, _)) if k == "socket" || k == "pipe" => k.to_owned(),
+            _ => target,
+        };
+        *out.entry(kind).or_default() += 1;
+    }
+    out
+}
+
+/// The process's threads by name, counted.
+fn thread_names() -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc/self/task").into_iter().flatten().flatten() {
+        let name = std::fs::read_to_string(entry.path().join("comm")).map(|n| n.trim().to_owned()).unwrap_or_else(|_| "?".into());
+        *out.entry(name).or_default() += 1;
+    }
+    out
+}
+
+/// What `after` has more of than `before`: `socket +4, pipe +1`.
+fn more_of(before: &BTreeMap<String, usize>, after: &BTreeMap<String, usize>) -> String {
+    after
+        .iter()
+        .filter_map(|(k, a)| {
+            let b = before.get(k).copied().unwrap_or(0);
+            (*a > b).then(|| format!("{k} +{}", a - b))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn rss_kb() -> u64 {
@@ -132,16 +194,36 @@ fn grown(before: &Snap, after: &Snap, rss_mb: u64) -> Vec<String> {
 }
 
 /// Wait (at most [`SETTLE_LIMIT`]) until what the process holds is back to
-/// `before`; the snapshot then and how long it took.
-async fn settle(mq: &Connection, before: &Snap, rss_mb: u64) -> (Snap, Duration) {
+/// `before`: the snapshot then, how long it took, and what was still out
+/// when the wait began (what the wait was for).
+async fn settle(mq: &Connection, before: &Snap, rss_mb: u64) -> (Snap, Duration, Vec<String>) {
     let start = Instant::now();
+    let first = grown(before, &snap(mq), rss_mb);
     loop {
         let now = snap(mq);
         if grown(before, &now, rss_mb).is_empty() || start.elapsed() >= SETTLE_LIMIT {
-            return (now, start.elapsed());
+            return (now, start.elapsed(), first);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A snapshot once nothing is moving: two in a row 200 ms apart that agree
+/// on everything but RSS (at most 10 s). A channel whose close-ok is still
+/// on its way is not part of a baseline.
+async fn quiet(mq: &Connection) -> Snap {
+    let mut last = snap(mq);
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = snap(mq);
+        let same = (now.channels, now.tasks, now.engine_tasks, now.fds, now.threads)
+            == (last.channels, last.tasks, last.engine_tasks, last.fds, last.threads);
+        last = now;
+        if same {
+            break;
+        }
+    }
+    last
 }
 
 /// An error as the soak counts it: by kind, the broker's reply code named.
@@ -699,15 +781,26 @@ async fn consumer_of_deleted_queue(mq: &Connection, q: &str) -> (String, String)
     let result = match deleted {
         Err(e) => (format!("teardown_{}", kind_name(&e)), e.to_string()),
         Ok(_) => {
-            let until = Instant::now() + Duration::from_secs(10);
-            loop {
-                if c.down_for().is_some() || c.failure().is_some() {
-                    break ("cancelled".to_owned(), c.failure().map(|e| e.to_string()).unwrap_or_default());
+            // What a consumer's worker does meanwhile: wait for the next
+            // delivery. The subscription learns of the broker's cancel from
+            // its stream, which only a reader polls.
+            let seen = async {
+                loop {
+                    if c.down_for().is_some() || c.failure().is_some() {
+                        break ("cancelled".to_owned(), c.failure().map(|e| e.to_string()).unwrap_or_default());
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                if Instant::now() >= until {
-                    break ("not_cancelled".to_owned(), "the subscription did not see its queue deleted within 10 s".to_owned());
+            };
+            tokio::select! {
+                r = seen => r,
+                d = c.next() => match d {
+                    Some(d) => ("delivered".to_owned(), format!("a delivery from a deleted queue: {}", d.message.payload)),
+                    None => ("ended".to_owned(), "the consumer ended".to_owned()),
+                },
+                _ = tokio::time::sleep(Duration::from_secs(10)) => {
+                    ("not_cancelled".to_owned(), "the subscription did not see its queue deleted within 10 s".to_owned())
                 }
-                tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }
     };
@@ -998,7 +1091,8 @@ enum Verdict {
 
 async fn soak_path(cx: &Ctx, path: Path) -> Verdict {
     let name = path.name();
-    let before = snap(&cx.mq);
+    let before = quiet(&cx.mq).await;
+    let (fds_before, threads_before) = (fd_kinds(), thread_names());
     let start = Instant::now();
     let mut t = Tally { peak_channels: before.channels, ..Tally::default() };
     let ran = tokio::time::timeout(path_limit(cx.rounds), run_path(cx, path, &mut t)).await;
@@ -1012,14 +1106,24 @@ async fn soak_path(cx: &Ctx, path: Path) -> Verdict {
         Err(_) => t.problem(format!("the path did not finish within {:?}: hung", path_limit(cx.rounds))),
     }
     let round_trip = tokio::time::timeout(OP_LIMIT, cx.round_trip()).await.unwrap_or_else(|_| Err("round trip: hung".into()));
-    let (after, settled_in) = settle(&cx.mq, &before, RSS_PATH_MB).await;
-    let leaks = grown(&before, &after, RSS_PATH_MB);
+    let (after, settled_in, waited_for) = settle(&cx.mq, &before, RSS_PATH_MB).await;
+    let events = take_events();
+    if !events.is_empty() {
+        t.problem(format!("{} connection or subscription events, the first: {}", events.len(), events[0]));
+    }
+    let mut leaks = grown(&before, &after, RSS_PATH_MB);
+    if after.fds > before.fds {
+        leaks.push(format!("fds new since the path began: {}", more_of(&fds_before, &fd_kinds())));
+    }
+    if after.threads > before.threads {
+        leaks.push(format!("threads new since the path began: {}", more_of(&threads_before, &thread_names())));
+    }
     let kinds = t.kinds.iter().map(|(k, v)| format!("{k} {v}")).collect::<Vec<_>>().join(", ");
     let rt = match &round_trip {
         Ok(d) => format!("round trip ok in {} ms", d.as_millis()),
         Err(_) => "round trip FAILED".to_owned(),
     };
-    let failed = !t.problems.is_empty() || round_trip.is_err() || !leaks.is_empty();
+    let failed = !t.problems.is_empty() || round_trip.is_err() || !grown(&before, &after, RSS_PATH_MB).is_empty();
     println!(
         "soak: {name}: {} {} ops ({kinds}), {} good, {}, settled in {:.1} s, {rt}, {:.1} s",
         if failed { "FAIL" } else { "PASS" },
@@ -1031,6 +1135,9 @@ async fn soak_path(cx: &Ctx, path: Path) -> Verdict {
     );
     for note in &t.notes {
         println!("soak:   {name}: {note}");
+    }
+    if settled_in >= Duration::from_secs(1) {
+        println!("soak:   {name}: the settle wait was for: {}", waited_for.join("; "));
     }
     for (kind, sample) in &t.samples {
         println!("soak:   {name}: {kind}: {sample}");
@@ -1101,6 +1208,15 @@ async fn setup(url: &str) -> Result<Ctx, String> {
     let _ = cx.mq.request(&json!({ "warm": true }), &warm, options).await;
     let _ = cx.mq.teardown(&warm_topology, &TeardownOptions { retry: vec![], force: true }).await;
     cx.round_trip().await?;
+    // The first connection closed makes what stays for the life of the
+    // process: async-compat's fallback tokio runtime (a thread named
+    // `async-compat/to…`, an epoll, an eventfd, a dup of tokio's signal
+    // socket), built when lapin drops the socket on its own I/O thread.
+    // Made once here, before the baseline, so that the open/close path
+    // measures what each connection leaves.
+    let other = Connection::open_with(url, cx.options.clone()).await.map_err(|e| format!("opening a second connection: {e}"))?;
+    other.close().await;
+    drop(other);
     Ok(cx)
 }
 
@@ -1128,10 +1244,16 @@ async fn main() {
         cx.denied,
         cx.max_message.map_or("unset".to_owned(), |m| format!("{m} bytes"))
     );
-    let baseline = settle(&cx.mq, &snap(&cx.mq), RSS_PATH_MB).await.0;
+    watch_events(cx.good_queue.clone());
+    let baseline = quiet(&cx.mq).await;
     println!("soak: baseline {}", resources_line(&baseline, &baseline, baseline.channels).replace("->", " "));
+    let chosen: Option<Vec<String>> =
+        std::env::var("SOAK_PATHS").ok().filter(|s| !s.trim().is_empty()).map(|s| s.split(',').map(|p| p.trim().to_owned()).collect());
     let (mut passed, mut failed, mut skipped) = (0, 0, 0);
     for path in PATHS {
+        if chosen.as_ref().is_some_and(|c| !c.iter().any(|p| p == path.name())) {
+            continue;
+        }
         match soak_path(&cx, path).await {
             Verdict::Passed => passed += 1,
             Verdict::Failed => failed += 1,
@@ -1139,7 +1261,7 @@ async fn main() {
         }
     }
     // The whole run against the baseline taken before the first path.
-    let (end, settled_in) = settle(&cx.mq, &baseline, RSS_RUN_MB).await;
+    let (end, settled_in, _) = settle(&cx.mq, &baseline, RSS_RUN_MB).await;
     let leaks = grown(&baseline, &end, RSS_RUN_MB);
     println!(
         "soak: whole_run: {} {}, settled in {:.1} s, {:.1} s",

@@ -283,6 +283,8 @@ struct Ctx {
     denied: String,
     max_message: Option<usize>,
     good_queue: String,
+    /// Requests that open the reply channel go here; they expire at once.
+    warm_queue: String,
     good: Consumer,
     good_seq: AtomicU64,
     round_trips: AtomicU64,
@@ -310,6 +312,21 @@ impl Ctx {
             return Err(format!("good message {n}: the long-lived consumer got {got:?}"));
         }
         Ok(())
+    }
+
+    /// Open again what the connection keeps for its whole life and opens on
+    /// first use (the publishing channel, the reply channel), in case a path
+    /// lost them (a connection replaced), so that each path's baseline has
+    /// them: one good message and one request to a queue whose messages
+    /// expire at once.
+    async fn warm(&self) -> Result<(), String> {
+        self.good_traffic().await?;
+        let options = RequestOptions { timeout: Duration::from_millis(50), ..Default::default() };
+        match self.mq.request(&json!({ "warm": true }), &self.warm_queue, options).await {
+            Err(e) if e.kind() == &ErrorKind::Timeout => Ok(()),
+            Err(e) => Err(format!("warm-up request: {} ({e})", kind_name(&e))),
+            Ok(_) => Ok(()),
+        }
     }
 
     /// The connection still declares a fresh queue, publishes to it,
@@ -1091,6 +1108,9 @@ enum Verdict {
 
 async fn soak_path(cx: &Ctx, path: Path) -> Verdict {
     let name = path.name();
+    if let Err(e) = cx.warm().await {
+        println!("soak:   {name}: warming up before the path: {e}");
+    }
     let before = quiet(&cx.mq).await;
     let (fds_before, threads_before) = (fd_kinds(), thread_names());
     let start = Instant::now();
@@ -1136,6 +1156,13 @@ async fn soak_path(cx: &Ctx, path: Path) -> Verdict {
     for note in &t.notes {
         println!("soak:   {name}: {note}");
     }
+    if t.peak_channels > before.channels + 100 {
+        println!(
+            "soak:   {name}: NOTE {} channels held at the peak, {} above the baseline (RabbitMQ allows 2,047 on a connection)",
+            t.peak_channels,
+            t.peak_channels - before.channels
+        );
+    }
     if settled_in >= Duration::from_secs(1) {
         println!("soak:   {name}: the settle wait was for: {}", waited_for.join("; "));
     }
@@ -1178,6 +1205,7 @@ async fn setup(url: &str) -> Result<Ctx, String> {
     let mq = Connection::open_with(url, options.clone()).await.map_err(|e| format!("opening {}: {e}", redacted(url)))?;
     let run = uuid::Uuid::now_v7().simple().to_string()[20..].to_owned();
     let good_queue = format!("soak.good.{run}");
+    let warm_queue = format!("soak.warm.{run}");
     mq.apply(&Topology::new().queue(&good_queue)).await.map_err(|e| format!("declaring {good_queue}: {e}"))?;
     let once = RetryPolicy::new(1, Duration::ZERO, Duration::ZERO);
     let good = mq
@@ -1193,20 +1221,17 @@ async fn setup(url: &str) -> Result<Ctx, String> {
         run,
         denied: std::env::var("SOAK_DENIED_EXCHANGE").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "soak.denied".into()),
         max_message: std::env::var("SOAK_MAX_MESSAGE").ok().and_then(|v| v.trim().parse().ok()),
+        warm_queue,
         good_queue,
         good,
         good_seq: AtomicU64::new(0),
         round_trips: AtomicU64::new(0),
     };
-    cx.good_traffic().await?;
-    // The reply channel (request.rs) is opened by the first request and
-    // kept: open it before the baseline.
-    let warm = cx.name("warm-up");
-    let warm_topology = Topology::new().queue(&warm);
-    cx.mq.apply(&warm_topology).await.map_err(|e| format!("declaring {warm}: {e}"))?;
-    let options = RequestOptions { timeout: Duration::from_millis(50), ..Default::default() };
-    let _ = cx.mq.request(&json!({ "warm": true }), &warm, options).await;
-    let _ = cx.mq.teardown(&warm_topology, &TeardownOptions { retry: vec![], force: true }).await;
+    let mut warm = QueueSpec::new(&cx.warm_queue);
+    warm.dead_letter_queue = false;
+    warm.arguments.insert("x-message-ttl".into(), json!(0));
+    cx.mq.apply(&Topology::new().queue_spec(warm)).await.map_err(|e| format!("declaring {}: {e}", cx.warm_queue))?;
+    cx.warm().await?;
     cx.round_trip().await?;
     // The first connection closed makes what stays for the life of the
     // process: async-compat's fallback tokio runtime (a thread named
@@ -1280,6 +1305,7 @@ async fn main() {
     }
     cx.good.close().await;
     let _ = cx.mq.teardown(&Topology::new().queue(&cx.good_queue), &TeardownOptions { retry: vec![], force: true }).await;
+    let _ = cx.mq.teardown(&Topology::new().queue(&cx.warm_queue), &TeardownOptions { retry: vec![], force: true }).await;
     cx.mq.close().await;
     if skipped > 0 {
         println!("soak: {skipped} skipped");

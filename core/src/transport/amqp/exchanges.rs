@@ -19,8 +19,14 @@ impl AmqpBackend {
 
     /// Make sure `exchange` exists before anything is published to it: the
     /// default exchange always does; a known one is not asked about again.
+    /// The default exchange and `amq.*` always exist; others once declared
+    /// or checked, or published to with success, through this connection.
+    pub(super) fn is_known(&self, exchange: &str) -> bool {
+        exchange.is_empty() || exchange.starts_with("amq.") || self.known().contains(exchange)
+    }
+
     pub(super) async fn check_exchange(&self, exchange: &str) -> Result<()> {
-        if exchange.is_empty() || exchange.starts_with("amq.") || self.known().contains(exchange) {
+        if self.is_known(exchange) {
             return Ok(());
         }
         let ch = self.open_channel(false).await?;

@@ -72,6 +72,9 @@ pub(crate) struct AmqpBackend {
     /// connection's connection.start.
     server_version: Mutex<Option<String>>,
     publish: Arc<tokio::sync::Mutex<Option<Channel>>>,
+    /// The broker's `max_message_size` once it refused a message for its
+    /// size (0 until then): larger ones are refused before they are sent.
+    max_message: Arc<std::sync::atomic::AtomicUsize>,
     confirm_timeout: Duration,
     /// For the `amqps://` addresses: read once at open, used by every dial.
     tls: Option<Tls>,
@@ -114,6 +117,7 @@ impl AmqpBackend {
             connect_timeout,
             known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
             publish: Arc::new(tokio::sync::Mutex::new(None)),
+            max_message: Default::default(),
             confirm_timeout,
             tls,
         })

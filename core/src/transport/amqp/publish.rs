@@ -13,13 +13,27 @@ use std::time::Duration;
 
 /// The outcome of a publish that has been sent and not yet confirmed.
 pub(crate) struct AmqpConfirm {
-    confirm: PublisherConfirm,
+    confirm: Pending,
+    /// The exchange and body size of the publish: a channel the broker
+    /// closed for a refusal names the exchange (403, 404) or the size (406),
+    /// which tells this publish's refusal from another's on the same channel.
+    exchange: String,
+    size: usize,
+    /// The backend's learnt `max_message_size`, set from a refusal.
+    max_message: Arc<std::sync::atomic::AtomicUsize>,
     timeout: Duration,
     /// To tell a confirm held back by a broker alarm from one that is lost.
     conn: Arc<lapin::Connection>,
     /// The publishing channel it was sent on, retired on a nack or a lost
     /// confirm.
     retire: Retire,
+}
+
+/// A confirm still to come, or an outcome already known (a first publish to
+/// an exchange, sent and confirmed on a channel of its own).
+enum Pending {
+    Confirm(PublisherConfirm),
+    Done(Result<()>),
 }
 
 /// What a nack (or a confirm that never came) needs to retire the channel
@@ -129,9 +143,64 @@ impl AmqpBackend {
 
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<AmqpConfirm> {
         self.unblocked().await?;
-        self.check_exchange(exchange).await?;
+        self.check_size(body.len())?;
+        if !self.is_known(exchange) {
+            return self.send_alone(exchange, routing_key, body, props).await;
+        }
         let ch = self.publish_channel().await?;
-        self.send_on(ch, exchange, routing_key, body, props).await
+        match self.send_on(ch.clone(), exchange, routing_key, body, props).await {
+            // The broker closed the publishing channel (another publish on it
+            // was refused) after this one took it: nothing of this one was
+            // sent, so it goes once more on a fresh channel.
+            Err(e) if !ch.status().connected() && e.kind() == &ErrorKind::Closed => {
+                let ch = self.publish_channel().await?;
+                self.send_on(ch, exchange, routing_key, body, props).await
+            }
+            sent => sent,
+        }
+    }
+
+    /// The first publish to an exchange this connection has not published
+    /// to: sent alone on a channel of its own and confirmed there. A publish
+    /// the broker refuses (the exchange is missing, this user may not write
+    /// to it) makes the broker close the channel it came on, and every
+    /// publish in flight on that channel with it: 484 of 500 good publishes
+    /// on another thread raised the other's AccessRefused in issue 47's
+    /// hostile run. Once one publish to the exchange was accepted, the
+    /// others go on the shared publishing channel.
+    async fn send_alone(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<AmqpConfirm> {
+        let ch = self.open_channel(true).await?;
+        let sent = match self.send_on(ch.clone(), exchange, routing_key, body, props).await {
+            Ok(c) => c.wait_on_own_channel().await,
+            Err(e) => Err(e),
+        };
+        if ch.status().connected() {
+            let _ = ch.close(200, ShortString::from("OK")).await;
+        }
+        // Unroutable says the exchange is there and took the message.
+        if sent.is_ok() || sent.as_ref().is_err_and(|e| e.kind() == &ErrorKind::Unroutable) {
+            self.known().insert(exchange.to_owned());
+        }
+        Ok(AmqpConfirm {
+            confirm: Pending::Done(sent),
+            exchange: String::new(),
+            size: 0,
+            max_message: self.max_message.clone(),
+            timeout: self.confirm_timeout,
+            conn: self.current(),
+            retire: Retire { publish: self.publish.clone(), channel: ch },
+        })
+    }
+
+    /// Refuse at once a body larger than the broker refused before on this
+    /// connection (its `max_message_size`, learnt from its refusal): sent, it
+    /// would close the publishing channel under every publish in flight.
+    pub(super) fn check_size(&self, size: usize) -> Result<()> {
+        let max = self.max_message.load(std::sync::atomic::Ordering::Relaxed);
+        if max > 0 && size > max {
+            return Err(too_large(size, max, false));
+        }
+        Ok(())
     }
 
     /// Send one on `ch` (the publishing channel, or a request's channel,
@@ -149,7 +218,15 @@ impl AmqpBackend {
             .await
             .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")))?;
         let retire = Retire { publish: self.publish.clone(), channel: ch };
-        Ok(AmqpConfirm { confirm, timeout: self.confirm_timeout, conn: self.current(), retire })
+        Ok(AmqpConfirm {
+            confirm: Pending::Confirm(confirm),
+            exchange: exchange.to_owned(),
+            size: body.len(),
+            max_message: self.max_message.clone(),
+            timeout: self.confirm_timeout,
+            conn: self.current(),
+            retire,
+        })
     }
 
     /// Send many on the publishing channel, in order, without waiting for
@@ -195,8 +272,10 @@ impl AmqpBackend {
             // each takes its delivery tag and queues its frames, so the
             // broker sees them in the order given.
             let done = super::in_order::in_order(window.iter().map(|(exchange, routing_key, body, props)| {
+                let too_large = self.check_size(body.len());
                 let ch = &ch;
                 async move {
+                    too_large?;
                     ch.basic_publish(
                         ShortString::from(*exchange),
                         ShortString::from(*routing_key),
@@ -211,8 +290,16 @@ impl AmqpBackend {
             .await;
             let conn = self.current();
             let retire = Retire { publish: self.publish.clone(), channel: ch.clone() };
-            out.extend(done.into_iter().map(|r| {
-                r.map(|confirm| AmqpConfirm { confirm, timeout: self.confirm_timeout, conn: conn.clone(), retire: retire.clone() })
+            out.extend(done.into_iter().zip(window).map(|(r, (exchange, _, body, _))| {
+                r.map(|confirm| AmqpConfirm {
+                    confirm: Pending::Confirm(confirm),
+                    exchange: (*exchange).to_owned(),
+                    size: body.len(),
+                    max_message: self.max_message.clone(),
+                    timeout: self.confirm_timeout,
+                    conn: conn.clone(),
+                    retire: retire.clone(),
+                })
             }));
         }
         out
@@ -221,7 +308,36 @@ impl AmqpBackend {
 
 impl AmqpConfirm {
     pub(crate) async fn wait(self) -> Result<()> {
-        match tokio::time::timeout(self.timeout, self.confirm).await {
+        // Sent alone and confirmed (send_alone): its outcome is its own.
+        if matches!(self.confirm, Pending::Done(_)) {
+            return self.wait_on_own_channel().await;
+        }
+        let (exchange, size, max_message) = (self.exchange.clone(), self.size, self.max_message.clone());
+        let outcome = self.wait_on_own_channel().await;
+        if let Err(e) = &outcome {
+            if let Some((_, max)) = refused_size(e) {
+                max_message.store(max, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        match outcome {
+            Err(e) if matches!(e.kind(), ErrorKind::Broker { .. }) && !refusal_of(&e, &exchange, size) => Err(Error::new(
+                ErrorKind::Closed,
+                format!(
+                    "the broker closed the publishing channel for another publish on it ({e}); this message may or may not have been stored: \
+                     publish it again (it keeps its message id, so a copy is harmless to an idempotent consumer)"
+                ),
+            )),
+            other => other,
+        }
+    }
+
+    /// The outcome as the broker gave it for the channel the publish went on.
+    async fn wait_on_own_channel(self) -> Result<()> {
+        let confirm = match self.confirm {
+            Pending::Done(outcome) => return outcome,
+            Pending::Confirm(c) => c,
+        };
+        match tokio::time::timeout(self.timeout, confirm).await {
             Err(_) if self.conn.status().blocked() => Err(blocked_error(self.timeout, true)),
             Err(_) => {
                 // Retired as after a nack: on RabbitMQ 3.10 a channel that
@@ -238,7 +354,7 @@ impl AmqpConfirm {
                     ),
                 ))
             }
-            Ok(Err(e)) => Err(map_error(&e, "waiting for the publish confirm")),
+            Ok(Err(e)) => Err(publish_refused(map_error(&e, &format!("publishing to exchange '{}'", self.exchange)))),
             Ok(Ok(Confirmation::Ack(None))) | Ok(Ok(Confirmation::NotRequested)) => Ok(()),
             Ok(Ok(Confirmation::Ack(Some(returned)))) | Ok(Ok(Confirmation::Nack(Some(returned)))) => Err(Error::new(
                 ErrorKind::Unroutable,
@@ -256,4 +372,47 @@ impl AmqpConfirm {
             }
         }
     }
+}
+
+/// "message size N is larger than configured max size M": N and M.
+fn refused_size(e: &Error) -> Option<(usize, usize)> {
+    if !matches!(e.kind(), ErrorKind::Broker { reply_code: 406 }) {
+        return None;
+    }
+    let text = e.to_string();
+    let number_after = |marker: &str| -> Option<usize> {
+        let at = text.find(marker)? + marker.len();
+        text[at..].split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    // The broker's words, or ours once publish_refused rewrote them.
+    Some((number_after("message size ")?, number_after("max size ").or_else(|| number_after("max_message_size "))?))
+}
+
+/// Whether a channel's closing error is the broker's refusal of this
+/// publish (its exchange, or its size), not of another on the same channel.
+fn refusal_of(e: &Error, exchange: &str, size: usize) -> bool {
+    match e.kind() {
+        ErrorKind::Broker { reply_code: 403 | 404 } => e.to_string().contains(&format!("exchange '{exchange}'")),
+        ErrorKind::Broker { reply_code: 406 } => refused_size(e).is_some_and(|(n, _)| n == size),
+        _ => true,
+    }
+}
+
+/// A broker's refusal of a message for its size, said with what to do.
+fn publish_refused(e: Error) -> Error {
+    match refused_size(&e) {
+        Some((size, max)) => too_large(size, max, true),
+        None => e,
+    }
+}
+
+fn too_large(size: usize, max: usize, sent: bool) -> Error {
+    Error::new(
+        ErrorKind::Broker { reply_code: 406 },
+        format!(
+            "PRECONDITION_FAILED - message size {size} is larger than the broker's max_message_size {max}{}: \
+             publish less (keep the body elsewhere and publish a reference to it) or raise max_message_size in rabbitmq.conf",
+            if sent { "" } else { " (refused here: the broker refused one this large before on this connection)" }
+        ),
+    )
 }

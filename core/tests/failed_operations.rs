@@ -101,3 +101,24 @@ async fn concurrent_publishes_each_get_their_own_return() {
     assert_eq!(mq.queue_counts(&q).await.unwrap().map(|c| c.ready), Some(EACH as u64));
     mq.close().await;
 }
+
+/// A consumer on a queue that does not exist fails with NotFound, says what
+/// to do, and leaves nothing behind: each try used to leave the queue's DLQ
+/// and its four rungs on the broker (100 queues for 20 misspelt names in
+/// issue 47's hostile run).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_consumer_on_a_missing_queue_leaves_no_ladder_behind() {
+    for mq in transports().await {
+        for _ in 0..20 {
+            let typo = unique("typo");
+            let err = mq.consumer(&typo, ConsumeOptions::default()).await.err().expect("a consumer on a missing queue");
+            assert!(err.is_not_found(), "{err}");
+            assert!(err.to_string().contains("declare the queue first"), "{err}");
+            for left in [format!("{typo}.dlq"), format!("{typo}.retry.1s"), format!("{typo}.retry.8s")] {
+                assert!(mq.queue_counts(&left).await.unwrap().is_none(), "{left} left behind by {}", mq.url());
+            }
+        }
+        assert!(mq.resources().channels <= 1, "{:?}", mq.resources());
+        mq.close().await;
+    }
+}

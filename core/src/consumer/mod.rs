@@ -208,6 +208,21 @@ impl Consumer {
         let ladder = ladder(&conn, queue, &options);
         let (link, declared) =
             futures_lite::future::zip(conn.backend().subscribe(queue, options.prefetch), conn.backend().apply(&ladder)).await;
+        // A consumer on a queue that does not exist (a typo) must not leave
+        // its ladder behind: five queues a try, each dead-lettering into a
+        // queue that is not there. Those it declared are taken down again if
+        // they are empty and unused (one that holds messages stays).
+        let link = match link {
+            Err(e) if e.is_not_found() => {
+                let names: Vec<String> = ladder.queues.iter().map(|q| q.name.clone()).collect();
+                let _ = conn.backend().delete_queues_if_idle(&names).await;
+                return Err(Error::new(
+                    e.kind().clone(),
+                    format!("{e}: declare the queue first (a Topology with the queue, applied) or check its name; the retry ladder declared for it was taken down again"),
+                ));
+            }
+            other => other,
+        };
         let consumer = Consumer {
             id: CONSUMER_IDS.fetch_add(1, Ordering::Relaxed),
             conn,

@@ -483,6 +483,21 @@ impl Backend {
         }
     }
 
+    /// Delete each of `queues` that is empty and has no consumer.
+    pub(crate) async fn delete_queues_if_idle(&self, queues: &[String]) -> Result<()> {
+        match self {
+            Backend::Memory(b) => {
+                for q in queues {
+                    if matches!(b.counts(q), Some(c) if c.ready == 0 && c.consumers == 0) {
+                        b.delete_queue(q);
+                    }
+                }
+                Ok(())
+            }
+            Backend::Amqp(a) => a.delete_queues_if_idle(queues).await,
+        }
+    }
+
     pub(crate) async fn queue_counts(&self, queue: &str) -> Result<Option<QueueCounts>> {
         match self {
             Backend::Memory(b) => Ok(b.counts(queue)),

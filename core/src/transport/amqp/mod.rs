@@ -256,6 +256,31 @@ impl AmqpBackend {
     }
 }
 
+impl AmqpBackend {
+    /// queue.delete each of `queues` that is empty and has no consumer; one
+    /// that is not stays (the broker refuses it, and closes the channel:
+    /// the next is asked on a new one).
+    pub(crate) async fn delete_queues_if_idle(&self, queues: &[String]) -> Result<()> {
+        let mut ch: Option<Channel> = None;
+        for queue in queues {
+            let c = match &ch {
+                Some(c) if c.status().connected() => c.clone(),
+                _ => {
+                    let c = self.open_channel(false).await?;
+                    ch = Some(c.clone());
+                    c
+                }
+            };
+            let options = lapin::options::QueueDeleteOptions { if_unused: true, if_empty: true, ..Default::default() };
+            let _ = c.queue_delete(ShortString::from(queue.as_str()), options).await;
+        }
+        if let Some(c) = ch.filter(|c| c.status().connected()) {
+            let _ = c.close(200, ShortString::from("OK")).await;
+        }
+        Ok(())
+    }
+}
+
 /// One message off `queue` with basic.get, left unacknowledged on `ch`.
 pub(crate) async fn get(ch: &Channel, queue: &str) -> Result<Option<RawDelivery>> {
     let got = ch

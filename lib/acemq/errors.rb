@@ -85,6 +85,12 @@ module AceMQ
     # connection; the block lifts when the alarm clears.
     class Blocked < Error; end
 
+    # A handler that did not return: it raised an exception that is not a
+    # StandardError (a bare Exception, NoMemoryError, SystemExit) or its
+    # thread was killed. Handed to on_error, and the reason its message goes
+    # round the retry ladder; a fresh thread takes the dead one's place.
+    class HandlerAborted < Error; end
+
     # A publish to a partitioned consumer whose key came out nil: the
     # class's partitions by: must return a key for every message.
     class PartitionKeyMissing < Error; end

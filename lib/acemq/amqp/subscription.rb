@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "English"
+
 require "acemq/amqp/sql"
 
 module AceMQ
@@ -87,9 +89,11 @@ module AceMQ
         failure || "the delivery stream closed"
       end
 
-      # Handler threads that died with an exception a handler may not
-      # swallow (Interrupt, NoMemoryError, a Thread#kill from outside): the
-      # runner restarts a consumer that lost one.
+      # Handler threads that died and were not replaced. A thread whose
+      # handler did not return (an exception that is not a StandardError,
+      # a Thread#kill) is replaced at once (#aborted); one that died between
+      # deliveries is counted here, and the runner restarts a consumer that
+      # lost one.
       def dead_workers = @threads.count { |t| t.status.nil? }
 
       # Handler threads whose handler ran past the timeout and is still
@@ -219,6 +223,12 @@ module AceMQ
       def work(me)
         native = @native
         many = @batch > 1
+        loop_deliveries(me, native, many)
+      ensure
+        aborted(me) if me.handling
+      end
+
+      def loop_deliveries(me, native, many)
         while true # rubocop:disable Style/InfiniteLoop
           deliveries = begin
             many ? native._next_many(@batch, POLL) : native._next(POLL)
@@ -237,6 +247,29 @@ module AceMQ
           break if @close_after_handler || me.overdue
         end
         finish if @close_after_handler
+      end
+
+      # A handler that did not return: an exception that is not a
+      # StandardError passed through it (only a StandardError is a handler's
+      # failure, and the rest is not swallowed here), or its thread was
+      # killed. Held until the consumer closed, its delivery would keep a
+      # prefetch slot and the thread's capacity for good, silently (issue
+      # 47: two `raise Exception` left a subscription of two threads with
+      # none, 32 messages unacked). So: the delivery goes round the retry
+      # ladder with the reason (a poison message still ends in the DLQ),
+      # on_error hears of it, and a fresh thread takes this one's place.
+      def aborted(me)
+        held = me.handling
+        me.handling = nil
+        why = $ERROR_INFO ? "#{$ERROR_INFO.class}: #{$ERROR_INFO.message.to_s[0, 300]}" : "its thread was killed"
+        error = HandlerAborted.new("#{@queue}: the handler did not return (#{why}); its thread ended, its message " \
+                                   "goes round the retry ladder, and a fresh thread takes its place")
+        Array(held).each { |d| settle(d, error) }
+        @on_error&.call(error)
+        i = @threads.index(Thread.current)
+        @threads[i] = start_worker if i && !@stopped && !@cancelled && !me.overdue
+      rescue StandardError => e
+        @on_error&.call(e)
       end
 
       # The engine subscribes again by itself after a lost channel; on_error

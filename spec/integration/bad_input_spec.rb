@@ -23,6 +23,40 @@ RSpec.describe "bad input from the code that uses AceMQ" do
       expect { mq.publish({ "text" => "#<not an object>" }, to: queue) }.not_to raise_error # a string is a string
       mq.close
     end
+
+    # Issue 47's hostile run: names that are not UTF-8 raised Ruby's own
+    # ::EncodingError, and headers JSON::GeneratorError or nothing at all
+    # (an Object sent as its to_s, 2**70 as a Float). A good publish on
+    # either side of each goes through, and nothing else is stored.
+    it "refuses names that are not UTF-8 and headers that cannot be sent, between good publishes" do
+      mq = AceMQ::AMQP::Connection.open(url)
+      AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+      invalid = ->(s) { s.dup.force_encoding(Encoding::UTF_8) }
+      deep = {}
+      120.times { deep = { "a" => deep } }
+      refused = {
+        -> { mq.publish({}, to: invalid.call("q\xFF")) } => [AceMQ::AMQP::ConfigurationError, "to: must be UTF-8"],
+        -> { mq.publish({}, to: queue, exchange: invalid.call("x\xFF")) } => [AceMQ::AMQP::ConfigurationError, "exchange: must be UTF-8"],
+        -> { mq.publish({}, to: queue, type: invalid.call("t\xFF")) } => [AceMQ::AMQP::ConfigurationError, "type: must be UTF-8"],
+        -> { mq.consume(invalid.call("q\xFF")) { AceMQ::AMQP::Ack.accept } } => [AceMQ::AMQP::ConfigurationError, "queue: must be UTF-8"],
+        -> { mq.publish({}, to: queue, headers: { "h" => invalid.call("v\xFF") }) } => [AceMQ::AMQP::EncodingError, "UTF-8 Strings"],
+        -> { mq.publish({}, to: queue, headers: { "h" => Float::NAN }) } => [AceMQ::AMQP::EncodingError, "NaN"],
+        -> { mq.publish({}, to: queue, headers: { "h" => Object.new }) } => [AceMQ::AMQP::EncodingError, "convert it first"],
+        -> { mq.publish({}, to: queue, headers: { "h" => [1, 2**70] }) } => [AceMQ::AMQP::EncodingError, "64-bit"],
+        -> { mq.publish({}, to: queue, headers: deep) } => [AceMQ::AMQP::EncodingError, "too deep"]
+      }
+      refused.each do |call, (klass, words)|
+        mq.publish({ "good" => 1 }, to: queue)
+        expect { call.call }.to raise_error(klass, /#{Regexp.escape(words)}/)
+        mq.publish({ "good" => 2 }, to: queue)
+      end
+      # Converted, not refused: Latin-1 text, and binary bytes that are UTF-8.
+      mq.publish({ "good" => 3 }, to: queue.encode(Encoding::ISO_8859_1))
+      mq.publish({ "good" => 4 }, to: queue.b)
+      expect(eventually { mq.queue_counts(queue)&.fetch(:ready) == refused.size * 2 + 2 }).to be(true)
+    ensure
+      mq&.close
+    end
   end
 
   context "on memory://" do

@@ -223,7 +223,7 @@ module AceMQ
         claim_timeout = handler.respond_to?(:claim_timeout) ? handler.claim_timeout : nil
         # Only a handler answering call_many is given batches; the engine's
         # default prefetch is two batches per handler thread.
-        native = _consumer(queue.to_s, { prefetch: prefetch, concurrency: concurrency,
+        native = _consumer(Connection.text(:queue, queue.to_s), { prefetch: prefetch, concurrency: concurrency,
                                          batch: handler.respond_to?(:call_many) ? batch : 1,
                                          max_attempts: policy.max_attempts,
                                          initial_delay: policy.initial_delay, max_delay: policy.max_delay,
@@ -457,9 +457,54 @@ module AceMQ
           raise ConfigurationError, "headers: must be a Hash of names to values, got #{headers.class}"
         end
 
-        options = { exchange: exchange.to_s, to: to.to_s, envelope: envelope, type: type&.to_s, headers: headers,
-                    trace: Tracing.context }
+        options = { exchange: Connection.text(:exchange, exchange.to_s), to: Connection.text(:to, to.to_s), envelope: envelope,
+                    type: type && Connection.text(:type, type.to_s), headers: headers, trace: Tracing.context }
         delay.nil? && at.nil? ? options : options.merge(Connection.when_due(delay, at))
+      end
+
+      # A name the broker reads as UTF-8 (a queue, an exchange, a routing
+      # key, a type): a String in another encoding is converted, and one
+      # whose bytes are not text is refused here, saying so, rather than as
+      # Ruby's own ::EncodingError from deep inside the conversion.
+      def self.text(name, value)
+        return value if value.encoding == Encoding::UTF_8 && value.valid_encoding?
+
+        utf8 = value.dup.force_encoding(Encoding::UTF_8)
+        return utf8 if utf8.valid_encoding? && (value.encoding == Encoding::BINARY || value.ascii_only?)
+
+        converted = value.encode(Encoding::UTF_8)
+        raise ::EncodingError unless converted.valid_encoding?
+
+        converted
+      rescue ::EncodingError
+        raise ConfigurationError, "#{name}: must be UTF-8 text (RabbitMQ reads names as UTF-8), got bytes that are not: " \
+                                  "#{value.b.inspect[0, 80]}"
+      end
+
+      # Headers as JSON, which the engine reads into an AMQP table: what
+      # Ruby's JSON would refuse or write wrongly (bytes that are not UTF-8,
+      # NaN, an object with no JSON form, an Integer past AMQP's 64 bits,
+      # nesting past JSON's limit) is refused here, saying what to send.
+      def self.header_json(headers, what)
+        json = JSON.generate(headers)
+        bad = (json.include?('"#<') && without_json_form(headers)) || too_wide(headers)
+        if bad
+          raise EncodingError, "#{what}: a #{bad.class} (#{bad.inspect[0, 40]}) cannot be a header value: " \
+                               "#{bad.is_a?(Integer) ? 'AMQP integers are 64-bit; send it as a String' : 'convert it first (to_s, to_h)'}"
+        end
+        json
+      rescue JSON::JSONError, TypeError, ArgumentError, ::EncodingError => e
+        raise EncodingError, "#{what} cannot be sent (#{e.message.to_s[0, 120]}): header values must be UTF-8 Strings, " \
+                             "numbers, true, false, nil, or Arrays and Hashes of them"
+      end
+
+      # The first Integer in value past a signed 64-bit field, or nil.
+      def self.too_wide(value)
+        case value
+        when Hash then value.each_value { |v| (bad = too_wide(v)) and return bad } && nil
+        when Array then value.each { |v| (bad = too_wide(v)) and return bad } && nil
+        when Integer then value.between?(-2**63, 2**63 - 1) ? nil : value
+        end
       end
 
       # delay: and at: as the engine reads them (seconds, and seconds since

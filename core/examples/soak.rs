@@ -1129,7 +1129,10 @@ async fn soak_path(cx: &Ctx, path: Path) -> Verdict {
     let (after, settled_in, waited_for) = settle(&cx.mq, &before, RSS_PATH_MB).await;
     let events = take_events();
     if !events.is_empty() {
-        t.problem(format!("{} connection or subscription events, the first: {}", events.len(), events[0]));
+        t.problem(format!("{} connection or subscription events during the path", events.len()));
+        for e in events.iter().take(5) {
+            t.problem(format!("event: {e}"));
+        }
     }
     let mut leaks = grown(&before, &after, RSS_PATH_MB);
     if after.fds > before.fds {

@@ -30,13 +30,37 @@
 //!   skipped: the crate bounds names, properties and frames
 //!   (`acemq::limits`), never a body.
 //!
-//! Every path interleaves good traffic (a publish and its delivery on a
-//! long-lived consumer, every [`GOOD_EVERY`] operations), then runs a round
-//! trip on a fresh queue (apply, publish, consume, accept, teardown), then
-//! waits up to [`SETTLE_LIMIT`] for the resources to come back. Channels must
-//! come back exactly; tasks, fds and threads within a few; RSS within
-//! [`RSS_PATH_MB`]. One line per path, then exactly `soak: N passed, M
-//! failed`; the exit status is 1 when any path failed.
+//! The paths (names for `SOAK_PATHS`): `missing_queue_check`
+//! (`queue_counts` answers `Ok(None)`), `missing_exchange_check` (a bind to
+//! a missing exchange: the public API has no passive exchange check of its
+//! own), `publish_missing_exchange`, `publish_unroutable`,
+//! `publish_nacked_overflow` (`x-max-length: 1`, `x-overflow:
+//! reject-publish`), `publish_oversized`, `publish_denied`,
+//! `redeclare_other_arguments`, `consumer_queue_deleted`,
+//! `consumer_missing_queue`, `handler_failures` (retry, reject, an error on
+//! every attempt, a panic, a fatal error, an accept; every message counted
+//! at the end), `handler_deadline` (a handler past `ConsumeOptions::timeout`),
+//! `request_no_responder`, `request_unroutable`, `dead_letters_missing_dlq`
+//! (peek, replay and discard of a DLQ that does not exist) and
+//! `connection_open_close` (`SOAK_ROUNDS` more connections opened and closed).
+//!
+//! Every path starts with the connection's lifelong channels open (the
+//! publishing channel, the reply channel), interleaves good traffic (a
+//! publish and its delivery on a long-lived consumer, every [`GOOD_EVERY`]
+//! operations), then runs a round trip on a fresh queue (apply, publish,
+//! consume, accept, teardown), then waits up to [`SETTLE_LIMIT`] for the
+//! resources to come back. Channels must come back exactly; tasks, fds and
+//! threads within a few; RSS within [`RSS_PATH_MB`]. A connection event
+//! (lost, replaced) or a lost subscription of the long-lived consumer
+//! during a path fails it: a failed operation must cost neither.
+//!
+//! Output: a baseline line; one line per path, `soak: NAME: PASS|FAIL|SKIP
+//! ...` with its operations by kind and the resources before and after,
+//! followed by indented detail lines (`soak:   NAME: ...`: a sample of each
+//! error, notes, and every `PROBLEM`); a `whole_run` line against the
+//! baseline, counted as a path; `soak: K skipped` when some were; and last,
+//! exactly `soak: N passed, M failed`. The exit status is 1 when any path
+//! failed.
 
 use acemq::{
     Ack, ConsumeOptions, Connection, ConnectionOptions, Consumer, Error, ErrorKind, ExchangeKind, Failure, Message, PublishOptions,

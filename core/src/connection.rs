@@ -203,8 +203,12 @@ pub struct Resources {
     /// opening, or closed and not yet given back. 0 on `memory://`, which has
     /// no channels. RabbitMQ allows 2,047 (its `channel_max`).
     pub channels: usize,
-    /// Tasks alive on the tokio runtime the connection runs on (the process
-    /// runtime for the Ruby gem): lapin's, the consumers' and the engine's.
+    /// Tasks alive on the engine's runtime ([`crate::runtime`]: the
+    /// subscriptions, retired channels waiting to close) and, called from
+    /// inside another tokio runtime (a Rust service's), on that one too
+    /// (lapin's, which run where the connection was dialled). A closed
+    /// connection's heartbeat task ends at its next beat, up to about 30 s
+    /// later.
     pub tasks: usize,
 }
 
@@ -330,10 +334,16 @@ impl Connection {
     /// health check reads it to see that failed operations give back what
     /// they took: after any number of them these stay where they were.
     pub fn resources(&self) -> Resources {
-        let tasks = tokio::runtime::Handle::try_current()
-            .unwrap_or_else(|_| crate::runtime::handle())
-            .metrics()
-            .num_alive_tasks();
+        // The engine's runtime runs subscriptions and retired channels'
+        // closers; lapin's own tasks run on the runtime that dialled, a
+        // Rust service's own when it is called from one.
+        let engine = crate::runtime::handle();
+        let mut tasks = engine.metrics().num_alive_tasks();
+        if let Ok(current) = tokio::runtime::Handle::try_current() {
+            if current.id() != engine.id() {
+                tasks += current.metrics().num_alive_tasks();
+            }
+        }
         Resources { channels: self.inner.backend.channels_in_use(), tasks }
     }
 

@@ -122,3 +122,40 @@ async fn a_consumer_on_a_missing_queue_leaves_no_ladder_behind() {
         mq.close().await;
     }
 }
+
+/// A run of nacked publishes (a queue at its x-max-length with
+/// reject-publish) keeps the connection's channels bounded. Each nack
+/// retires the publishing channel, and retired channels waited out the
+/// confirm timeout before closing: 2,047 of them took every channel the
+/// connection had, and it was replaced under its consumers (issue 47's
+/// Rust soak, at 2,047 nacks in 2.1 s). RabbitMQ only.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_storm_of_nacks_keeps_channels_bounded() {
+    let Ok(url) = std::env::var("AMQP_URL") else { return };
+    let mq = acemq::Connection::open(&url).await.unwrap();
+    let replaced = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = replaced.clone();
+    let sub = acemq::events::subscribe(move |e| {
+        if let acemq::events::Event::Connection(c) = e {
+            if c.state == "replaced" || c.state == "lost" {
+                seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
+    let q = unique("full");
+    let mut full = acemq::QueueSpec::new(&q);
+    full.arguments.insert("x-max-length".into(), json!(1));
+    full.arguments.insert("x-overflow".into(), json!("reject-publish"));
+    mq.apply(&Topology::new().queue_spec(full)).await.unwrap();
+    mq.publish(&json!({"n": 0}), &q, PublishOptions::default()).await.unwrap();
+    let mut peak = 0;
+    for n in 1..=2_500 {
+        let err = mq.publish(&json!({ "n": n }), &q, PublishOptions::default()).await.expect_err("the queue is full");
+        assert_eq!(*err.kind(), acemq::ErrorKind::Nacked, "publish {n}: {err}");
+        peak = peak.max(mq.resources().channels);
+    }
+    acemq::events::unsubscribe(sub);
+    assert!(peak <= 16, "{peak} channels held at the peak");
+    assert_eq!(replaced.load(std::sync::atomic::Ordering::Relaxed), 0, "the connection was replaced or lost");
+    mq.close().await;
+}

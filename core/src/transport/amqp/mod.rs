@@ -75,6 +75,9 @@ pub(crate) struct AmqpBackend {
     /// The broker's `max_message_size` once it refused a message for its
     /// size (0 until then): larger ones are refused before they are sent.
     max_message: Arc<std::sync::atomic::AtomicUsize>,
+    /// Publishing channels retired after a nack and not yet closed
+    /// (publish.rs, `Retire`).
+    lingering: Arc<std::sync::atomic::AtomicUsize>,
     confirm_timeout: Duration,
     /// For the `amqps://` addresses: read once at open, used by every dial.
     tls: Option<Tls>,
@@ -118,6 +121,7 @@ impl AmqpBackend {
             known_exchanges: std::sync::Mutex::new(std::collections::HashSet::new()),
             publish: Arc::new(tokio::sync::Mutex::new(None)),
             max_message: Default::default(),
+            lingering: Default::default(),
             confirm_timeout,
             tls,
         })

@@ -42,7 +42,16 @@ enum Pending {
 pub(super) struct Retire {
     publish: Arc<tokio::sync::Mutex<Option<Channel>>>,
     channel: Channel,
+    /// Retired channels of this connection not yet closed.
+    lingering: Arc<std::sync::atomic::AtomicUsize>,
 }
+
+/// At most this many retired publishing channels wait to be closed at once.
+/// A nack storm (a queue at its `x-max-length` with `reject-publish`: every
+/// publish nacked) retired a channel per nack: 2,047 of them lingered, all
+/// the connection has, and it had to be replaced (issue 47's soak). Past
+/// this, a nacked channel is kept in use.
+const MAX_LINGERING: usize = 8;
 
 impl Retire {
     /// A quorum queue that had no leader when a channel first published to
@@ -50,19 +59,25 @@ impl Retire {
     /// seen in the cluster drill: 161 nacks in a row over 21 s after the
     /// leader's node was killed, while a new channel published at once). So
     /// the channel a nack came on is not used again: the next publish opens
-    /// a fresh one. The old one is closed once what is still in flight on
-    /// it has had its confirm timeout.
+    /// a fresh one. The old one is closed once every confirm still due on it
+    /// has come, or after `linger` (the confirm timeout) at most.
     pub(super) async fn now(self, linger: Duration) {
+        use std::sync::atomic::Ordering;
         let mut guard = self.publish.lock().await;
         if guard.as_ref().is_some_and(|c| c.id() == self.channel.id()) {
+            if self.lingering.load(Ordering::Acquire) >= MAX_LINGERING {
+                return;
+            }
             *guard = None;
             drop(guard);
-            let old = self.channel;
+            self.lingering.fetch_add(1, Ordering::AcqRel);
+            let (old, lingering) = (self.channel, self.lingering);
             crate::runtime::handle().spawn(async move {
-                tokio::time::sleep(linger).await;
+                let _ = tokio::time::timeout(linger, old.wait_for_confirms()).await;
                 if old.status().connected() {
                     let _ = old.close(200, ShortString::from("OK")).await;
                 }
+                lingering.fetch_sub(1, Ordering::AcqRel);
             });
         }
     }
@@ -188,7 +203,7 @@ impl AmqpBackend {
             max_message: self.max_message.clone(),
             timeout: self.confirm_timeout,
             conn: self.current(),
-            retire: Retire { publish: self.publish.clone(), channel: ch },
+            retire: Retire { publish: self.publish.clone(), channel: ch, lingering: self.lingering.clone() },
         })
     }
 
@@ -217,7 +232,7 @@ impl AmqpBackend {
             )
             .await
             .map_err(|e| map_error(&e, &format!("publishing to exchange '{exchange}'")))?;
-        let retire = Retire { publish: self.publish.clone(), channel: ch };
+        let retire = Retire { publish: self.publish.clone(), channel: ch, lingering: self.lingering.clone() };
         Ok(AmqpConfirm {
             confirm: Pending::Confirm(confirm),
             exchange: exchange.to_owned(),
@@ -289,7 +304,7 @@ impl AmqpBackend {
             }))
             .await;
             let conn = self.current();
-            let retire = Retire { publish: self.publish.clone(), channel: ch.clone() };
+            let retire = Retire { publish: self.publish.clone(), channel: ch.clone(), lingering: self.lingering.clone() };
             out.extend(done.into_iter().zip(window).map(|(r, (exchange, _, body, _))| {
                 r.map(|confirm| AmqpConfirm {
                     confirm: Pending::Confirm(confirm),

@@ -43,10 +43,10 @@ module Soak
         next if marked || Soak.now - t0 < mark
 
         marked = @run.probe.sample
-        report(format("mixed at %.0f min", (Soak.now - t0) / 60), marked)
+        report(format("mixed at %.1f min", (Soak.now - t0) / 60), marked)
       end
       last = @run.probe.sample
-      report(format("mixed end, %.0f min", (Soak.now - t0) / 60), last)
+      report(format("mixed end, %.1f min", (Soak.now - t0) / 60), last)
       paths.each(&:stop)
       after, settle = @run.probe.settle(before)
       Soak.say "#{@run.label}: mixed, every path stopped and settled (#{settle.round(1)}s): #{Soak.describe(after)} " \

@@ -253,6 +253,14 @@ module Soak
       @unnoticed = 0
     end
 
+    # One batch, without the outage (#stop's) that the path itself ends
+    # with.
+    def warm_up(_count = 1)
+      attempt(-1)
+    ensure
+      reset
+    end
+
     def reset
       super
       @cancels = []
@@ -288,17 +296,42 @@ module Soak
     def stop
       return if @cancels.empty?
 
+      cancel_after_outage unless ctx.memory?
       slowest = @cancels.max
       @notes << format("cancel of a subscription whose queue is gone: median %.2fs, slowest %.2fs", @cancels.sort[@cancels.size / 2], slowest)
       if ctx.memory? && @counts["unnoticed"].positive?
         @notes << "memory://: #{@counts['unnoticed']} subscriptions never noticed their queue deleted (failure nil); " \
                   "RabbitMQ's report NOT_FOUND"
       end
-      @failures << format("a cancel took %.1fs (limit %ds)", slowest, CANCEL_LIMIT) if slowest > CANCEL_LIMIT
+      return unless slowest > CANCEL_LIMIT
+
+      @failures << format("a cancel took %.1fs (limit %ds): it waits out the subscription's back-off before it " \
+                          "stops (100 ms doubling to 5 s while its queue is gone)", slowest, CANCEL_LIMIT)
     end
 
-    # A cancel waits for the subscription's back-off at worst (5 s).
-    CANCEL_LIMIT = 6
+    # No cancel may take longer than this, however long its subscription
+    # has been without its queue.
+    CANCEL_LIMIT = 1
+    # How long one more subscription stays without its queue before it is
+    # cancelled: its back-off (100 ms doubling to 5 s) is then in its longer
+    # pauses, which a cancel must not wait out.
+    DOWN = 7
+
+    # One subscription left DOWN seconds without its queue, then cancelled.
+    def cancel_after_outage
+      q = queue("down")
+      topology = AMQP::Topology.new.queue(q)
+      mq.apply(topology)
+      sub = mq.consume(q) { AMQP::Ack.accept }
+      topology.teardown(mq, force: true)
+      Soak.poll(DOWN * 3, interval: 0.1) { sub.down_for.to_f >= DOWN }
+      down = sub.down_for.to_f
+      t = Soak.now
+      sub.cancel
+      took = Soak.now - t
+      @cancels << took
+      @notes << format("a subscription %.1fs without its queue took %.2fs to cancel", down, took)
+    end
   end
 
   # A request nobody answers: TimeoutError after its timeout, and no reply
@@ -407,8 +440,10 @@ module Soak
 
     def handler_timeout = nil
 
-    def op(i)
-      mq.publish({ "n" => i }, to: @q)
+    # Each message numbered by the path itself (the mixed traffic passes
+    # the same i to a turn's operations).
+    def op(_i)
+      mq.publish({ "n" => @published + 1 }, to: @q)
       @published += 1
       "published"
     end
@@ -420,12 +455,15 @@ module Soak
 
     def dlq_depth = mq.queue_counts("#{@q}.dlq")&.dig(:ready) || 0
 
-    # What the handler's messages end as: accepted (each number once at
-    # least), or in the DLQ; the wait ends when they add up.
+    # What the handler's messages end as: accepted (the engine's count:
+    # an overrunning handler whose deadline the engine noticed late has its
+    # first answer taken), or in the DLQ; the wait ends when they add up to
+    # what was published. The handler's own count of each number says
+    # whether one was accepted twice.
     def stop
       return unless @sub
 
-      ends = -> { [@lock.synchronize { @accepted.size }, dlq_depth - @dlq_before] }
+      ends = -> { [@sub.stats[:accepted], dlq_depth - @dlq_before] }
       done = Soak.poll(ctx.long ? FINISH * 5 : FINISH, interval: 0.05) do
         mq.advance_clock(1) if ctx.memory? # the ladder's rung, now
         accepted, dead = ends.call
@@ -437,15 +475,18 @@ module Soak
       stats = @sub.stats
       @counts["accepted"] = accepted
       @counts["dead-lettered"] = dead
-      doubled = @lock.synchronize { @accepted.count { |_, c| c > 1 } }
+      counted, doubled = @lock.synchronize { [@accepted.size, @accepted.count { |_, c| c > 1 }] }
       @counts["accepted twice"] = doubled if doubled.positive?
+      if counted < accepted
+        @notes << "#{accepted - counted} accepted at their first attempt: the handler deadline was noticed after the " \
+                  "handler had returned"
+      end
       %i[retried timed_out abandoned].each { |k| @counts[k.to_s] = stats[k] if stats[k].to_i.positive? }
       @counts["on_error: #{@errors.pop.class.name.split('::').last}"] += 1 until @errors.empty?
-      where = "queue #{mq.queue_counts(@q)&.dig(:ready)}, DLQ #{dead}, accepted #{accepted}"
-      lost = @published - accepted - dead
       unless done
-        @failures << "#{lost} of #{@published} messages neither accepted nor dead-lettered within the wait " \
-                     "(#{where}; the rest on the ladder or lost)"
+        @failures << "#{@published - accepted - dead} of #{@published} messages neither accepted nor dead-lettered " \
+                     "within the wait (queue #{mq.queue_counts(@q)&.dig(:ready).inspect}, DLQ #{dead}, accepted " \
+                     "#{accepted}; the rest on the ladder or lost)"
       end
       check_ends(accepted, dead)
       @sub = nil

@@ -274,6 +274,7 @@ module Soak
       if @broker
         if row.after.broker != row.after.channels && (was, now = @probe.replaced)
           row.failures << "the connection was replaced: the broker lists it as #{now}, no longer #{was}"
+          @replaced = true
           row.after.broker = Soak.poll(BROKER_SETTLE, interval: 0.2) { (n = @probe.broker_channels) == row.after.channels && n } ||
                              @probe.broker_channels
         end
@@ -339,10 +340,12 @@ module Soak
       missing, doubled = @good.account
       @failures << "good traffic: #{missing.size} of #{@good.published} lost (seq #{missing.first(10).join(', ')})" unless missing.empty?
       @failures << "good traffic: #{doubled.size} delivered twice (seq #{doubled.first(10).join(', ')})" unless doubled.empty?
-      if (n = @good.sub.resubscriptions).positive? || @good.sub.failure
-        @failures << "the good traffic's subscription lost its channel #{n} times: #{@good.sub.failure || 'no failure recorded'}"
+      # What a path's row has not said already.
+      if (n = @good.sub.resubscriptions) > @resubscriptions
+        @failures << "the good traffic's subscription lost its channel #{n - @resubscriptions} times: " \
+                     "#{@good.sub.failure || 'no failure recorded'}"
       end
-      if @broker && (now = @probe.current_connection_pid) != @connection_pid
+      if @broker && !@replaced && (now = @probe.current_connection_pid) != @connection_pid
         @failures << "the connection is not the one opened (broker pid #{@connection_pid.inspect}, now #{now.inspect}): " \
                      "it was replaced or lost"
       end

@@ -53,10 +53,10 @@ module Soak
                "(before: #{Soak.describe(before)})"
       paths.each { |p| judge(p) }
       Probe.excess(after, before).each do |k, (b, a)|
-        @failures << "mixed: #{k} grew from #{b} to #{a} (tolerance +#{TOLERANCE[k]})"
+        @failures << "#{@run.label} mixed: #{k} grew from #{b} to #{a} (tolerance +#{TOLERANCE[k]})"
       end
       drift = last.rss_mb - (marked || before).rss_mb
-      @failures << format("mixed: RSS grew %.1f MB between the mark and the end (limit %d MB)", drift, RSS_DRIFT_MB) if drift > RSS_DRIFT_MB
+      @failures << format("#{@run.label} mixed: RSS grew %.1f MB between the mark and the end (limit %d MB)", drift, RSS_DRIFT_MB) if drift > RSS_DRIFT_MB
       missing, = @run.good.account
       Soak.say "#{@run.label}: mixed: #{paths.sum(&:ops)} failing operations, #{@run.good.published - published} good " \
                "publishes, #{missing.size} good messages lost, " \
@@ -76,10 +76,10 @@ module Soak
 
     def judge(path)
       path.wrong.each do |label, text|
-        @failures << "mixed #{path.class.key}: #{path.counts[label]} × #{label} where #{path.expect.join(' or ')} " \
+        @failures << "#{@run.label} mixed #{path.class.key}: #{path.counts[label]} × #{label} where #{path.expect.join(' or ')} " \
                      "was expected; first: #{text[0, 300]}"
       end
-      path.failures.each { |f| @failures << "mixed #{path.class.key}: #{f}" }
+      path.failures.each { |f| @failures << "#{@run.label} mixed #{path.class.key}: #{f}" }
     end
   end
 end

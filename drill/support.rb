@@ -11,6 +11,7 @@ require "securerandom"
 require "uri"
 require_relative "../spec/support/runner_helpers"
 require_relative "sql_connect"
+require_relative "wait"
 
 # What the drill's phases share: bounded polling, child processes reaped by
 # pid, PostgreSQL tables named per run, a publisher that survives a broker
@@ -18,33 +19,6 @@ require_relative "sql_connect"
 module Drill
   ROOT = RunnerHelpers::ROOT
   DATABASE_URL = ENV.fetch("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
-
-  # A phase that lost or doubled something, or a wait that ran out.
-  class Failure < StandardError; end
-
-  def self.now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-
-  # Poll until the block returns truthy; raise Failure naming what was
-  # awaited after limit seconds. Every wait in the drill goes through here.
-  def self.eventually(limit, what, interval: 0.05)
-    deadline = now + limit
-    loop do
-      value = yield
-      return value if value
-      raise Failure, "timed out after #{limit}s waiting for #{what}" if now > deadline
-
-      sleep interval
-    end
-  end
-
-  def self.alive?(pid)
-    Process.kill(0, pid)
-    true
-  rescue Errno::ESRCH
-    false
-  rescue Errno::EPERM
-    true
-  end
 
   def self.say(line) = $stdout.puts(line)
 

@@ -146,6 +146,17 @@ impl AmqpBackend {
         Ok(ch)
     }
 
+    /// The channel in `slot` while it is open, else a new one put there:
+    /// for a run of operations any of which may make the broker close it.
+    async fn reuse_channel(&self, slot: &mut Option<Channel>) -> Result<Channel> {
+        if let Some(c) = slot.as_ref().filter(|c| c.status().connected()) {
+            return Ok(c.clone());
+        }
+        let c = self.open_channel(false).await?;
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
     pub(crate) async fn close(&self) {
         self.closed.store(true, std::sync::atomic::Ordering::Release);
         let conn = self.current();
@@ -171,14 +182,7 @@ impl AmqpBackend {
         let mut out = Vec::with_capacity(queues.len());
         let mut ch: Option<Channel> = None;
         for queue in queues {
-            let c = match &ch {
-                Some(c) if c.status().connected() => c.clone(),
-                _ => {
-                    let c = self.open_channel(false).await?;
-                    ch = Some(c.clone());
-                    c
-                }
-            };
+            let c = self.reuse_channel(&mut ch).await?;
             let declared = tokio::time::timeout(
                 self.confirm_timeout,
                 c.queue_declare(
@@ -267,14 +271,7 @@ impl AmqpBackend {
     pub(crate) async fn delete_queues_if_idle(&self, queues: &[String]) -> Result<()> {
         let mut ch: Option<Channel> = None;
         for queue in queues {
-            let c = match &ch {
-                Some(c) if c.status().connected() => c.clone(),
-                _ => {
-                    let c = self.open_channel(false).await?;
-                    ch = Some(c.clone());
-                    c
-                }
-            };
+            let c = self.reuse_channel(&mut ch).await?;
             let options = lapin::options::QueueDeleteOptions { if_unused: true, if_empty: true, ..Default::default() };
             let _ = c.queue_delete(ShortString::from(queue.as_str()), options).await;
         }

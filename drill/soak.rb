@@ -33,7 +33,7 @@ module Soak
   # broke a connection there.
   SHORT = {
     "missing_queue" => 2_500, "missing_exchange" => 2_500, "bind_missing_exchange" => 500, "unroutable" => 1_000,
-    "nacked" => 2_500, "oversized" => 300, "denied" => 1_000, "precondition" => 1_000, "consumer_missing" => 1_000,
+    "nacked" => 2_500, "oversized" => 300, "denied" => 1_000, "precondition" => 1_000, "consumer_missing" => 300,
     "consumer_deleted" => 100, "handler_raises" => 500, "handler_rejects" => 1_000, "handler_retries" => 500,
     "handler_overruns" => 120, "request_timeout" => 300, "dead_letters_missing" => 1_500, "reconnect" => 300
   }.freeze

@@ -134,6 +134,7 @@ module Soak
       @mq = AMQP::Connection.open(@url, origin: origin, connect_timeout: 5, confirm_timeout: 10)
       @probe = Probe.new(@mq, origin: origin, broker: @broker)
       @good = Good.new(@mq)
+      @good.publish # the publishing channel is open in every reading, this one too
       @ctx = Context.new(mq: @mq, url: @url, broker: @broker, origin: origin, good: @good, long: @long)
       @connection_pid = @probe.connection_pid
       if @broker && !@connection_pid

@@ -71,6 +71,10 @@ pub struct Channel {
     channel_closer: Option<Arc<ChannelCloser>>,
     _connection_closer: Option<Arc<ConnectionCloser>>,
     recovery_config: RecoveryConfig,
+    /// PATCH (acemq, vendor/lapin/PATCHES.md, 5): held from a publish taking
+    /// its delivery tag until its frames are queued, so that tags follow the
+    /// order the broker numbers the messages in.
+    publish_order: Arc<std::sync::Mutex<()>>,
 }
 
 impl PartialEq for Channel {
@@ -136,6 +140,7 @@ impl Channel {
             channel_closer,
             _connection_closer: connection_closer,
             recovery_config,
+            publish_order: Default::default(),
         }
     }
 
@@ -500,14 +505,34 @@ impl Channel {
         self.wake();
     }
 
-    async fn send_method_frame_with_body(
+    /// PATCH (acemq, 5): a basic.publish's tag and its frames, in one step
+    /// under `publish_order`. Two tasks publishing on one channel from two
+    /// threads could take tags 1 and 2 and queue their frames as 2 then 1:
+    /// the broker numbers messages as they arrive, so each confirm (and a
+    /// nack, and the matching of a return) went to the other's publish.
+    pub(crate) async fn publish_in_order(
+        &self,
+        message_id: Option<ShortString>,
+        method: AMQPClass,
+        payload: &[u8],
+        properties: BasicProperties,
+    ) -> Result<PublisherConfirm> {
+        let (pushed, confirm) = {
+            let _order = self.publish_order.lock().unwrap_or_else(|e| e.into_inner());
+            let confirm = self.before_basic_publish(message_id);
+            (self.push_method_frame_with_body("basic.publish", method, payload, properties), confirm)
+        };
+        pushed.await?;
+        Ok(confirm.unwrap_or_else(|| PublisherConfirm::not_requested(self.returned_messages.clone())))
+    }
+
+    fn push_method_frame_with_body(
         &self,
         ctx: &'static str,
         method: AMQPClass,
         payload: &[u8],
         properties: BasicProperties,
-        publisher_confirms_result: Option<PublisherConfirm>,
-    ) -> Result<PublisherConfirm> {
+    ) -> Promise<()> {
         let class_id = method.get_amqp_class_id();
         let header = AMQPContentHeader {
             class_id,
@@ -531,9 +556,7 @@ impl Channel {
         let (promise, resolver) = Promise::new(ctx);
         self.frames.push_frames(self.id, frames, resolver);
         self.wake();
-        promise.await?;
-        Ok(publisher_confirms_result
-            .unwrap_or_else(|| PublisherConfirm::not_requested(self.returned_messages.clone())))
+        promise
     }
 
     pub(crate) fn report_protocol_violation(

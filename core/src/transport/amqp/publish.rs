@@ -159,7 +159,8 @@ impl AmqpBackend {
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<AmqpConfirm> {
         self.unblocked().await?;
         self.check_size(body.len())?;
-        if !self.is_known(exchange) {
+        // amq.* exist, but a user may not be allowed to write to them.
+        if !self.is_known(exchange) || (exchange.starts_with("amq.") && !self.known().contains(exchange)) {
             return self.send_alone(exchange, routing_key, body, props).await;
         }
         let ch = self.publish_channel().await?;
@@ -407,7 +408,10 @@ fn refused_size(e: &Error) -> Option<(usize, usize)> {
 /// publish (its exchange, or its size), not of another on the same channel.
 fn refusal_of(e: &Error, exchange: &str, size: usize) -> bool {
     match e.kind() {
-        ErrorKind::Broker { reply_code: 403 | 404 } => e.to_string().contains(&format!("exchange '{exchange}'")),
+        // The broker's words ("no exchange 'x' in vhost", "access to
+        // exchange 'x' in vhost"), not the context this side adds after them
+        // ("publishing to exchange ''"), which named every publish's own.
+        ErrorKind::Broker { reply_code: 403 | 404 } => e.to_string().contains(&format!("exchange '{exchange}' in vhost")),
         ErrorKind::Broker { reply_code: 406 } => refused_size(e).is_some_and(|(n, _)| n == size),
         _ => true,
     }

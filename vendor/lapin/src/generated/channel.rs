@@ -673,8 +673,6 @@ impl Channel {
             return Err(self.status.state_error("basic.publish"));
         }
 
-        // PATCH (acemq, 4): the message id, to match a basic.return to it.
-        let start_hook_res = self.before_basic_publish(properties.message_id().clone());
         let BasicPublishOptions {
             mandatory,
             immediate,
@@ -688,14 +686,11 @@ impl Channel {
             },
         ));
 
-        self.send_method_frame_with_body(
-            "basic.publish",
-            method,
-            payload,
-            properties,
-            start_hook_res,
-        )
-        .await
+        // PATCH (acemq, 4 and 5): the message id, to match a basic.return to
+        // it; the delivery tag taken and the frames queued in one step.
+        let message_id = properties.message_id().clone();
+        self.publish_in_order(message_id, method, payload, properties)
+            .await
     }
     fn receive_basic_return(&self, method: protocol::basic::Return) -> Result<()> {
         if !self.status.can_receive_messages() {

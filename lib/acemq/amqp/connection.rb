@@ -318,7 +318,7 @@ module AceMQ
       # error_class: and ids: narrow it further (the class exactly; the
       # message ids, any of them).
       def replay_dead_letters(queue, limit: nil, reason: nil, type: nil, error_class: nil, ids: nil)
-        report = _replay(queue.to_s, Connection.count(:limit, limit), reason&.to_s, type&.to_s,
+        report = _replay(Connection.text(:queue, queue.to_s), Connection.count(:limit, limit), reason&.to_s, type&.to_s,
                          error_class&.to_s, Array(ids).map(&:to_s), false)
         { replayed: report.moved, skipped: report.skipped }
       end
@@ -334,7 +334,7 @@ module AceMQ
           raise ConfigurationError, "discard needs ids: or a filter (reason:, type:, error_class:); purge_dead_letters removes them all"
         end
 
-        report = _replay(queue.to_s, nil, reason&.to_s, type&.to_s, error_class&.to_s, ids, true)
+        report = _replay(Connection.text(:queue, queue.to_s), nil, reason&.to_s, type&.to_s, error_class&.to_s, ids, true)
         { discarded: report.moved, skipped: report.skipped }
       end
 
@@ -352,7 +352,7 @@ module AceMQ
 
       # Every dead letter in {queue}.dlq removed. Returns { discarded: }.
       def purge_dead_letters(queue)
-        { discarded: _replay(queue.to_s, nil, nil, nil, nil, [], true).moved }
+        { discarded: _replay(Connection.text(:queue, queue.to_s), nil, nil, nil, nil, [], true).moved }
       end
 
       # Up to limit: dead letters in {queue}.dlq, oldest first, left where
@@ -374,7 +374,7 @@ module AceMQ
       # broker that puts returned messages at the tail, RabbitMQ 3.10's
       # quorum queues, the DLQ has rotated by scanned) }.
       def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil)
-        page = _browse(queue.to_s, Connection.count(:skip, skip) || 0, Connection.count(:limit, limit) || 0,
+        page = _browse(Connection.text(:queue, queue.to_s), Connection.count(:skip, skip) || 0, Connection.count(:limit, limit) || 0,
                        reason&.to_s, type&.to_s, error_class&.to_s, Array(ids).map(&:to_s))
         { dead_letters: page.letters.map { |d| Connection.dead_letter_hash(d) }, scanned: page.scanned,
           more: page.more?, moved: page.moved, partial: page.partial? }
@@ -407,13 +407,13 @@ module AceMQ
       # memory://. AMQP has no count of unacknowledged messages: see
       # docs/observability.md for where `acemq status` gets them.
       def queue_counts(queue)
-        ready, consumers = _queue_counts(queue.to_s)
+        ready, consumers = _queue_counts(Connection.text(:queue, queue.to_s))
         ready && { ready: ready, consumers: consumers }
       end
 
       # queue_counts of each name, asked on one channel: { name => counts or nil }.
       def queue_counts_many(queues)
-        names = queues.map(&:to_s)
+        names = queues.map { |q| Connection.text(:queue, q.to_s) }
         names.zip(_queue_counts_many(names)).to_h { |n, (ready, consumers)| [n, ready && { ready: ready, consumers: consumers }] }
       end
 

@@ -41,7 +41,7 @@ module AceMQ
       end
 
       def exchange(name, type: :direct)
-        @exchanges << ExchangeSpec.new(name.to_s, AMQP._exchange_type(type.to_s)).freeze
+        @exchanges << ExchangeSpec.new(Connection.text(:exchange, name.to_s), AMQP._exchange_type(type.to_s)).freeze
         self
       end
 
@@ -57,12 +57,13 @@ module AceMQ
         end
 
         # A copy of the top level: a Hash changed after this call must not change what apply declares.
-        @queues << QueueSpec.new(name.to_s, arguments&.transform_keys(&:to_s), type).freeze
+        @queues << QueueSpec.new(Connection.text(:queue, name.to_s), arguments&.transform_keys(&:to_s), type).freeze
         self
       end
 
       def bind(queue, to:, routing_key: "")
-        @bindings << BindingSpec.new(queue.to_s, to.to_s, routing_key.to_s).freeze
+        @bindings << BindingSpec.new(Connection.text(:queue, queue.to_s), Connection.text(:to, to.to_s),
+                                     Connection.text(:routing_key, routing_key.to_s)).freeze
         self
       end
 

@@ -19,10 +19,12 @@ impl AmqpBackend {
 
     /// Make sure `exchange` exists before anything is published to it: the
     /// default exchange always does; a known one is not asked about again.
-    /// The default exchange and `amq.*` always exist; others once declared
-    /// or checked, or published to with success, through this connection.
+    /// The default exchange always exists and takes a publish; others once
+    /// declared or checked, or published to with success, through this
+    /// connection. `amq.*` exist too, but a user may not be allowed to write
+    /// to them, so they are learnt like any other.
     pub(super) fn is_known(&self, exchange: &str) -> bool {
-        exchange.is_empty() || exchange.starts_with("amq.") || self.known().contains(exchange)
+        exchange.is_empty() || self.known().contains(exchange)
     }
 
     pub(super) async fn check_exchange(&self, exchange: &str) -> Result<()> {

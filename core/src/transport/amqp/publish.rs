@@ -170,8 +170,7 @@ impl AmqpBackend {
     pub(crate) async fn send(&self, exchange: &str, routing_key: &str, body: &[u8], props: &Props) -> Result<AmqpConfirm> {
         self.unblocked().await?;
         self.check_size(body.len())?;
-        // amq.* exist, but a user may not be allowed to write to them.
-        if !self.is_known(exchange) || (exchange.starts_with("amq.") && !self.known().contains(exchange)) {
+        if !self.is_known(exchange) {
             return self.send_alone(exchange, routing_key, body, props).await;
         }
         let ch = self.publish_channel().await?;

@@ -41,6 +41,8 @@ RSpec.describe "bad input from the code that uses AceMQ" do
         -> { mq.consume(invalid.call("q\xFF")) { AceMQ::AMQP::Ack.accept } } => [AceMQ::AMQP::ConfigurationError, "queue: must be UTF-8"],
         -> { AceMQ::AMQP::Topology.new.queue(invalid.call("q\xFF")).apply(mq) } => [AceMQ::AMQP::ConfigurationError, "queue: must be UTF-8"],
         -> { AceMQ::AMQP::Topology.new.exchange(invalid.call("x\xFF")) } => [AceMQ::AMQP::ConfigurationError, "exchange: must be UTF-8"],
+        -> { mq.publish({}, to: queue, envelope: AceMQ::AMQP::Envelope.new(id: "\xFF".b)) } => [AceMQ::AMQP::ConfigurationError, "id: must be UTF-8"],
+        -> { mq.publish({}, to: queue, envelope: AceMQ::AMQP::Envelope.new(origin: invalid.call("o\xFF"))) } => [AceMQ::AMQP::ConfigurationError, "origin: must be UTF-8"],
         -> { mq.queue_counts(invalid.call("q\xFF")) } => [AceMQ::AMQP::ConfigurationError, "queue: must be UTF-8"],
         -> { mq.replay_dead_letters(invalid.call("q\xFF")) } => [AceMQ::AMQP::ConfigurationError, "queue: must be UTF-8"],
         -> { mq.publish({}, to: queue, headers: { "h" => invalid.call("v\xFF") }) } => [AceMQ::AMQP::EncodingError, "UTF-8 Strings"],

@@ -466,7 +466,7 @@ module AceMQ
       # key, a type): a String in another encoding is converted, and one
       # whose bytes are not text is refused here, saying so, rather than as
       # Ruby's own ::EncodingError from deep inside the conversion.
-      def self.text(name, value)
+      def self.text(name, value, why: "RabbitMQ reads names as UTF-8")
         return value if value.encoding == Encoding::UTF_8 && value.valid_encoding?
 
         utf8 = value.dup.force_encoding(Encoding::UTF_8)
@@ -477,7 +477,7 @@ module AceMQ
 
         converted
       rescue ::EncodingError
-        raise ConfigurationError, "#{name}: must be UTF-8 text (RabbitMQ reads names as UTF-8), got bytes that are not: " \
+        raise ConfigurationError, "#{name}: must be UTF-8 text (#{why}), got bytes that are not: " \
                                   "#{value.b.inspect[0, 80]}"
       end
 

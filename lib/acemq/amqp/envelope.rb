@@ -19,13 +19,13 @@ module AceMQ
       # timestamp: without it, now; `timestamp: nil`, none (a consumed
       # message whose publisher set none reads nil, never 1970).
       def initialize(type: nil, id: GENERATE, origin: nil, timestamp: GENERATE, attempt: 1, headers: nil)
-        @id = id.equal?(GENERATE) ? AMQP._new_id : id&.to_s&.dup&.freeze
+        @id = id.equal?(GENERATE) ? AMQP._new_id : Envelope.property(:id, id)
         # An empty id would travel as no message_id at all and arrive as nil:
         # say so here rather than let a key silently disappear.
         raise ConfigurationError, "id: must not be empty (leave it out for a new one, or nil for none)" if @id == ""
 
-        @type = type&.to_s&.dup&.freeze
-        @origin = origin&.to_s&.dup&.freeze
+        @type = Envelope.property(:type, type)
+        @origin = Envelope.property(:origin, origin)
         @timestamp = timestamp.equal?(GENERATE) ? Time.now.to_i : timestamp && Envelope.seconds(timestamp)
         @attempt = Envelope.positive_integer(:attempt, attempt)
         unless headers.nil? || headers.is_a?(Hash)
@@ -34,6 +34,15 @@ module AceMQ
 
         @headers = (headers || {}).transform_keys(&:to_s).freeze
         freeze
+      end
+
+      # A property as frozen UTF-8 text: AMQP's short strings travel as
+      # UTF-8, so bytes that are not are refused here, saying so, rather
+      # than as Ruby's ::EncodingError at the publish.
+      def self.property(name, value)
+        return nil if value.nil?
+
+        Connection.text(name.to_s, value.to_s, why: "a message's #{name} travels as UTF-8").dup.freeze
       end
 
       # timestamp: as whole seconds since the epoch: a Time, an Integer, or

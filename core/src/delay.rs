@@ -72,6 +72,13 @@ pub fn due_ms(delay: Option<Duration>, at: Option<SystemTime>) -> Result<Option<
     if delay.is_some() && at.is_some() {
         return Err(Error::invalid("give delay: or at:, not both"));
     }
+    // A delay is sent in whole seconds, rounded up: 2^28 - 1.5 s is 2^28 s,
+    // one past the cascade (issue 49: `Patterns.record(delay: 2**28)` was
+    // taken here, within the second's slack `at:` needs, and refused only
+    // by the cascade when sent).
+    if delay.is_some_and(|d| d.as_secs() + u64::from(d.subsec_nanos() > 0) > MAX_DELAY.as_secs()) {
+        return Err(too_long());
+    }
     let now = SystemTime::now();
     let due = match (delay, at) {
         (Some(d), _) => now.checked_add(d),
@@ -356,6 +363,10 @@ mod tests {
         assert!(route("", "a.#", 1).unwrap_err().message().contains("rename"));
         assert!(route("", &"q".repeat(200), 1).unwrap_err().message().contains("at most"));
         assert!(due_ms(Some(MAX_DELAY * 2), None).unwrap_err().message().contains("at most"));
+        // 2^28 s, and a fraction past the last whole second, are one past it.
+        assert!(due_ms(Some(MAX_DELAY + Duration::from_secs(1)), None).unwrap_err().message().contains("at most"));
+        assert!(due_ms(Some(MAX_DELAY + Duration::from_millis(1)), None).is_err());
+        assert!(due_ms(Some(MAX_DELAY), None).unwrap().is_some());
         assert!(due_ms(Some(Duration::from_secs(1)), Some(SystemTime::now())).is_err());
         assert_eq!(remaining_secs(10_001, 0), 11);
         assert_eq!(remaining_secs(5, 10), 0);

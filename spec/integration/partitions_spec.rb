@@ -43,6 +43,24 @@ RSpec.describe "partitioned queues" do
     AceMQ::Rails.publisher = nil
   end
 
+  # Issue 49: a batch's publish and an outbox record took no partition key;
+  # the undocumented AceMQ::AMQP.partition_queue was the only way.
+  it "takes partition keys in a batch and in an outbox record, to the partition publish would use" do
+    klass = consumer_class(queue)
+    klass.topology.apply(mq)
+    keys = (1..8).map { |n| "acct-#{n}" }
+    mq.batch { |b| keys.each { |k| b.publish({ "account_id" => k }, to: queue, partition_key: k, partitions: 4) } }
+    mq.batch(stream: true) { |b| keys.each { |k| b.publish({ "account_id" => k }, to: queue, partition_key: k, partitions: 4) } }
+    expect { mq.batch { |b| b.publish({}, to: queue, partitions: 4) } }.to raise_error(AceMQ::AMQP::ConfigurationError, /go together/)
+    records = keys.map { |k| AceMQ::AMQP::Patterns.record(mq, { "account_id" => k }, to: queue, partition_key: k, partitions: 4) }
+    expect(records.map(&:routing_key)).to eq(keys.map { |k| AceMQ::AMQP.partition_queue(queue, k, 4) })
+    expected = keys.map { |k| AceMQ::AMQP.partition_queue(queue, k, 4) }.tally.transform_values { |n| n * 2 }
+    eventually { klass.consume_queues.to_h { |q| [q, mq.queue_counts(q)[:ready]] } == klass.consume_queues.to_h { |q| [q, expected[q].to_i] } }
+    # One past the delay cascade's 2^28 - 1 s, refused where it is built,
+    # as publish refuses it, not when the relay sends it.
+    expect { AceMQ::AMQP::Patterns.record(mq, {}, to: queue, delay: 2**28) }.to raise_error(AceMQ::AMQP::ConfigurationError, /at most 268435455 s/)
+  end
+
   it "hands a partition to one subscriber at a time, and to the next, in order, when it goes" do
     klass = consumer_class(queue)
     klass.topology.apply(mq)

@@ -22,9 +22,13 @@ module AceMQ
       end
 
       # The payload is encoded straight into the message the engine keeps
-      # (held) or sends (streamed); the options are read as a publish's.
-      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil, delay: nil, at: nil)
+      # (held) or sends (streamed); the options are read as a publish's,
+      # partition_key: and partitions: among them (docs/ordering.md).
+      def publish(payload, to:, exchange: "", envelope: nil, type: nil, headers: nil, delay: nil, at: nil,
+                  partition_key: nil, partitions: nil)
         options = @connection.__send__(:publish_options, to, exchange, envelope, type, headers, delay: delay, at: at)
+        partition = Connection.partition(partition_key, partitions)
+        options[:partition] = partition if partition
         env = @native._push(payload, options)
         @count += 1
         env

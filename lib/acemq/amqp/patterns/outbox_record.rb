@@ -20,7 +20,8 @@ module AceMQ
       # when the record is built: the relay publishes it into the delay
       # cascade with whatever is left, so a relay that runs late does not
       # make it later (docs/delays.md).
-      def self.record(mq, payload, to:, exchange: "", type: nil, headers: nil, delay: nil, at: nil)
+      def self.record(mq, payload, to:, exchange: "", type: nil, headers: nil, delay: nil, at: nil,
+                      partition_key: nil, partitions: nil)
         unless mq.is_a?(Connection)
           raise ConfigurationError, "Patterns.record needs the AceMQ::AMQP::Connection whose origin the message " \
                                     "carries, got #{mq.class}"
@@ -28,7 +29,8 @@ module AceMQ
 
         # publish's own preparation (JSON, and the envelope core's envelope_for
         # makes), so the two paths cannot drift apart.
-        out, = mq.__send__(:outgoing, payload, to, exchange, nil, type, headers, delay: delay, at: at)
+        out, = mq.__send__(:outgoing, payload, to, exchange, nil, type, headers, delay: delay, at: at,
+                                                                              partition: Connection.partition(partition_key, partitions))
         OutboxRecord._build(out)
       end
 

@@ -146,8 +146,13 @@ module AceMQ
           @slots << slot
         end
         d = klass.describe
-        @logger.info("acemq: #{d[:name]} on #{d[:queue]} (concurrency #{d[:concurrency]}, prefetch " \
-                     "#{d[:prefetch] || 'default'}#{d[:batch] > 1 ? ", batch #{d[:batch]}" : ''}" \
+        # The sizes each subscription runs with (the engine's defaults filled
+        # in), not what the class asked: a partitioned class runs one
+        # handler per partition queue, whatever its concurrency says.
+        slot = JSON.parse(@supervisor.status_json)["consumers"][@slots.last[:index]]
+        parts = d[:partitions] ? "#{d[:partitions]} partitions, each " : ""
+        @logger.info("acemq: #{d[:name]} on #{d[:queue]} (#{parts}concurrency #{slot['concurrency']}, prefetch " \
+                     "#{slot['prefetch']}#{d[:batch] > 1 ? ", batch #{d[:batch]}" : ''}" \
                      "#{d[:bindings].empty? ? '' : ", bound to #{d[:bindings].join(' ')}"}" \
                      "#{d[:idempotent] ? ', idempotent' : ''})")
       end

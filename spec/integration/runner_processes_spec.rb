@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "json"
 require "tmpdir"
 
 # The runner as an operator meets it: a process, signals, a health endpoint,
@@ -24,6 +25,15 @@ RSpec.describe "acemq run (processes)" do
 
   def publish(*payloads)
     payloads.each { |p| mq.publish(p, to: queue) }
+  end
+
+  # Issue 49: the boot log said "prefetch default" and /status "prefetch": 0
+  # for a class that left prefetch to the engine; both say what it runs with.
+  it "reports the prefetch the engine chose, in the boot log and /status" do
+    runner = start_runner(env.merge("CONCURRENCY" => "3", "PREFETCH" => "default"))
+    status = JSON.parse(runner.health("/status").body)["consumers"].first
+    expect(status).to include("concurrency" => 3, "prefetch" => 32)
+    expect(runner.text).to include("RunnerSpecConsumer on #{queue} (concurrency 3, prefetch 32)")
   end
 
   it "on TERM lets a slow handler finish, acknowledges it, and exits 0" do

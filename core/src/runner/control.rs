@@ -49,7 +49,20 @@ impl Supervisor {
             all.retain(|(i, w)| *i != index && w.strong_count() > 0);
             all.push((index, Arc::downgrade(consumer)));
         }
-        let paused = self.lock().slots.get(index).is_some_and(|s| s.paused);
+        // The sizes it really runs with, for the status: a slot registered
+        // before its subscription knew only what was asked (a prefetch of
+        // 0 for "the default"; issue 49's `/status` said `"prefetch": 0`).
+        let paused = {
+            let mut inner = self.lock();
+            let slot = inner.slots.get_mut(index);
+            if let Some(s) = slot {
+                s.concurrency = consumer.options().concurrency;
+                s.prefetch = consumer.options().prefetch;
+                s.paused
+            } else {
+                false
+            }
+        };
         if paused {
             consumer.pause().await;
         }

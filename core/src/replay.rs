@@ -8,6 +8,8 @@ use crate::wire::{
     envelope_of, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, HISTORY_HEADER, QUEUE_HEADER, REASON_HEADER,
 };
 use serde_json::{Map, Value};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 /// Which dead letters to replay.
 #[derive(Debug, Clone, Default)]
@@ -22,6 +24,10 @@ pub struct ReplayOptions {
     pub error_class: Option<String>,
     /// Only those whose message id is one of these; any when empty.
     pub ids: Vec<String>,
+    /// A browse gives up after this long and says how far it read
+    /// ([`DeadLetterPage::gave_up`]); None reads as far as the page needs.
+    /// A replay or a discard does not use it (it is bounded by the count).
+    pub within: Option<Duration>,
 }
 
 /// What a replay did.
@@ -77,6 +83,181 @@ pub struct DeadLetterPage {
     /// queue (measured on 3.10.8, 4.0.5 and 4.3.6), so such a DLQ has
     /// rotated by `scanned`.
     pub partial: bool,
+    /// What the DLQ held (ready) when the read started: the read takes no
+    /// more than that many, and a page says "read N of total".
+    pub total: Option<u64>,
+    /// The read stopped at [`ReplayOptions::within`], before the page was
+    /// full or the DLQ's end.
+    pub gave_up: bool,
+    /// The most messages the read held unacknowledged at once: never more
+    /// than [`HOLD`].
+    pub most_held: usize,
+}
+
+/// The most a read holds unacknowledged: its prefetch. A read deeper than
+/// this gives back what it holds each time it holds this many (behind the
+/// rest, on a quorum DLQ, so the read goes on to the next), instead of
+/// holding a whole DLQ of 100,000 (55,000 held unacknowledged were seen,
+/// and basic.get slowed from about 1,000 to 100 a second). A DLQ of
+/// [`BROWSE_WHOLE`] or fewer is read whole and held whole: the same bound.
+pub const HOLD: usize = BROWSE_WHOLE as usize;
+
+/// How long a reader waits for another reader of the same DLQ to finish
+/// ([`reading_lock_name`]) before it says so.
+pub const READ_LOCK_WAIT: Duration = Duration::from_secs(2);
+
+/// The queue whose exclusive consumer is the right to read `dlq`:
+/// `{dlq}.reader`. One reader at a time per DLQ, across threads,
+/// processes and hosts: two readers each take and give back, so together
+/// they reorder the DLQ and each misses what the other holds (an id filter
+/// for a letter that exists said "None match" 7 times in 10). The lock is
+/// an exclusive basic.consume on this queue, on the reading channel: the
+/// broker refuses a second (403), and lets it go when the channel closes,
+/// whether the read ends, the process dies or the connection drops, so
+/// there is no lock to clean up. The queue is durable with `x-expires` (10
+/// minutes unused): RabbitMQ 4.3 refuses transient queues that are not
+/// exclusive, and an exclusive queue would belong to one connection, which
+/// a second reader on the same connection would not be kept out of.
+pub fn reading_lock_name(dlq: &str) -> String {
+    format!("{dlq}.reader")
+}
+
+/// The lock queue's `x-expires`: it goes away 10 minutes after its last reader.
+const READ_LOCK_EXPIRES_MS: i64 = 600_000;
+
+/// The right to read one DLQ, held until dropped (memory://) or until the
+/// reading channel closes (RabbitMQ).
+enum ReadLock {
+    /// The exclusive consumer: cancelled when dropped, and gone with its
+    /// channel in any case.
+    Broker(#[allow(dead_code)] lapin::Consumer),
+    Memory(String),
+}
+
+/// memory:// readers in this process, by broker and DLQ.
+static MEMORY_READERS: std::sync::Mutex<Option<HashSet<String>>> = std::sync::Mutex::new(None);
+
+impl Drop for ReadLock {
+    fn drop(&mut self) {
+        if let ReadLock::Memory(key) = self {
+            if let Ok(mut set) = MEMORY_READERS.lock() {
+                set.get_or_insert_with(HashSet::new).remove(key);
+            }
+        }
+    }
+}
+
+fn busy(dlq: &str) -> Error {
+    Error::new(
+        crate::error::ErrorKind::Broker { reply_code: 405 },
+        format!(
+            "another reader is reading {dlq} (it holds the exclusive consumer of {}); try again when it finishes: \
+             one reader at a time keeps the DLQ's order and every letter visible",
+            reading_lock_name(dlq)
+        ),
+    )
+}
+
+/// A reader of `dlq` holding the right to read it (waiting up to
+/// [`READ_LOCK_WAIT`] for another reader to finish; a 405 error saying so
+/// after that), and what the DLQ held (ready) once that right was taken:
+/// no other reader holds any of it then. memory:// counts before its
+/// reader opens (the reader takes every message at once).
+async fn open_reading(
+    backend: &crate::transport::Backend,
+    dlq: &str,
+) -> Result<(crate::transport::Reader, ReadLock, Option<u64>)> {
+    if let crate::transport::Backend::Memory(broker) = backend {
+        let lock = lock_memory(format!("{:p}/{dlq}", std::sync::Arc::as_ptr(broker)), dlq).await?;
+        let total = backend.queue_counts(dlq).await?.map(|c| c.ready);
+        return Ok((backend.reader(dlq).await?, lock, total));
+    }
+    let reader = backend.reader(dlq).await?;
+    let counted = async {
+        let lock = lock_reading(&reader, dlq).await?;
+        Ok::<_, Error>((lock, backend.queue_counts(dlq).await?.map(|c| c.ready)))
+    };
+    match counted.await {
+        Ok((lock, total)) => Ok((reader, lock, total)),
+        Err(e) => {
+            reader.close().await;
+            Err(e)
+        }
+    }
+}
+
+async fn lock_memory(key: String, dlq: &str) -> Result<ReadLock> {
+    let deadline = Instant::now() + READ_LOCK_WAIT;
+    loop {
+        {
+            let mut set = MEMORY_READERS.lock().map_err(|_| Error::invalid("the reader lock was poisoned"))?;
+            if set.get_or_insert_with(HashSet::new).insert(key.clone()) {
+                return Ok(ReadLock::Memory(key));
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(busy(dlq));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Take the right to read `dlq` on RabbitMQ: the exclusive consumer of
+/// [`reading_lock_name`] on the reader's channel.
+async fn lock_reading(reader: &crate::transport::Reader, dlq: &str) -> Result<ReadLock> {
+    use crate::transport::Reader;
+    let deadline = Instant::now() + READ_LOCK_WAIT;
+    match reader {
+        Reader::Memory { .. } => Err(Error::invalid("a memory:// reader is locked before it opens")),
+        Reader::Amqp { channel, .. } => {
+            use lapin::options::{BasicConsumeOptions, QueueDeclareOptions};
+            use lapin::types::{AMQPValue, FieldTable, ShortString};
+            let name = reading_lock_name(dlq);
+            crate::limits::queue(&name)?;
+            let mut args = FieldTable::default();
+            args.insert(ShortString::from("x-expires"), AMQPValue::LongLongInt(READ_LOCK_EXPIRES_MS));
+            let broker = |e: lapin::Error, what: &str| match e.kind() {
+                lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 403 => busy(dlq),
+                lapin::ErrorKind::ProtocolError(amqp) => Error::new(
+                    crate::error::ErrorKind::Broker { reply_code: amqp.get_id() },
+                    format!("{} ({what} {name})", amqp.get_message()),
+                ),
+                other => Error::new(crate::error::ErrorKind::Closed, format!("{what} {name}: {other:?}")),
+            };
+            // The declare answers with the consumer count: wait while
+            // another reader holds it, without a refused consume (each
+            // closes a channel).
+            loop {
+                let declare = channel.queue_declare(
+                    ShortString::from(name.as_str()),
+                    QueueDeclareOptions { durable: true, ..Default::default() },
+                    args.clone(),
+                );
+                let q = tokio::time::timeout(Duration::from_secs(5), declare)
+                    .await
+                    .map_err(|_| Error::new(crate::error::ErrorKind::Timeout, format!("declaring {name}: no answer in 5 s")))?
+                    .map_err(|e| broker(e, "declaring"))?;
+                if q.consumer_count() == 0 {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    return Err(busy(dlq));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let consume = channel.basic_consume(
+                ShortString::from(name.as_str()),
+                ShortString::from(format!("acemq-reader-{}", crate::envelope::new_id())),
+                BasicConsumeOptions { exclusive: true, ..Default::default() },
+                FieldTable::default(),
+            );
+            let consumer = tokio::time::timeout(Duration::from_secs(5), consume)
+                .await
+                .map_err(|_| Error::new(crate::error::ErrorKind::Timeout, format!("consuming {name}: no answer in 5 s")))?
+                .map_err(|e| broker(e, "consuming"))?;
+            Ok(ReadLock::Broker(consumer))
+        }
+    }
 }
 
 /// A DLQ this deep or less is read to its end on every page: every message
@@ -269,11 +450,29 @@ struct Keeper<'a> {
     held: Option<u64>,
     /// Copies put back at the tail (see [`DeadLetterPage::moved`]).
     moved: usize,
+    /// Held now, and the most held at once (see [`HOLD`]).
+    holding: usize,
+    most_held: usize,
+    /// Give back each time [`HOLD`] are held (a read deeper than
+    /// [`BROWSE_WHOLE`]), remembering the ids given back.
+    bounded: bool,
+    given_back: HashSet<String>,
 }
 
 impl<'a> Keeper<'a> {
     fn new(backend: &'a crate::transport::Backend, reader: &'a crate::transport::Reader, dlq: String) -> Self {
-        Keeper { backend, reader, dlq, read: crate::envelope::new_id(), held: None, moved: 0 }
+        Keeper {
+            backend,
+            reader,
+            dlq,
+            read: crate::envelope::new_id(),
+            held: None,
+            moved: 0,
+            holding: 0,
+            most_held: 0,
+            bounded: false,
+            given_back: HashSet::new(),
+        }
     }
 
     /// Whether `raw` is a copy this read put back: the read has been round
@@ -281,9 +480,38 @@ impl<'a> Keeper<'a> {
     fn round(&mut self, raw: &RawDelivery) -> bool {
         let mine = raw.props.header(REFRESHED_BY_HEADER).is_some_and(|v| v.as_str() == Some(self.read.as_str()));
         if mine {
-            self.held = Some(raw.tag);
+            self.hold(raw);
         }
         mine
+    }
+
+    /// Hold `raw` unacknowledged, to give back; a bounded read gives back
+    /// all it holds once it holds [`HOLD`].
+    async fn hold_bounded(&mut self, raw: &RawDelivery) {
+        self.hold(raw);
+        if self.bounded && self.holding >= HOLD {
+            if let Some(tag) = self.held.take() {
+                self.reader.give_back(tag).await;
+            }
+            self.holding = 0;
+        }
+    }
+
+    fn hold(&mut self, raw: &RawDelivery) {
+        self.held = Some(raw.tag);
+        self.holding += 1;
+        self.most_held = self.most_held.max(self.holding);
+        if self.bounded {
+            self.given_back.insert(envelope_of(&raw.props).id);
+        }
+    }
+
+    /// Whether a bounded read has read `raw` before: it gave it back and
+    /// has come round to it (a quorum DLQ puts what is given back at its
+    /// tail), or the broker gave it back in place (a classic DLQ): either
+    /// way the read has gone as far as it can.
+    fn seen(&self, raw: &RawDelivery) -> bool {
+        self.bounded && raw.redelivered && self.given_back.contains(&envelope_of(&raw.props).id)
     }
 
     /// Keep `raw` in the DLQ: held, to be given back in place, or, when its
@@ -300,7 +528,7 @@ impl<'a> Keeper<'a> {
     /// fresh copy whatever its count.
     async fn keep_or_refresh(&mut self, raw: &RawDelivery, refresh: bool) -> Result<()> {
         if !refresh && delivery_count(raw) < REFRESH_AT {
-            self.held = Some(raw.tag);
+            self.hold_bounded(raw).await;
             return Ok(());
         }
         let mut props = raw.props.clone();
@@ -322,7 +550,7 @@ impl<'a> Keeper<'a> {
 
     /// Give back what is held (see [`crate::transport::Reader::give_back`]).
     async fn finish(self) {
-        if let Some(tag) = self.held {
+        if let (Some(tag), true) = (self.held, self.holding > 0) {
             self.reader.give_back(tag).await;
         }
         self.reader.close().await;
@@ -373,10 +601,13 @@ impl Connection {
         }
         let backend = self.backend();
         let dlq = dlq_name(queue);
-        let whole = backend.queue_counts(&dlq).await?.is_some_and(|c| c.ready <= BROWSE_WHOLE);
-        let reader = backend.reader(&dlq).await?;
+        // Counted once the lock is held: no other reader holds any of it.
+        let (reader, lock, total) = open_reading(backend, &dlq).await?;
+        let whole = total.is_some_and(|t| t <= BROWSE_WHOLE);
+        let started = Instant::now();
         let mut keeper = Keeper::new(backend, &reader, dlq);
-        let mut page = DeadLetterPage::default();
+        keeper.bounded = !whole;
+        let mut page = DeadLetterPage { total, ..Default::default() };
         let mut matched = 0;
         // A whole read keeps the DLQ's order only if it moves all or none:
         // each message read as often as the others, the head decides for
@@ -385,12 +616,32 @@ impl Connection {
         let mut round = false;
         let result: Result<()> = async {
             loop {
+                // A deep filter that finds nothing would otherwise read on
+                // for minutes: it stops, and the page says how far it read.
+                if filter.within.is_some_and(|w| started.elapsed() >= w) && !round {
+                    page.gave_up = true;
+                    page.partial = true;
+                    break;
+                }
+                // A deeper read goes round once at most: what it gave back
+                // is behind the rest.
+                if !whole && total.is_some_and(|t| page.scanned as u64 >= t) {
+                    break;
+                }
                 let Some(raw) = reader.next().await? else { break };
+                if keeper.seen(&raw) {
+                    keeper.hold(&raw);
+                    page.partial = true;
+                    break;
+                }
                 // After its own first copy a whole read takes the rest too,
                 // held, so that all go back in one turn.
-                if round || keeper.round(&raw) {
+                if round {
+                    keeper.hold(&raw);
+                } else if keeper.round(&raw) {
                     round = true;
-                    keeper.held = Some(raw.tag);
+                }
+                if round {
                     if whole {
                         continue;
                     }
@@ -418,7 +669,9 @@ impl Connection {
         }
         .await;
         page.moved = keeper.moved;
+        page.most_held = keeper.most_held;
         keeper.finish().await;
+        drop(lock);
         result.map(|()| page)
     }
 
@@ -471,6 +724,8 @@ impl Connection {
         }
         let backend = self.backend();
         let dlq = dlq_name(queue);
+        // One reader at a time (see [`reading_lock_name`]), taken before
+        // the count so no other reader holds any of what it counts.
         // What the DLQ holds now bounds the read: a dead letter that arrives
         // while it runs is not read. A replayed copy whose handler still
         // fails is such a one, and a replay that read on to the DLQ's end
@@ -478,15 +733,15 @@ impl Connection {
         // 55 s). The DLQ is read from its head, so the first `held` read are
         // the ones it held. (A DLQ that does not exist has no count: the
         // reader says why.)
-        let held = backend.queue_counts(&dlq).await?.map(|c| c.ready);
+        let (reader, lock, held) = open_reading(backend, &dlq).await?;
         // As a browse: a DLQ of BROWSE_WHOLE or fewer is read to its end
         // as it stood, so what stays goes back in one turn and keeps its
         // order; a deeper one is left once every id asked for is found.
         let whole = held.is_some_and(|h| h <= BROWSE_WHOLE);
         let budget = held.unwrap_or(u64::MAX);
-        let reader = backend.reader(&dlq).await?;
         let run = crate::envelope::new_id();
         let mut keeper = Keeper::new(backend, &reader, dlq);
+        keeper.bounded = !whole;
         let mut report = ReplayReport::default();
         let mut read = 0u64;
         let result: Result<()> = async {
@@ -494,6 +749,12 @@ impl Connection {
                 let Some(raw) = reader.next().await? else { break };
                 read += 1;
                 if keeper.round(&raw) {
+                    break;
+                }
+                // A deeper DLQ's read gives back what it skipped every
+                // HOLD: meeting one of those again, it has been round.
+                if keeper.seen(&raw) {
+                    keeper.hold(&raw);
                     break;
                 }
                 // Past the count, only what another reader held when it was
@@ -540,6 +801,7 @@ impl Connection {
         }
         .await;
         keeper.finish().await;
+        drop(lock);
         result.map(|()| report)
     }
 }

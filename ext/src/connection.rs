@@ -134,10 +134,9 @@ impl RbConnection {
         if let Some(t) = opt::<f64>(&options, "timeout")? {
             o.timeout = seconds(ruby, "timeout", t)?;
         }
-        // [failures, within, pause] and [limit, per]; core checks them.
-        if let Some((failures, within, pause)) = opt::<(u32, f64, f64)>(&options, "circuit_breaker")? {
-            o.circuit_breaker =
-                Some(acemq::CircuitBreaker::new(failures, seconds(ruby, "circuit_breaker within", within)?, seconds(ruby, "circuit_breaker pause", pause)?));
+        // The breaker (ext/src/breaker.rs) and [limit, per]; core checks them.
+        if let Some(spec) = opt::<crate::breaker::Spec>(&options, "circuit_breaker")? {
+            o.circuit_breaker = Some(crate::breaker::circuit_breaker(ruby, spec)?);
         }
         o.keep_order = opt(&options, "keep_order")?.unwrap_or(false);
         if let Some((limit, per)) = opt::<(u32, f64)>(&options, "throttle")? {
@@ -167,7 +166,7 @@ impl RbConnection {
         discard: bool,
     ) -> Result<RbReplayReport, Error> {
         let conn = &rb_self.inner;
-        let options = acemq::ReplayOptions { limit, reason, kind, error_class, ids };
+        let options = acemq::ReplayOptions { limit, reason, kind, error_class, ids, ..Default::default() };
         let report = if discard {
             gvl::block_on(ruby, conn.discard_dead_letters(&queue, options))?.rb(ruby)?
         } else {
@@ -176,8 +175,10 @@ impl RbConnection {
         Ok(RbReplayReport(report))
     }
 
-    /// One page of dead letters, left in place, oldest first, as a
-    /// DeadLetterPage.
+    /// One page of dead letters, left in place, oldest first: [a
+    /// DeadLetterPage, what the DLQ held when the read began (nil when it
+    /// does not exist), whether it gave up at `within` seconds, the most it
+    /// held unacknowledged at once].
     #[allow(clippy::too_many_arguments)]
     fn browse(
         ruby: &Ruby,
@@ -189,11 +190,14 @@ impl RbConnection {
         kind: Option<String>,
         error_class: Option<String>,
         ids: Vec<String>,
-    ) -> Result<RbDeadLetterPage, Error> {
+        within: Option<f64>,
+    ) -> Result<(RbDeadLetterPage, Option<u64>, bool, usize), Error> {
         let conn = &rb_self.inner;
-        let filter = acemq::ReplayOptions { limit: None, reason, kind, error_class, ids };
+        let within = within.map(|w| seconds(ruby, "within", w)).transpose()?;
+        let filter = acemq::ReplayOptions { limit: None, reason, kind, error_class, ids, within };
         let page = gvl::block_on(ruby, conn.browse_dead_letters(&queue, &filter, skip, limit))?.rb(ruby)?;
-        Ok(RbDeadLetterPage(page))
+        let (total, gave_up, most_held) = (page.total, page.gave_up, page.most_held);
+        Ok((RbDeadLetterPage(page), total, gave_up, most_held))
     }
 
     fn close(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
@@ -360,7 +364,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
     class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
     class.define_private_method("_replay", method!(RbConnection::replay, 7))?;
-    class.define_private_method("_browse", method!(RbConnection::browse, 7))?;
+    class.define_private_method("_browse", method!(RbConnection::browse, 8))?;
     class.define_method("close", method!(RbConnection::close, 0))?;
     class.define_method("closed?", method!(RbConnection::is_closed, 0))?;
     class.define_method("blocked?", method!(RbConnection::is_blocked, 0))?;

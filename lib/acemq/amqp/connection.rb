@@ -372,12 +372,19 @@ module AceMQ
       # copies, near a delivery limit: the DLQ's order changed), partial:
       # (the read stopped before the end of a DLQ deeper than 1,000; on a
       # broker that puts returned messages at the tail, RabbitMQ 3.10's
-      # quorum queues, the DLQ has rotated by scanned) }.
-      def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil)
-        page = _browse(Connection.text(:queue, queue.to_s), Connection.count(:skip, skip) || 0, Connection.count(:limit, limit) || 0,
-                       reason&.to_s, type&.to_s, error_class&.to_s, Array(ids).map(&:to_s))
+      # quorum queues, the DLQ has rotated by scanned), total: (what the DLQ
+      # held when the read began), gave_up: (it stopped at within: seconds),
+      # most_held: (the most held unacknowledged at once, at most 1,000) }.
+      # One reader at a time per DLQ, across processes: a second waits up to
+      # 2 s, then raises BrokerError with reply_code 405 (docs/web.md).
+      def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil,
+                              within: nil)
+        page, total, gave_up, most_held = _browse(Connection.text(:queue, queue.to_s), Connection.count(:skip, skip) || 0,
+                                                  Connection.count(:limit, limit) || 0, reason&.to_s, type&.to_s,
+                                                  error_class&.to_s, Array(ids).map(&:to_s), within&.then { |w| Float(w) })
         { dead_letters: page.letters.map { |d| Connection.dead_letter_hash(d) }, scanned: page.scanned,
-          more: page.more?, moved: page.moved, partial: page.partial? }
+          more: page.more?, moved: page.moved, partial: page.partial?, total: total, gave_up: gave_up,
+          most_held: most_held }
       end
 
       def self.dead_letter_hash(d)

@@ -91,6 +91,15 @@ module AceMQ
           (options[:runners] ||= []) << u
         end
         o.on("--read-only", "Show, never change") { options[:read_only] = true }
+        o.on("--management URL", "The management API (http://user:pass@host:15672/): counts, unacked, ages, rungs") do |u|
+          options[:management] = u
+        end
+        o.on("--rungs DELAYS", "The retry rungs of each --queue (e.g. 1s,2s,4s; default: from --management, else none)") do |r|
+          options[:rungs] = r.split(",").map(&:strip).reject(&:empty?)
+        end
+        o.on("--read-within SECONDS", Float, "A DLQ filter gives up after this long, saying how far it read (default 5)") do |s|
+          options[:read_within] = s
+        end
         o.separator ""
         o.on("-v", "--version", "Print the version") do
           @out.puts("acemq #{AceMQ::VERSION}")
@@ -131,17 +140,28 @@ module AceMQ
                                  rabbitmqctl: options[:rabbitmqctl], json: options[:json]).run
     end
 
+    # TERM or INT stops it at once: the server stops listening, and a
+    # request still running (a DLQ read) is not waited for longer than
+    # Server::STOP_WITHIN; closing the connection gives back whatever a read
+    # held. (WEBrick alone waits for every request thread, a browser's
+    # idle keep-alive connection among them.)
     def web(options)
       options[:queues].empty? || !options[:require].empty? ? boot(options[:require]) : require("acemq")
       require "acemq/web"
       require "acemq/web/server"
-      settings = { url: options[:url], runners: options[:runners], read_only: options[:read_only] }.compact
+      settings = { url: options[:url], runners: options[:runners], read_only: options[:read_only],
+                   management_url: options[:management], rungs: options[:rungs], read_within: options[:read_within] }.compact
+      # "none" turns it off, as for acemq status; any other command is run.
+      settings[:rabbitmqctl] = options[:rabbitmqctl] if options[:rabbitmqctl] && options[:rabbitmqctl] != "none"
       settings[:queues] = options[:queues] unless options[:queues].empty?
       app = AceMQ::Web.new(**settings)
       server = AceMQ::Web::Server.new(app, host: options[:host] || "127.0.0.1", port: options[:port] || 9395, log: @err)
-      %w[INT TERM].each { |sig| trap(sig) { server.shutdown } }
+      stop_r, stop_w = IO.pipe
+      %w[INT TERM].each { |sig| trap(sig) { stop_w.write_nonblock(".", exception: false) } }
       @out.puts("acemq web: http://#{options[:host] || '127.0.0.1'}:#{server.port}/")
-      server.start
+      serving = Thread.new { server.start }
+      stop_r.wait_readable until !serving.alive? || stop_r.read_nonblock(1, exception: false).is_a?(String)
+      server.stop
       app.close
       0
     end

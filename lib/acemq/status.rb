@@ -92,9 +92,13 @@ module AceMQ
     # rungs and DLQ counts and the runner's consumed totals (consumed_total
     # by outcome) now, the outbox, and what waits in the delay cascade. AceMQ::Web's overview refreshes from
     # this every 2 s, keeps the samples, and takes its rates from them.
-    def sample(listed = nil)
+    # counts: { name => { ready:, consumers: } } already fetched (the
+    # management API's listing, or asked in parallel), instead of the
+    # passive declares; delayed: the delay cascade's levels already
+    # fetched, instead of asking.
+    def sample(listed = nil, counts: nil, delayed: nil)
       metrics = scrape
-      now = counts
+      now = counts || self.counts
       {
         at: Time.now.utc.iso8601,
         metrics_error: metrics.is_a?(String) ? metrics : nil,
@@ -105,9 +109,12 @@ module AceMQ
           { name: t.name, queue: queue, rungs: t.rungs.map { |r| row(r, now, listed) }, dlq: row(t.dlq, now, listed) }
         end,
         outbox: outbox,
-        delayed: delayed
+        delayed: delayed || self.delayed
       }
     end
+
+    # The passive declares of every target's queues, their rungs and DLQs.
+    def queue_names = @targets.flat_map { |t| [t.queue, *t.rungs, t.dlq] }
 
     private
 
@@ -134,8 +141,7 @@ module AceMQ
     end
 
     def counts
-      names = @targets.flat_map { |t| [t.queue, *t.rungs, t.dlq] }
-      @mq.queue_counts_many(names).compact
+      @mq.queue_counts_many(queue_names).compact
     end
 
     def listing

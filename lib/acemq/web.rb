@@ -39,8 +39,15 @@ module AceMQ
     # run `list_queues` with for unacked counts, nil for none.
     # control_token: the runners' control token for Pause/Resume (default
     # ACEMQ_CONTROL_TOKEN; none is needed for a runner on this machine).
+    # management_url: the management plugin's HTTP API
+    # (http://user:password@host:15672/): every count and unacked in one
+    # round trip, and the head messages' ages. rungs: the retry rungs of
+    # the queues named in queues: (delays such as "1s", or full names; a
+    # Hash by queue); without it they are read from the management API, or
+    # not shown. read_within: seconds a DLQ filter reads before it gives up
+    # and says how far it read (5).
     Config = Struct.new(:url, :connection, :queues, :runners, :outbox, :read_only, :page_size, :rabbitmqctl,
-                        :control_token, keyword_init: true)
+                        :control_token, :management_url, :rungs, :read_within, keyword_init: true)
 
     READ_ONLY_ENV = "acemq.web.read_only"
     CSRF_COOKIE = "acemq_csrf"
@@ -92,7 +99,9 @@ module AceMQ
     def call(env)
       request = Request.new(env, read_only: read_only?(env))
       Views.new(request, @source).respond
-    rescue AMQP::Error, Status::Prometheus::Unavailable => e
+    rescue Source::BrokerDown, AMQP::Error, Status::Prometheus::Unavailable => e
+      # A page whose part is down says which (Views#down handles the
+      # broker); this is for anything that escaped it.
       body = "AceMQ::Web: #{e.class}: #{e.message}\n"
       [503, { "content-type" => "text/plain; charset=utf-8", "cache-control" => "no-store" }, [body]]
     end

@@ -61,7 +61,15 @@ RSpec.describe "AceMQ::Web (Rack)" do
     expect(token_of(page)).to match(/\h{64}/)
     values = JSON.parse(http.get("/overview.json").body)["values"]
     expect(values).to include("q:#{@queue}:dlq" => "2", "q:#{@queue}:ready" => "0")
-    expect(http.get("/queues/#{@queue}").body).to include("Ladder", "#{@queue}.retry.", "declined 1")
+    # A queue named in the settings has no ladder assumed (issue 48): its
+    # rungs are given, or read from the management API, or not shown.
+    plain = http.get("/queues/#{@queue}").body
+    expect(plain).to include("Ladder", "declined 1", "The default ladder is not assumed")
+    expect(plain).not_to include("#{@queue}.retry.")
+    given = Rack::MockRequest.new(AceMQ::Web.new(connection: @mq, queues: [@queue], runners: [], rungs: %w[5s 30s]))
+    given_page = given.get("/queues/#{@queue}").body
+    expect(given_page).to include("#{@queue}.retry.5s", "#{@queue}.retry.30s")
+    expect(given_page).not_to include("#{@queue}.retry.1s")
     expect(http.get("/queues/no-such-queue/dlq").status).to eq(404)
   end
 

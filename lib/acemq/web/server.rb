@@ -19,10 +19,31 @@ module AceMQ
         @server.mount_proc("/") { |req, res| serve(req, res) }
       end
 
+      # A request still running when the server stops gets this long.
+      STOP_WITHIN = 0.5
+
       def start = @server.start
       def shutdown = @server.shutdown
 
+      # Stop listening, give running requests STOP_WITHIN seconds, then
+      # end their threads: a browser's idle keep-alive connection would
+      # otherwise hold WEBrick's shutdown for its whole timeout.
+      def stop
+        @server.shutdown
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + STOP_WITHIN
+        loop do
+          busy = workers
+          break if busy.empty? || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+
+          sleep 0.05
+        end
+        workers.each(&:kill)
+      end
+
       private
+
+      # WEBrick's request threads (its own thread group).
+      def workers = Thread.list.select { |t| t.alive? && t != Thread.current && t[:WEBrickThread] }
 
       def serve(req, res)
         status, headers, body = @app.call(env_of(req))

@@ -2,6 +2,7 @@
 
 require "net/http"
 require "acemq/status"
+require "acemq/web/management"
 
 module AceMQ
   class Web
@@ -11,14 +12,38 @@ module AceMQ
     # (Connection#browse_dead_letters, the path peek and replay take). It
     # keeps the samples the overview takes (ten minutes of them), from which
     # the rates and the queue page's chart are drawn.
+    #
+    # The pages ask this class for everything they show and do, and nothing
+    # else: a source that reads a dead-letter store instead of the DLQ
+    # (browse, newest, replay, discard, purge, counts) slots in here.
     class Source
       KEEP = 600 # seconds of samples
       # The queue page's newest dead letters are the last of this many read
       # from the head (a DLQ is read oldest first): Status::PEEK_LIMIT.
       NEWEST_SCAN = Status::PEEK_LIMIT
       RUNNER_TIMEOUT = 1
+      # A filter on a deep DLQ reads about 1,000 a second: it gives up after
+      # this many seconds (read_within) and the page says how far it read.
+      READ_WITHIN = 5
+      # After the broker could not be reached, pages say so for this long
+      # without dialling again: a page must not wait for a connect timeout
+      # on every request while the broker is down.
+      REDIAL_AFTER = 3
+      CONNECT_TIMEOUT = 3
 
       Sample = Struct.new(:at, :ready, :done, :dlq, keyword_init: true)
+
+      # The broker could not be reached (or the connection failed): which
+      # URL (without its password), and why.
+      class BrokerDown < StandardError
+        attr_reader :url, :reason
+
+        def initialize(url, reason)
+          @url = url
+          @reason = reason
+          super("broker unreachable at #{url}: #{reason}")
+        end
+      end
 
       attr_reader :config
 
@@ -29,6 +54,8 @@ module AceMQ
         @ctl_lock = Mutex.new
         @ctl_listing = nil
         @ctl_at = nil
+        @reading = {}
+        @down = nil
       end
 
       def close
@@ -43,18 +70,84 @@ module AceMQ
           return @config.connection if @config.connection
 
           @mq = nil if @mq&.closed?
-          @mq ||= AMQP::Connection.open(url, origin: "acemq-web")
+          return @mq if @mq
+
+          at, reason = @down
+          raise BrokerDown.new(shown_url, reason) if at && now - at < REDIAL_AFTER
+
+          begin
+            @mq = AMQP::Connection.open(url, origin: "acemq-web", connect_timeout: CONNECT_TIMEOUT)
+            @down = nil
+            @mq
+          rescue AMQP::Error => e
+            @down = [now, "#{e.class.name.split('::').last}: #{e.message}"]
+            raise BrokerDown.new(shown_url, @down.last)
+          end
         end
       end
 
+      # The AMQP URL without its password, to show.
+      def shown_url
+        u = URI(url.split(",").first)
+        u.password = nil if u.password
+        u.user = nil if u.user
+        u.to_s
+      rescue URI::Error
+        "(the configured URL)"
+      end
+
+      # The management API (Management) when management_url is set, else nil.
+      def management
+        return @management if defined?(@management)
+
+        @management = @config.management_url && Management.new(@config.management_url, vhost: vhost)
+      end
+
+      # The consumers' queues (their own retry policies give the rungs), or
+      # the queues named in the settings. A queue named by the settings has
+      # the rungs the settings give (rungs: delays such as "1s", or full
+      # names; one list for all, or a Hash by queue); else, with the
+      # management API, the queues named "{queue}.retry.*" that exist; else
+      # none shown. The default ladder is never assumed: a consumer with its
+      # own retries: has other rungs.
       def targets
-        @targets ||= if @config.queues
-                       Array(@config.queues).map { |q| Status.target(q.to_s) }
-                     elsif defined?(AceMQ::Rails) && AceMQ::Rails.respond_to?(:consumers)
-                       Status.targets_for(AceMQ::Rails.consumers)
-                     else
-                       []
-                     end
+        return @targets if @targets
+
+        list = if @config.queues
+                 Array(@config.queues).map { |q| named_target(q.to_s) }
+               elsif defined?(AceMQ::Rails) && AceMQ::Rails.respond_to?(:consumers)
+                 Status.targets_for(AceMQ::Rails.consumers)
+               else
+                 []
+               end
+        # Rungs read from the broker are kept once it has answered.
+        @targets = list unless list.any? { |t| t.rungs.nil? }
+        list.map { |t| t.rungs.nil? ? Status::Target.new(**t.to_h.merge(rungs: [])) : t }
+      end
+
+      def named_target(queue)
+        rungs = @config.rungs.is_a?(Hash) ? @config.rungs[queue] || @config.rungs[queue.to_sym] : @config.rungs
+        rungs = if rungs
+                  Array(rungs).map { |r| r.to_s.start_with?("#{queue}.") ? r.to_s : "#{queue}.retry.#{r}" }
+                elsif management
+                  rungs_from_broker(queue)
+                else
+                  []
+                end
+        Status::Target.new(name: nil, queue: queue, rungs: rungs, dlq: "#{queue}.dlq")
+      end
+
+      # "{queue}.retry.{delay}" queues the broker has, shortest delay first;
+      # nil when the management API does not answer (asked again next time).
+      def rungs_from_broker(queue)
+        prefix = "#{queue}.retry."
+        management_listing&.keys&.select { |n| n.start_with?(prefix) && n.delete_prefix(prefix).match?(/\A[\d.]+[a-z]*\z/) }
+          &.sort_by { |n| delay_of(n.delete_prefix(prefix)) }
+      end
+
+      def delay_of(text)
+        n = text.to_f
+        { "ms" => 0.001, "s" => 1, "m" => 60, "min" => 60, "h" => 3600, "d" => 86_400 }.fetch(text[/[a-z]+\z/].to_s, 1) * n
       end
 
       def target(queue) = targets.find { |t| t.queue == queue }
@@ -82,19 +175,52 @@ module AceMQ
 
       # The overview: one sample of every queue (kept), every runner's
       # /status, the outbox. Rates come from the kept samples.
+      #
+      # With the management API, every count comes from its one listing
+      # (no passive declare), unacked among them, and a DLQ's total is
+      # ready + unacked: a reader holding messages does not lower it.
+      # Without it, a DLQ this process is reading shows the count taken
+      # before the read. With the broker down the snapshot says so
+      # (:broker_error) and carries what does not need it: the runners,
+      # the outbox.
       def overview
-        status = Status.new(connection: connection, targets: targets, outbox: outbox, interval: 0,
-                            metrics_url: runners.first&.then { |r| "#{r}/metrics" })
-        snap = status.sample(unacked_listing)
-        now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        listing = management_listing
+        snap = begin
+          status = Status.new(connection: connection, targets: targets, outbox: outbox, interval: 0,
+                              metrics_url: runners.first&.then { |r| "#{r}/metrics" })
+          counts = listing&.transform_values { |q| q.slice(:ready, :consumers) } || counts_in_parallel(status.queue_names)
+          status.sample(listing || unacked_listing, counts: counts, delayed: delayed_levels)
+        rescue BrokerDown, AMQP::ConnectionError, AMQP::TimeoutError => e
+          down_snapshot(e)
+        end
+        at = now
         snap[:consumers].each do |c|
           q = c[:queue]
-          keep(q[:name], Sample.new(at: now, ready: q[:ready], done: q[:consumed_total]&.values&.sum,
-                                    dlq: c[:dlq][:ready]))
+          [q, c[:dlq], *c[:rungs]].each { |row| totals(row, listing) }
+          reading = @lock.synchronize { @reading[c[:dlq][:name]] }
+          c[:dlq].merge!(total: reading, being_read: true) if reading && !listing
+          next unless q[:exists]
+
+          keep(q[:name], Sample.new(at: at, ready: q[:ready], done: q[:consumed_total]&.values&.sum, dlq: c[:dlq][:total]))
           q.merge!(rates(q[:name]))
         end
+        snap[:management] = management && { url: management.to_s, error: @management_error }
         snap[:runners] = runners.map { |r| runner(r) }
         snap
+      end
+
+      # What is up and what is down, for the page that says so.
+      def health(error = nil)
+        broker = begin
+          connection
+          { ok: true, url: shown_url }
+        rescue BrokerDown => e
+          { ok: false, url: e.url, error: e.reason }
+        end
+        broker = { ok: false, url: shown_url, error: error.message } if error && broker[:ok]
+        listing = management_listing
+        { broker: broker, management: management && { ok: !listing.nil?, url: management.to_s, error: @management_error },
+          runners: runners.map { |r| runner(r) }, outbox: outbox && Status.new(connection: nil, targets: [], outbox: outbox).send(:outbox) }
       end
 
       def samples(queue) = @lock.synchronize { @samples[queue].dup }
@@ -102,28 +228,49 @@ module AceMQ
       # A sample of one queue (its ready and DLQ counts), kept: the queue
       # page's chart refreshes from it.
       def sample_queue(target)
+        listing = management_listing
         status = Status.new(connection: connection, targets: [target], interval: 0,
                             metrics_url: runners.first&.then { |r| "#{r}/metrics" })
-        c = status.sample[:consumers].first
-        keep(target.queue, Sample.new(at: Process.clock_gettime(Process::CLOCK_MONOTONIC), ready: c[:queue][:ready],
-                                      done: c[:queue][:consumed_total]&.values&.sum, dlq: c[:dlq][:ready]))
+        c = status.sample(listing, counts: listing&.transform_values { |q| q.slice(:ready, :consumers) })[:consumers].first
+        totals(c[:dlq], listing)
+        keep(target.queue, Sample.new(at: now, ready: c[:queue][:ready],
+                                      done: c[:queue][:consumed_total]&.values&.sum, dlq: c[:dlq][:total]))
       end
 
-      # One page of the DLQ, with what it cost.
+      # One page of the DLQ, with what it cost. A filter gives up after
+      # read_within seconds (READ_WITHIN) and says how far it read.
       def browse(queue, page:, filter:)
         size = Integer(@config.page_size || 25)
-        t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-        result = connection.browse_dead_letters(queue, limit: size, skip: (page - 1) * size, **filter)
+        t0 = now
+        result = reading(queue) do
+          connection.browse_dead_letters(queue, limit: size, skip: (page - 1) * size, within: read_within, **filter)
+        end
         result.merge(dead_letters: result[:dead_letters].map { |d| Source.readable(d) },
-                     ms: ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0) * 1000).round, page: page,
-                     page_size: size)
+                     ms: ((now - t0) * 1000).round, page: page, page_size: size, within: read_within)
       end
+
+      def read_within = Float(@config.read_within || READ_WITHIN)
 
       # The newest dead letters: the last `count` of the first NEWEST_SCAN.
       def newest(queue, count)
-        r = connection.browse_dead_letters(queue, limit: NEWEST_SCAN)
-        r.merge(dead_letters: r[:dead_letters].last(count).reverse.map { |d| Source.readable(d) })
+        r = reading(queue) { connection.browse_dead_letters(queue, limit: NEWEST_SCAN, within: read_within) }
+        all = r[:dead_letters].map { |d| Source.readable(d) }
+        r.merge(dead_letters: all.last(count).reverse, oldest_at: all.first&.dig(:failed_at))
       end
+
+      # The actions, each a Hash of what was done.
+      def replay(queue, ids: nil, filter: {})
+        reading(queue) do
+          ids ? connection.replay_dead_letters(queue, ids: ids) : connection.replay_dead_letters(queue, **filter)
+        end
+      end
+
+      def discard(queue, ids:) = reading(queue) { connection.discard_dead_letters(queue, ids: ids) }
+
+      def purge(queue) = reading(queue) { connection.purge_dead_letters(queue) }
+
+      # Whether the error says another reader holds the DLQ (core's 405).
+      def self.busy?(error) = error.is_a?(AMQP::BrokerError) && error.reply_code == 405
 
       # The latest time a failure can claim: 9999-12-31T23:59:59Z.
       LAST_TIME = 253_402_300_799
@@ -176,7 +323,14 @@ module AceMQ
         value.inspect
       end
 
-      def counts(name) = connection.queue_counts(name)
+      # { ready:, consumers: } of one queue (nil when it does not exist),
+      # with unacked, total and the head's age where the management API
+      # gives them.
+      def counts(name)
+        listing = management_listing
+        row = listing ? listing[name]&.dup : connection.queue_counts(name)
+        row && totals(row.merge(name: name, exists: true), listing)
+      end
 
       # POST /consumers/NAME/pause|resume on a runner's health endpoint, with
       # its control token when one is set (ACEMQ_CONTROL_TOKEN): [code, body].
@@ -192,6 +346,104 @@ module AceMQ
       end
 
       private
+
+      def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+
+      # Every queue from the management API in one round trip; nil (and the
+      # reason kept for the page) when it is not configured or not answering.
+      def management_listing
+        return nil unless management
+
+        listing = management.queues
+        @management_error = nil
+        listing
+      rescue Management::Unavailable => e
+        @management_error = e.message
+        nil
+      end
+
+      # A row's total (ready + unacked when unacked is known, else ready)
+      # and its head message's time, from the listing.
+      def totals(row, listing)
+        return row unless row[:exists]
+
+        m = listing&.[](row[:name])
+        row[:head_at] ||= m[:head_at] if m
+        row[:total] ||= m ? m[:messages] : row[:unacked] ? row[:ready].to_i + row[:unacked] : row[:ready]
+        row
+      end
+
+      # Passive declares of 300 queues, one after another on one channel,
+      # were most of the overview's time (issue 48: 172 ms with 50 consumer
+      # queues); on PARALLEL channels at once they take a fraction of it.
+      PARALLEL = 4
+      PARALLEL_MIN = 25
+
+      def counts_in_parallel(names)
+        slices = names.each_slice([(names.size / PARALLEL.to_f).ceil, PARALLEL_MIN].max).to_a
+        mq = connection
+        return mq.queue_counts_many(names).compact if slices.size < 2
+
+        slices.map { |slice| Thread.new { mq.queue_counts_many(slice) } }.map(&:value).reduce({}, :merge).compact
+      end
+
+      # What waits in the delay cascade: 28 passive declares, a fifth of
+      # the overview's time, for numbers that change by the second at
+      # most. Asked in the background at most every DELAYED_EVERY seconds;
+      # the overview shows the last answer.
+      DELAYED_EVERY = 5
+
+      def delayed_levels
+        @ctl_lock.synchronize do
+          stale = @delayed_at.nil? || now - @delayed_at > DELAYED_EVERY
+          if stale && !@delayed_thread&.alive?
+            mq = connection
+            @delayed_thread = Thread.new do
+              value = begin
+                mq.delayed
+              rescue AMQP::Error => e
+                { error: "#{e.class}: #{e.message}" }
+              end
+              @ctl_lock.synchronize do
+                @delayed = value
+                @delayed_at = now
+              end
+            end
+          end
+        end
+        # The first time, wait for it: the page has nothing else to show.
+        @delayed_thread&.join(2) if @delayed.nil?
+        @delayed || []
+      end
+
+      # While this process reads a DLQ, the overview shows the count taken
+      # before the read: the messages it holds are not ready, and a passive
+      # declare counts only those.
+      def reading(queue)
+        dlq = "#{queue}.dlq"
+        before = begin
+          connection.queue_counts(dlq)&.dig(:ready)
+        rescue AMQP::Error
+          nil
+        end
+        @lock.synchronize { @reading[dlq] = before } if before
+        yield
+      ensure
+        @lock.synchronize { @reading.delete(dlq) } if before
+      end
+
+      # The overview without the broker: each queue unknown, the reason, and
+      # what needs no broker (the outbox; the runners are added after).
+      def down_snapshot(error)
+        status = Status.new(connection: nil, targets: [], outbox: outbox, interval: 0)
+        reason = error.is_a?(BrokerDown) ? error.message : "broker at #{shown_url}: #{error.class.name.split('::').last}: #{error.message}"
+        { at: Time.now.utc.iso8601, broker_error: reason,
+          consumers: targets.map do |t|
+            { name: t.name, queue: { name: t.queue, exists: false, unknown: true }, rungs: [],
+              dlq: { name: t.dlq, exists: false, unknown: true } }
+          end,
+          outbox: status.send(:outbox), delayed: [] }
+      end
 
       def url
         @config.url || (defined?(AceMQ::Rails) && AceMQ::Rails.respond_to?(:config) && AceMQ::Rails.config.url) ||
@@ -259,13 +511,16 @@ module AceMQ
 
       # rabbitmqctl list_queues takes a second or two: run in the
       # background at most every 5 s; the overview shows the last listing.
+      # rabbitmqctl: true runs "rabbitmqctl" (when the broker is on this
+      # machine), a String or Array names the command.
       def unacked_listing
         return nil unless @config.rabbitmqctl
 
         @ctl_lock.synchronize do
           stale = @ctl_at.nil? || Process.clock_gettime(Process::CLOCK_MONOTONIC) - @ctl_at > 5
           if stale && !@ctl_thread&.alive?
-            ctl = Status::Rabbitmqctl.new(Array(@config.rabbitmqctl).flat_map { |c| c.to_s.split }, vhost: vhost)
+            command = @config.rabbitmqctl == true ? ["rabbitmqctl"] : Array(@config.rabbitmqctl).flat_map { |c| c.to_s.split }
+            ctl = Status::Rabbitmqctl.new(command, vhost: vhost)
             @ctl_thread = Thread.new do
               listing = begin
                 ctl.list_queues

@@ -69,6 +69,10 @@ module AceMQ
 
       def self.compile(source) = Template.new(source, trim_mode: "-")
 
+      def self.define_template(name)
+        TEMPLATES[name.to_s].def_method(self, "template_#{name}()", File.join(DIR, "#{name}.erb"))
+      end
+
       DIR = File.join(__dir__, "views")
       TEMPLATES = Hash.new { |h, name| h[name] = compile(File.read(File.join(DIR, "#{name}.erb"), encoding: Encoding::UTF_8)) }
       FILTERS = %w[reason type error_class id].freeze
@@ -80,6 +84,25 @@ module AceMQ
       end
 
       def respond
+        route
+      rescue Source::BrokerDown, AMQP::ConnectionError, AMQP::TimeoutError => e
+        down(e)
+      rescue AMQP::BrokerError => e
+        raise unless Source.busy?(e)
+
+        refuse(409, "Another operator is reading this DLQ",
+               "Another operator is reading #{@target&.dlq || 'this DLQ'} (another browser or process); try again in a " \
+               "moment. One reader at a time keeps the DLQ's order and every dead letter in view: nothing was changed.")
+      end
+
+      # Which part is down, and what still works: a page of its own, 503.
+      def down(error)
+        @title = "Broker unreachable"
+        @health = @source.health(error)
+        page(:down, status: 503)
+      end
+
+      def route
         path = @req.path
         if @req.get?
           return overview if ["/", ""].include?(path)
@@ -121,8 +144,11 @@ module AceMQ
           values["#{k}:change"] = rate(q[:ready_change_per_s])
           values["#{k}:done"] = rate(q[:done_per_s])
           values["#{k}:rungs"] = num(rungs_ready(c))
-          values["#{k}:dlq"] = num(c[:dlq][:ready])
+          values["#{k}:dlq"] = num(c[:dlq][:total])
+          values["#{k}:total"] = num(q[:total])
+          values["#{k}:oldest"] = age(q[:head_at])
         end
+        values["broker"] = @snap[:broker_error].to_s
         values["outbox"] = outbox_text(@snap[:outbox])
         values["delayed"] = delayed_text(@snap[:delayed])
         values["at"] = @snap[:at]
@@ -137,7 +163,13 @@ module AceMQ
 
         @title = target.queue
         @counts = ([target.queue] + target.rungs + [target.dlq]).to_h { |n| [n, @source.counts(n)] }
-        @newest = @counts[target.dlq]&.dig(:ready).to_i.positive? ? @source.newest(target.queue, 10) : nil
+        @newest = begin
+          @counts[target.dlq]&.dig(:ready).to_i.positive? ? @source.newest(target.queue, 10) : nil
+        rescue AMQP::BrokerError => e
+          raise unless Source.busy?(e)
+
+          { busy: true }
+        end
         page(:queue)
       end
 
@@ -145,7 +177,8 @@ module AceMQ
         @target = target
         @title = "#{target.dlq}"
         @filter = filter_params
-        unless @source.counts(target.dlq)
+        @dlq_counts = @source.counts(target.dlq)
+        unless @dlq_counts
           return refuse(404, "No DLQ", "#{target.dlq} is not declared: nothing has been dead-lettered from #{target.queue}.")
         end
         @page_no = [Integer(@req.params["page"] || 1, exception: false) || 1, 1].max
@@ -208,22 +241,21 @@ module AceMQ
       end
 
       def perform
-        mq = @source.connection
         q = @target.queue
         case @action
         when "replay"
-          r = @scope == :ids ? mq.replay_dead_letters(q, ids: @ids) : mq.replay_dead_letters(q, **filter_for_engine(@filter))
+          r = @scope == :ids ? @source.replay(q, ids: @ids) : @source.replay(q, filter: filter_for_engine(@filter))
           missing = @scope == :ids ? @ids.size - r[:replayed] : 0
           "Replayed #{plural(r[:replayed], 'dead letter')} from #{@target.dlq} to #{q}" \
             "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}" \
             "; #{plural(r[:skipped], 'other')} left in the DLQ."
         when "discard"
-          r = mq.discard_dead_letters(q, ids: @ids)
+          r = @source.discard(q, ids: @ids)
           missing = @ids.size - r[:discarded]
           "Discarded #{plural(r[:discarded], 'dead letter')} from #{@target.dlq}" \
             "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}."
         when "purge"
-          r = mq.purge_dead_letters(q)
+          r = @source.purge(q)
           "Purged #{@target.dlq}: #{plural(r[:discarded], 'dead letter')} discarded."
         end
       end
@@ -270,6 +302,14 @@ module AceMQ
       # says it.
       def delayed_text(delayed) = Status::Report.delayed(delayed || []).delete_prefix("delayed: ")
 
+      # How long ago `time` was, short: "12 s", "4 min", "2.5 h"; "—" for none.
+      def age(time)
+        return "—" unless time
+
+        s = [(Time.now - time).round, 0].max
+        s < 90 ? "#{s} s" : s < 5400 ? "#{(s / 60.0).round} min" : "#{(s / 3600.0).round(1)} h"
+      end
+
       def plural(n, word) = "#{num(n)} #{word}#{n == 1 ? '' : 's'}"
 
       def ago(time)
@@ -288,6 +328,17 @@ module AceMQ
         JSON.pretty_generate(JSON.parse(text))
       rescue JSON::ParserError
         text
+      end
+
+      # The failure's backtrace (x-acemq-backtrace: frames joined by "\n",
+      # at most 20 and 4 KiB as sent; whatever a publisher put there is
+      # printed as text, cut at 4 KiB), or nil.
+      def backtrace_of(letter)
+        bt = letter[:backtrace] || letter[:headers].is_a?(Hash) && letter[:headers]["x-acemq-backtrace"]
+        return nil if bt.nil? || bt == false
+
+        text = bt.is_a?(String) ? bt : Source.text_of(bt)
+        text.empty? ? nil : Views.text(text).byteslice(0, 4096).scrub
       end
 
       def pretty_headers(headers)
@@ -365,7 +416,14 @@ module AceMQ
         html(status, render(:layout))
       end
 
-      def render(name) = SafeHTML.new(TEMPLATES[name.to_s].result(binding))
+      # Each template becomes a method of this class the first time it is
+      # rendered: ERB#result evaluates the template's Ruby source again on
+      # every call, a third of the overview's own time with 50 queues.
+      def render(name)
+        meth = :"template_#{name}"
+        Views.define_template(name) unless Views.method_defined?(meth, false)
+        SafeHTML.new(send(meth))
+      end
 
       def refuse(status, title, message)
         @title = title

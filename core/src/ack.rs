@@ -118,18 +118,29 @@ pub struct Guarded {
     pub outcome: Outcome,
     /// What the guard decided, when it settled the delivery unrun.
     pub verdict: Option<Verdict>,
+    /// Whether its failure counts toward the consumer's circuit breaker,
+    /// when the side that holds the error decided (a Ruby exception is
+    /// matched against `on:` and `ignore:` on the handler's thread). None:
+    /// the breaker's own predicates decide ([`CircuitBreaker::counts`](crate::CircuitBreaker::counts)).
+    pub counts: Option<bool>,
 }
 
 impl Guarded {
+    /// The same, with whether its failure counts toward the circuit breaker
+    /// (see [`Guarded::counts`]).
+    pub fn counting(self, counts: Option<bool>) -> Self {
+        Guarded { counts, ..self }
+    }
+
     /// `outcome` with the guard's `verdict`.
     pub fn new(outcome: Outcome, verdict: Option<Verdict>) -> Self {
-        Guarded { outcome, verdict }
+        Guarded { outcome, verdict, counts: None }
     }
 }
 
 impl From<Outcome> for Guarded {
     fn from(outcome: Outcome) -> Self {
-        Guarded { outcome, verdict: None }
+        Guarded { outcome, verdict: None, counts: None }
     }
 }
 

@@ -82,7 +82,7 @@ pub use consumer::{
     Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Fetch, Next, Settler, Unread, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
     TIMEOUT_CLASS,
 };
-pub use consumer::{BreakerState, CircuitBreaker, Throttle};
+pub use consumer::{BreakerState, CircuitBreaker, Failed, Throttle, DEFAULT_BREAKER_PROBE};
 pub use envelope::{new_id, Envelope};
 pub use error::{Error, ErrorKind, Result};
 pub use handler::{Failure, Handler};

@@ -136,11 +136,15 @@ impl RbConsumer {
     /// while the copy is confirmed. Returns the errors earlier background
     /// settlements met, as exceptions (nil when none): each of their
     /// messages went back to the queue.
-    fn settle(ruby: &Ruby, rb_self: Typed<Self>, delivery: Typed<RbDelivery>, result: Value) -> Result<Option<RArray>, Error> {
+    ///
+    /// `counts`: whether a raised error counts toward the circuit breaker,
+    /// as Subscription matched it against `on:` and `ignore:` (nil when the
+    /// breaker has neither, or there is none).
+    fn settle(ruby: &Ruby, rb_self: Typed<Self>, delivery: Typed<RbDelivery>, result: Value, counts: Option<bool>) -> Result<Option<RArray>, Error> {
         // Read before the settler is taken: an unreadable result (an Ack
         // whose reader raised) leaves the delivery settleable, not lost with
         // the exception.
-        let guarded = crate::convert::guarded(ruby, result)?;
+        let guarded = crate::convert::guarded(ruby, result)?.counting(counts);
         let not_in_flight = |why: &str| {
             Error::new(ruby.exception_arg_error(), format!("delivery {} is not in flight on this consumer ({why})", delivery.tag()))
         };
@@ -274,7 +278,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeConsumer", ruby.class_object())?;
     class.define_method("_next", method!(RbConsumer::next, 1))?;
     class.define_method("_next_many", method!(RbConsumer::next_many, 2))?;
-    class.define_method("_settle", method!(RbConsumer::settle, 2))?;
+    class.define_method("_settle", method!(RbConsumer::settle, 3))?;
     class.define_method("_warnings", method!(RbConsumer::warnings, 0))?;
     class.define_method("_timeout", method!(RbConsumer::timeout, 0))?;
     class.define_method("_deadline_tick", method!(RbConsumer::deadline_tick, 0))?;

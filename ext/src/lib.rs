@@ -2,6 +2,7 @@
 //! values, releases the GVL around anything that waits, maps errors onto the
 //! classes in lib/acemq/errors.rb, and holds no business rules.
 
+mod breaker;
 mod connection;
 mod consumer;
 mod convert;

@@ -132,7 +132,7 @@ impl Consumer {
                 .collect()
         };
         for (raw, turnaround, id) in expired {
-            self.flow_settled(id, true);
+            self.flow_settled(id, Some(&super::breaker::Failed::Timeout), None);
             self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
             let attempt = crate::wire::envelope_of(&raw.props).attempt;
             let reason = format!(

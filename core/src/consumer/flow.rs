@@ -4,201 +4,12 @@
 //! decision (consumer.rs): a paused consumer cancels its subscription on the
 //! broker and gives back what it had buffered, unspent.
 
+use super::breaker::{Breaker, BreakerState, Failed, Transition};
 use super::Consumer;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
-
-/// When a consumer's handlers keep failing, stop taking messages for a while
-/// rather than send valid messages round the retry ladder into the DLQ while
-/// a downstream is down.
-///
-/// `failures` failures (a handler that raised, asked for a retry, or ran past
-/// its deadline; never a reject, which is about the message) within
-/// `within` open the breaker: the consumer pauses, and what it had buffered
-/// goes back to the queue with no attempt counted. After `pause` it lets one
-/// message through (half-open): success closes the breaker and consumption
-/// resumes; a failure opens it for another `pause`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CircuitBreaker {
-    /// Failures that open it. At least 1.
-    pub failures: u32,
-    /// The window they are counted in.
-    pub within: Duration,
-    /// How long it stays open before trying one message.
-    pub pause: Duration,
-}
-
-impl CircuitBreaker {
-    /// A breaker: `failures` within `within` open it for `pause`.
-    pub fn new(failures: u32, within: Duration, pause: Duration) -> Self {
-        CircuitBreaker { failures, within, pause }
-    }
-
-    pub(crate) fn validate(&self) -> crate::Result<()> {
-        if self.failures == 0 || self.within.is_zero() || self.pause.is_zero() {
-            return Err(crate::Error::invalid(format!(
-                "circuit_breaker needs failures of at least 1 and a positive within and pause (got failures {}, within {}s, pause {}s)",
-                self.failures,
-                self.within.as_secs_f64(),
-                self.pause.as_secs_f64()
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Where a breaker is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BreakerState {
-    /// Taking messages, counting failures.
-    Closed,
-    /// Paused until the pause is over.
-    Open,
-    /// The pause is over: the next message handed out is the trial.
-    HalfOpen,
-    /// The trial is in a handler; nothing else is taken until it settles.
-    Trying,
-}
-
-impl BreakerState {
-    /// The lowercase name in events, metrics and the runner's status.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BreakerState::Closed => "closed",
-            BreakerState::Open => "open",
-            BreakerState::HalfOpen => "half_open",
-            BreakerState::Trying => "trying",
-        }
-    }
-}
-
-#[derive(Debug)]
-enum State {
-    Closed { failures: VecDeque<Instant> },
-    Open { until: Instant },
-    HalfOpen,
-    Trying { id: u64 },
-}
-
-/// A breaker's state machine. Thread-safe; the consumer calls it when it
-/// hands a delivery out and when one settles, and applies what it returns.
-#[derive(Debug)]
-pub(crate) struct Breaker {
-    pub(crate) options: CircuitBreaker,
-    state: Mutex<State>,
-}
-
-/// A transition, for the event and for the consumer to act on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Transition {
-    pub(crate) to: BreakerState,
-    pub(crate) reason: String,
-}
-
-impl Breaker {
-    pub(crate) fn new(options: CircuitBreaker) -> Self {
-        Breaker { options, state: Mutex::new(State::Closed { failures: VecDeque::new() }) }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn state(&self) -> BreakerState {
-        match *self.lock() {
-            State::Closed { .. } => BreakerState::Closed,
-            State::Open { .. } => BreakerState::Open,
-            State::HalfOpen => BreakerState::HalfOpen,
-            State::Trying { .. } => BreakerState::Trying,
-        }
-    }
-
-    /// Whether the consumer should be paused for the breaker's sake.
-    pub(crate) fn holds(&self) -> bool {
-        matches!(*self.lock(), State::Open { .. } | State::Trying { .. })
-    }
-
-    /// When an open breaker's pause ends.
-    pub(crate) fn open_until(&self) -> Option<Instant> {
-        match *self.lock() {
-            State::Open { until } => Some(until),
-            _ => None,
-        }
-    }
-
-    /// A delivery (watch id `id`) is about to be handed out: false when it
-    /// must go back (open, or a trial already out). The first one after the
-    /// pause is the trial.
-    pub(crate) fn admit(&self, id: u64) -> (bool, Option<Transition>) {
-        let mut st = self.lock();
-        match *st {
-            State::Closed { .. } => (true, None),
-            State::HalfOpen => {
-                *st = State::Trying { id };
-                (true, Some(Transition { to: BreakerState::Trying, reason: "one message let through to try the handler".into() }))
-            }
-            State::Open { .. } | State::Trying { .. } => (false, None),
-        }
-    }
-
-    /// Delivery `id` settled; `failed` when its handler raised, retried or
-    /// timed out.
-    pub(crate) fn settled(&self, id: u64, failed: bool, now: Instant) -> Option<Transition> {
-        let o = self.options;
-        let mut st = self.lock();
-        match &mut *st {
-            State::Closed { failures } => {
-                if !failed {
-                    return None;
-                }
-                failures.push_back(now);
-                while failures.front().is_some_and(|t| now.duration_since(*t) > o.within) {
-                    failures.pop_front();
-                }
-                if failures.len() < o.failures as usize {
-                    return None;
-                }
-                *st = State::Open { until: now + o.pause };
-                Some(Transition {
-                    to: BreakerState::Open,
-                    reason: format!(
-                        "{} failures within {}: paused for {}",
-                        o.failures,
-                        crate::checks::human(o.within),
-                        crate::checks::human(o.pause)
-                    ),
-                })
-            }
-            State::Trying { id: trial } if *trial == id => {
-                if failed {
-                    *st = State::Open { until: now + o.pause };
-                    Some(Transition { to: BreakerState::Open, reason: format!("the trial message failed: paused for another {}", crate::checks::human(o.pause)) })
-                } else {
-                    *st = State::Closed { failures: VecDeque::new() };
-                    Some(Transition { to: BreakerState::Closed, reason: "the trial message succeeded".into() })
-                }
-            }
-            // Settlements of deliveries handed out before it opened change
-            // nothing: the breaker already decided.
-            _ => None,
-        }
-    }
-
-    /// The pause is over at `now`: half-open.
-    pub(crate) fn tick(&self, now: Instant) -> Option<Transition> {
-        let mut st = self.lock();
-        match *st {
-            State::Open { until } if until <= now => {
-                *st = State::HalfOpen;
-                Some(Transition { to: BreakerState::HalfOpen, reason: "the pause is over: the next message is a trial".into() })
-            }
-            _ => None,
-        }
-    }
-}
 
 /// At most `limit` messages handed out per `per`, in this process: a token
 /// bucket of `limit` tokens refilled evenly over `per`, so a burst after an
@@ -363,7 +174,7 @@ impl Flow {
             t.validate()?;
         }
         Ok(Flow {
-            breaker: options.circuit_breaker.map(Breaker::new),
+            breaker: options.circuit_breaker.clone().map(Breaker::new),
             bucket: options.throttle.map(Bucket::new),
             shared: match (&options.throttle, &options.throttle_store) {
                 (Some(t), Some(store)) => Some(Arc::new(Shared {
@@ -488,13 +299,20 @@ impl Consumer {
         self.flow.wake.notify_one();
     }
 
-    /// A delivery settled: what the breaker counts. `failed`: its handler
-    /// raised, asked for a retry or ran out of time; a reject is about the
-    /// message and is not counted.
-    pub(super) fn flow_settled(&self, id: u64, failed: bool) {
-        if let Some(t) = self.flow.breaker.as_ref().and_then(|b| b.settled(id, failed, Instant::now())) {
+    /// A delivery settled: what the breaker counts. `failed`: its failure,
+    /// None when it was not one (an accept, a reject; see [`Failed::of`]);
+    /// `told`: whether it counts, when the handler's side decided that
+    /// (see [`CircuitBreaker::counts`](super::CircuitBreaker::counts)).
+    pub(super) fn flow_settled(&self, id: u64, failed: Option<&Failed<'_>>, told: Option<bool>) {
+        let Some(b) = self.flow.breaker.as_ref() else { return };
+        if let Some(t) = b.settled(id, b.reading(failed, told), Instant::now()) {
             self.breaker_moved(t);
         }
+    }
+
+    /// [`Consumer::flow_settled`] for a settled outcome.
+    pub(super) fn flow_settled_outcome(&self, id: u64, outcome: &crate::ack::Outcome, told: Option<bool>) {
+        self.flow_settled(id, Failed::of(outcome).as_ref(), told);
     }
 
     /// Whether delivery `id` may be handed out: not while the breaker is
@@ -616,44 +434,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_breaker_opens_at_the_failures_within_its_window_and_closes_after_a_good_trial() {
-        let b = Breaker::new(CircuitBreaker::new(3, Duration::from_secs(10), Duration::from_secs(5)));
-        let t0 = Instant::now();
-        assert_eq!(b.settled(1, true, t0), None);
-        // A failure outside the window no longer counts.
-        assert_eq!(b.settled(2, true, t0 + Duration::from_secs(11)), None);
-        assert_eq!(b.settled(3, false, t0 + Duration::from_secs(11)), None);
-        assert_eq!(b.settled(4, true, t0 + Duration::from_secs(12)), None);
-        let opened = b.settled(5, true, t0 + Duration::from_secs(13)).unwrap();
-        assert_eq!(opened.to, BreakerState::Open);
-        assert!(b.holds());
-        assert_eq!(b.admit(6), (false, None));
-        assert_eq!(b.tick(t0 + Duration::from_secs(17)), None);
-        assert_eq!(b.tick(t0 + Duration::from_secs(18)).unwrap().to, BreakerState::HalfOpen);
-        assert!(!b.holds());
-        assert_eq!(b.admit(7).1.unwrap().to, BreakerState::Trying);
-        assert_eq!(b.admit(8), (false, None));
-        // A straggler from before does not decide the trial.
-        assert_eq!(b.settled(6, true, t0 + Duration::from_secs(18)), None);
-        assert_eq!(b.settled(7, false, t0 + Duration::from_secs(19)).unwrap().to, BreakerState::Closed);
-        assert_eq!(b.admit(9), (true, None));
-    }
-
-    #[test]
-    fn a_failed_trial_opens_the_breaker_again() {
-        let b = Breaker::new(CircuitBreaker::new(1, Duration::from_secs(10), Duration::from_secs(5)));
-        let t0 = Instant::now();
-        b.settled(1, true, t0).unwrap();
-        b.tick(t0 + Duration::from_secs(5)).unwrap();
-        b.admit(2);
-        assert_eq!(b.settled(2, true, t0 + Duration::from_secs(6)).unwrap().to, BreakerState::Open);
-        assert_eq!(b.open_until(), Some(t0 + Duration::from_secs(11)));
-    }
-
-    #[test]
     fn bad_settings_are_refused_with_what_to_give() {
-        assert!(CircuitBreaker::new(0, Duration::from_secs(1), Duration::from_secs(1)).validate().is_err());
-        assert!(CircuitBreaker::new(1, Duration::ZERO, Duration::from_secs(1)).validate().is_err());
         assert!(Throttle::new(0, Duration::from_secs(1)).validate().is_err());
         assert!(Throttle::new(1, Duration::from_secs(1)).validate().is_ok());
     }

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+mod breaker;
 mod deadline;
 mod delivery;
 mod flow;
@@ -29,7 +30,8 @@ mod settle;
 
 pub use deadline::TIMEOUT_CLASS;
 pub use delivery::{Body, Delivery, Settler};
-pub use flow::{BreakerState, CircuitBreaker, Throttle};
+pub use breaker::{BreakerState, CircuitBreaker, Failed, DEFAULT_BREAKER_PROBE};
+pub use flow::Throttle;
 pub use handle::ConsumerHandle;
 pub use options::{ConsumeOptions, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT};
 

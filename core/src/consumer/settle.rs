@@ -103,7 +103,7 @@ impl Consumer {
     ///
     /// As [`Consumer::settle`].
     pub async fn settle_guarded(&self, delivery: impl Into<Settler>, guarded: Guarded) -> Result<()> {
-        let Guarded { outcome, verdict } = guarded;
+        let Guarded { outcome, verdict, counts } = guarded;
         let settler = delivery.into();
         if !self.owns(&settler) {
             return Err(not_ours(&settler));
@@ -112,8 +112,8 @@ impl Consumer {
             return Ok(());
         }
         let attempt = settler.attempt;
+        self.flow_settled_outcome(settler.watch.id, &outcome, counts);
         let settlement = outcome.settlement();
-        self.flow_settled(settler.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&settler.span, &settlement);
         let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
         tracing::Instrument::instrument(self.settle_raw(settler.raw, attempt, settlement, turnaround), span).await
@@ -195,7 +195,7 @@ impl Consumer {
     /// [`Consumer::settle_later`] with the idempotency guard's verdict
     /// beside the outcome (see [`Consumer::settle_guarded`]).
     pub fn settle_later_guarded(self: &Arc<Self>, delivery: impl Into<Settler>, guarded: Guarded) {
-        let Guarded { outcome, verdict } = guarded;
+        let Guarded { outcome, verdict, counts } = guarded;
         let settler = delivery.into();
         if matches!(outcome, Outcome::Ack(crate::ack::Ack::Accept)) {
             self.accept_as(settler, verdict);
@@ -209,8 +209,8 @@ impl Consumer {
             return;
         }
         let attempt = settler.attempt;
+        self.flow_settled_outcome(settler.watch.id, &outcome, counts);
         let settlement = outcome.settlement();
-        self.flow_settled(settler.watch.id, matches!(settlement, Settlement::Retry { .. }));
         let span = settled_span(&settler.span, &settlement);
         let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
         self.in_background(move |this| {
@@ -282,7 +282,7 @@ impl Consumer {
             return;
         }
         settler.span.record("acemq.outcome", "accepted");
-        self.flow_settled(settler.watch.id, false);
+        self.flow_settled(settler.watch.id, None, None);
         self.link.ack(settler.raw.tag);
         self.counters.accepted.fetch_add(1, Ordering::Relaxed);
         if crate::events::enabled() {

@@ -195,10 +195,15 @@ module AceMQ
       # default; a Rails consumer passes its class name).
       #
       # circuit_breaker: { failures: 10, within: 30, pause: 60 } pauses the
-      # subscription when that many handlers raised, asked for a retry or ran
-      # out of time within `within` seconds (rejects are not counted): what
-      # it had buffered goes back to the queue with no attempt spent, and
-      # after `pause` seconds one message is tried before it takes more.
+      # subscription when that many failures are counted within `within`
+      # seconds: what it had buffered goes back to the queue with no attempt
+      # spent, and every `probe` seconds (default 5, at most `pause`) one
+      # message is tried until one succeeds. on: (exception classes, matched
+      # with is_a?; callables taking the error; :retry for Ack.retry;
+      # :timeout for a handler past its deadline) counts only those;
+      # ignore: (the same) never counts them. Without either every raise,
+      # retry and timeout counts; rejects never do (BreakerOptions,
+      # docs/flow.md). A failure that does not count takes the ladder.
       # throttle: { limit: 100, per: 1 } hands out at most `limit` messages
       # per `per` seconds in this process (docs/flow.md); with store: (a SQL
       # connection, as SQL.connect takes: its own, or SQL.per_thread { ... })
@@ -230,13 +235,13 @@ module AceMQ
                                          queue_type: queue_type&.to_s, timeout: timeout && Float(timeout),
                                          consumer_timeout: consumer_timeout && Float(consumer_timeout),
                                          claim_timeout: claim_timeout, name: name&.to_s,
-                                         circuit_breaker: Connection.circuit_breaker(circuit_breaker),
+                                         circuit_breaker: (breaker = BreakerOptions.from(circuit_breaker))&.native,
                                          throttle: Connection.throttle(throttle), keep_order: keep_order ? true : false,
                                          throttle_store: throttle_store = Connection.throttle_store(throttle) })
         # The engine calls the adapter while the subscription lives.
         native.instance_variable_set(:@throttle_store, throttle_store) if throttle_store
         on_error ||= ->(error) { warn("acemq: #{queue}: #{error.message}") }
-        Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch)
+        Subscription.new(native, handler, concurrency: concurrency, on_error: on_error, batch: batch, breaker: breaker)
       end
 
       # [key, count] as the engine takes it, or nil.
@@ -250,23 +255,6 @@ module AceMQ
         raise ConfigurationError, "partitions: must be a whole number (got #{count.inspect})" unless n
 
         [key.to_s, n]
-      end
-
-      # { failures:, within:, pause: } as the engine takes it; core checks
-      # the values.
-      def self.circuit_breaker(options)
-        return nil if options.nil?
-
-        o = Hash(options).transform_keys(&:to_sym)
-        missing = %i[failures within pause] - o.keys
-        unless missing.empty? && (o.keys - %i[failures within pause]).empty?
-          raise ConfigurationError, "circuit_breaker takes failures:, within: and pause: (seconds), e.g. " \
-                                    "{ failures: 10, within: 30, pause: 60 } (got #{options.inspect})"
-        end
-        values = [Integer(o[:failures], exception: false), Float(o[:within], exception: false), Float(o[:pause], exception: false)]
-        return values unless values.include?(nil)
-
-        raise ConfigurationError, "circuit_breaker: failures is a whole number, within and pause seconds (got #{options.inspect})"
       end
 
       # { limit:, per: } as the engine takes it.

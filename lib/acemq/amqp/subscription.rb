@@ -16,8 +16,11 @@ module AceMQ
 
       attr_reader :queue
 
-      def initialize(native, handler, concurrency:, on_error:, batch: 1)
+      def initialize(native, handler, concurrency:, on_error:, batch: 1, breaker: nil)
         @native = native
+        # Asked, on the handler's thread, whether a raise counts toward the
+        # circuit breaker (nil: no on: or ignore:, the engine counts it).
+        @breaker = breaker&.on || breaker&.ignore ? breaker : nil
         @handler = handler
         # A handler answering call_many (Patterns.idempotent does) is given
         # up to `batch` deliveries at once: what is already buffered, never
@@ -300,8 +303,20 @@ module AceMQ
                  else
                    run(message)
                  end
-        errors = @native._settle(message, result)
+        errors = @native._settle(message, result, @breaker && counts?(result))
         report(errors) if errors
+      end
+
+      # Whether the breaker counts `result`, a raise (nil for anything else).
+      # A matcher that raises counts it, and on_error hears why.
+      def counts?(result)
+        return nil unless result.is_a?(StandardError)
+
+        @breaker.counts?(result)
+      rescue StandardError => e
+        @on_error&.call(ConfigurationError.new("#{@queue}: circuit_breaker on:/ignore: raised #{e.class}: " \
+                                               "#{e.message.to_s[0, 300]}; the failure counts"))
+        true
       end
 
       def run(message)
@@ -345,7 +360,7 @@ module AceMQ
       # earlier ones comes back here. Each of those messages was put back on
       # the queue: say so, and go on.
       def settle(delivery, result)
-        report(@native._settle(delivery, result))
+        report(@native._settle(delivery, result, @breaker && counts?(result)))
       end
 
       # Thread#join re-raises what killed the thread; a subscription being

@@ -177,19 +177,25 @@ module AceMQ
           AceMQ::Rails.publisher.publish(payload, to: queue_name, partition_key: key.to_s, partitions: p[:count], **options)
         end
 
-        # Pause when the handler keeps failing, rather than send valid
-        # messages round the retry ladder into the DLQ while a downstream is
-        # down: `failures` raises, retries or timeouts (not rejects) within
-        # `within` seconds pause consumption for `pause` seconds, giving back
-        # what was buffered with no attempt spent; then one message is tried
-        # before consumption resumes (docs/flow.md).
+        # Pause when a downstream is down, rather than send valid messages
+        # round the retry ladder into the DLQ: `failures` counted failures
+        # within `within` seconds pause consumption, giving back what was
+        # buffered with no attempt spent; then one message is tried every
+        # `probe` seconds (default 5, at most `pause`) until one succeeds.
+        # on: says which failures count (exception classes, matched with
+        # is_a?; callables taking the error; :retry, :timeout) and ignore:
+        # which never do; without either every raise, retry and timeout
+        # counts. Failures that do not count take the ladder (docs/flow.md).
         #
-        #   circuit_breaker failures: 10, within: 30, pause: 60
-        def circuit_breaker(failures: nil, within: nil, pause: nil)
-          return setting(:circuit_breaker) if failures.nil? && within.nil? && pause.nil?
+        #   circuit_breaker failures: 10, within: 30, pause: 60, on: [Net::ReadTimeout, Errno::ECONNREFUSED]
+        def circuit_breaker(failures: nil, within: nil, pause: nil, probe: nil, on: nil, ignore: nil)
+          given = { failures: failures, within: within, pause: pause, probe: probe, on: on, ignore: ignore }.compact
+          return setting(:circuit_breaker) if given.empty?
 
-          set(:circuit_breaker, { failures: positive(:failures, failures), within: positive_seconds(:within, within),
-                                  pause: positive_seconds(:pause, pause) })
+          breaker = AMQP::BreakerOptions.new(failures: positive(:failures, failures), within: positive_seconds(:within, within),
+                                             pause: positive_seconds(:pause, pause),
+                                             probe: probe && positive_seconds(:probe, probe), on: on, ignore: ignore)
+          set(:circuit_breaker, breaker.to_h)
         end
 
         # At most `limit` messages per `per` seconds, in each process

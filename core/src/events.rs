@@ -277,7 +277,9 @@ pub struct ConnectionChange {
 #[non_exhaustive]
 pub struct SubscriptionChange {
     /// `failed` (its channel went, or subscribing failed), `cancelled` (the
-    /// broker cancelled it: queue deleted) or `resubscribed`.
+    /// broker cancelled it: queue deleted) or `resubscribed`; for a
+    /// dead-letter ingester, `ingesting` (it has the DLQ) or `standby`
+    /// (another ingester has it).
     pub state: &'static str,
     /// The queue.
     pub queue: String,

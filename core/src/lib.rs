@@ -41,6 +41,7 @@ mod checks;
 mod civil;
 mod connection;
 mod consumer;
+pub mod dead_letters;
 pub mod delay;
 mod envelope;
 mod error;

@@ -49,6 +49,9 @@ struct MemQueue {
     ready: VecDeque<Stored>,
     consumers: Vec<u64>,
     rr: usize,
+    /// The consumer that has the queue to itself (basic.consume's
+    /// `exclusive`), while it does.
+    exclusive: Option<u64>,
 }
 
 struct MemConsumer {
@@ -210,7 +213,7 @@ impl MemoryBroker {
         let dlrk = arguments.get("x-dead-letter-routing-key").and_then(|v| v.as_str()).map(str::to_owned);
         st.queues.insert(
             spec.name.clone(),
-            MemQueue { arguments: arguments.clone(), ttl_ms, dlx, dlrk, ready: VecDeque::new(), consumers: Vec::new(), rr: 0 },
+            MemQueue { arguments: arguments.clone(), ttl_ms, dlx, dlrk, ready: VecDeque::new(), consumers: Vec::new(), rr: 0, exclusive: None },
         );
         drop(st);
         if ttl_ms.is_some() {
@@ -471,9 +474,22 @@ impl MemoryBroker {
     }
 
     pub(crate) fn consume(self: &Arc<Self>, queue: &str, prefetch: u16) -> Result<(u64, Arc<DeliveryQueue>)> {
+        self.consume_with(queue, prefetch, false)
+    }
+
+    /// [`MemoryBroker::consume`]; `exclusive` as basic.consume's flag on
+    /// RabbitMQ: refused (403) while the queue has any consumer, and while
+    /// it has an exclusive one, every other consumer is refused.
+    pub(crate) fn consume_with(self: &Arc<Self>, queue: &str, prefetch: u16, exclusive: bool) -> Result<(u64, Arc<DeliveryQueue>)> {
         let mut st = self.lock();
-        if !st.queues.contains_key(queue) {
+        let Some(q) = st.queues.get(queue) else {
             return Err(self.not_found("queue", queue));
+        };
+        if q.exclusive.is_some() || (exclusive && !q.consumers.is_empty()) {
+            return Err(crate::error::Error::new(
+                crate::error::ErrorKind::Broker { reply_code: 403 },
+                format!("ACCESS_REFUSED - queue '{queue}' in vhost '/' in exclusive use (memory://)"),
+            ));
         }
         st.next_consumer += 1;
         let id = st.next_consumer;
@@ -482,7 +498,11 @@ impl MemoryBroker {
             id,
             MemConsumer { queue: queue.to_owned(), prefetch: prefetch.max(1) as usize, unacked: HashMap::new(), next_tag: 0, out: out.clone(), paused: false },
         );
-        st.queues.get_mut(queue).expect("checked").consumers.push(id);
+        let q = st.queues.get_mut(queue).expect("checked");
+        q.consumers.push(id);
+        if exclusive {
+            q.exclusive = Some(id);
+        }
         self.dispatch(&mut st, queue);
         Ok((id, out))
     }
@@ -547,6 +567,9 @@ impl MemoryBroker {
         unacked.sort_by_key(|(t, _)| *t);
         if let Some(q) = st.queues.get_mut(&c.queue) {
             q.consumers.retain(|id| *id != consumer);
+            if q.exclusive == Some(consumer) {
+                q.exclusive = None;
+            }
             for (_, mut m) in unacked.into_iter().rev() {
                 m.redelivered = true;
                 q.ready.push_front(m);

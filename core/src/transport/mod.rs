@@ -432,12 +432,21 @@ impl Backend {
     }
 
     pub(crate) async fn subscribe(&self, queue: &str, prefetch: u16) -> Result<Link> {
+        self.subscribe_with(queue, prefetch, false).await
+    }
+
+    /// [`Backend::subscribe`], with basic.consume's `exclusive` flag when
+    /// asked: while this subscription has the queue no other consumer may
+    /// (the broker refuses one with ACCESS_REFUSED, 403; memory:// does the
+    /// same), which is how one dead-letter ingester per DLQ is kept across
+    /// processes and hosts.
+    pub(crate) async fn subscribe_with(&self, queue: &str, prefetch: u16, exclusive: bool) -> Result<Link> {
         match self {
             Backend::Memory(b) => {
-                let (id, out) = b.consume(queue, prefetch)?;
+                let (id, out) = b.consume_with(queue, prefetch, exclusive)?;
                 Ok(Link::Memory { broker: b.clone(), id, out })
             }
-            Backend::Amqp(a) => Ok(Link::Amqp(a.consume(queue, prefetch).await?)),
+            Backend::Amqp(a) => Ok(Link::Amqp(a.consume(queue, prefetch, exclusive).await?)),
         }
     }
 

@@ -23,8 +23,13 @@ impl AmqpBackend {
     /// same delivery queue. Deliveries from the lost channel cannot be
     /// acknowledged any more; the broker has put them back and delivers them
     /// again, which is the redelivery the idempotent consumer is for.
-    pub(crate) async fn consume(self: &Arc<Self>, queue: &str, prefetch: u16) -> Result<AmqpConsumer> {
-        let (generation, stream) = subscribe(self, queue, prefetch, 1).await?;
+    ///
+    /// `exclusive`: basic.consume's exclusive flag, so that no other
+    /// consumer may have the queue while this one does (the broker answers
+    /// a second one with ACCESS_REFUSED, 403); a subscription that loses its
+    /// channel asks for it again, and waits its turn while another has it.
+    pub(crate) async fn consume(self: &Arc<Self>, queue: &str, prefetch: u16, exclusive: bool) -> Result<AmqpConsumer> {
+        let (generation, stream) = subscribe(self, queue, prefetch, exclusive, 1).await?;
         let failure = Arc::new(Mutex::new(None));
         let feed = Arc::new(Feed::new(queue, failure.clone(), GENERATION_SHIFT));
         feed.install(generation.id, stream, generation.channel.status().clone());
@@ -39,11 +44,13 @@ impl AmqpBackend {
             resubscribed: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             paused: Arc::new(tokio::sync::Mutex::new(false)),
             queue: queue.to_owned(),
+            exclusive,
         };
         let task = supervise(
             self.clone(),
             queue.to_owned(),
             prefetch,
+            exclusive,
             consumer.generation.clone(),
             feed,
             consumer.stopped.clone(),
@@ -84,7 +91,13 @@ pub(super) const STABLE_SUBSCRIPTION: Duration = Duration::from_secs(5);
 /// given up on the lost node (drill/net_cluster.rb).
 pub(super) const SUBSCRIBE_WAIT: Duration = Duration::from_secs(5);
 
-pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16, id: u64) -> Result<(Arc<Generation>, lapin::Consumer)> {
+pub(super) async fn subscribe(
+    backend: &AmqpBackend,
+    queue: &str,
+    prefetch: u16,
+    exclusive: bool,
+    id: u64,
+) -> Result<(Arc<Generation>, lapin::Consumer)> {
     // Dialling has its own limits (connect_timeout a node).
     let wait = SUBSCRIBE_WAIT.min(backend.confirm_timeout);
     let late = |what: &str| {
@@ -96,7 +109,8 @@ pub(super) async fn subscribe(backend: &AmqpBackend, queue: &str, prefetch: u16,
     let ch = tokio::time::timeout(wait, backend.create_channel()).await.map_err(|_| late("opening a channel"))??;
     let consumed = tokio::time::timeout(wait, async {
         ch.basic_qos(prefetch.max(1), BasicQosOptions::default()).await.map_err(|e| map_error(&e, "setting prefetch"))?;
-        ch.basic_consume(ShortString::from(queue), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default())
+        let options = BasicConsumeOptions { exclusive, ..Default::default() };
+        ch.basic_consume(ShortString::from(queue), ShortString::from(""), options, FieldTable::default())
             .await
             .map_err(|e| map_error(&e, &format!("consuming from queue '{queue}'")))
     })
@@ -142,6 +156,7 @@ pub(super) async fn supervise(
     backend: Arc<AmqpBackend>,
     queue: String,
     prefetch: u16,
+    exclusive: bool,
     current: Arc<Mutex<Arc<Generation>>>,
     feed: Arc<Feed>,
     stopped: Arc<std::sync::atomic::AtomicBool>,
@@ -230,7 +245,7 @@ pub(super) async fn supervise(
             if done() {
                 break 'subscription;
             }
-            match subscribe(&backend, &queue, prefetch, generation.id + 1).await {
+            match subscribe(&backend, &queue, prefetch, exclusive, generation.id + 1).await {
                 Ok((fresh, stream)) => {
                     let id = fresh.id;
                     let fresh_status = fresh.channel.status().clone();
@@ -335,6 +350,8 @@ pub(crate) struct AmqpConsumer {
     /// the supervisor's resubscription.
     paused: Arc<tokio::sync::Mutex<bool>>,
     queue: String,
+    /// Consumed with basic.consume's exclusive flag (asked again on resume).
+    exclusive: bool,
 }
 
 /// One channel's worth of a subscription.
@@ -440,7 +457,12 @@ impl AmqpConsumer {
         if g.channel.status().connected() && !self.feed.ended(g.id) {
             let consumed = tokio::time::timeout(
                 SUBSCRIBE_WAIT,
-                g.channel.basic_consume(ShortString::from(self.queue.as_str()), ShortString::from(""), BasicConsumeOptions::default(), FieldTable::default()),
+                g.channel.basic_consume(
+                    ShortString::from(self.queue.as_str()),
+                    ShortString::from(""),
+                    BasicConsumeOptions { exclusive: self.exclusive, ..Default::default() },
+                    FieldTable::default(),
+                ),
             )
             .await;
             let stream = match consumed {

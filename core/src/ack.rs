@@ -1,5 +1,7 @@
 //! What a handler says about a message, and what the consumer does about it.
 
+use crate::backtrace::Backtrace;
+
 /// A handler's verdict on one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ack {
@@ -107,10 +109,15 @@ pub enum Verdict {
 /// [`Handler::handle_guarded`](crate::Handler::handle_guarded)): the
 /// verdict goes with the delivery it is about, never through a table.
 ///
+/// A failure's [`Backtrace`] travels beside it the same way, from the
+/// handler (a [`Failure`](crate::Failure) made from an error, a Ruby
+/// exception) to the copy's `x-acemq-backtrace`.
+///
 /// Beside, not inside: `Outcome` is matched exhaustively outside this crate,
-/// so a variant for it would break those matches; an `Outcome` converts
-/// into a `Guarded` with no verdict, so every path that settles an
-/// `Outcome` goes on doing so.
+/// so a variant for it would break those matches, and a field on
+/// `Outcome::Raised` every construction of it; an `Outcome` converts into a
+/// `Guarded` with no verdict and no backtrace, so every path that settles
+/// an `Outcome` goes on doing so.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Guarded {
@@ -123,6 +130,10 @@ pub struct Guarded {
     /// matched against `on:` and `ignore:` on the handler's thread). None:
     /// the breaker's own predicates decide ([`CircuitBreaker::counts`](crate::CircuitBreaker::counts)).
     pub counts: Option<bool>,
+    /// Where the failure happened, for an [`Outcome::Raised`] that says:
+    /// written on its copy as `x-acemq-backtrace` (and ignored for any other
+    /// outcome).
+    pub backtrace: Option<Backtrace>,
 }
 
 impl Guarded {
@@ -134,13 +145,18 @@ impl Guarded {
 
     /// `outcome` with the guard's `verdict`.
     pub fn new(outcome: Outcome, verdict: Option<Verdict>) -> Self {
-        Guarded { outcome, verdict, counts: None }
+        Guarded { outcome, verdict, counts: None, backtrace: None }
+    }
+
+    /// The same, with the failure's backtrace beside it.
+    pub fn with_backtrace(self, backtrace: Option<Backtrace>) -> Self {
+        Guarded { backtrace, ..self }
     }
 }
 
 impl From<Outcome> for Guarded {
     fn from(outcome: Outcome) -> Self {
-        Guarded { outcome, verdict: None, counts: None }
+        Guarded { outcome, verdict: None, counts: None, backtrace: None }
     }
 }
 

@@ -50,6 +50,7 @@
 //! ```
 
 use crate::ack::{Guarded, Outcome};
+use crate::backtrace::Backtrace;
 use crate::message::Message;
 use std::future::Future;
 use std::time::Duration;
@@ -62,8 +63,9 @@ use std::time::Duration;
 /// [`Idempotent`](crate::idempotency::Idempotent), which wraps one.
 pub trait Handler: Send + Sync + 'static {
     /// What [`Handler::handle`] returns: an [`Ack`](crate::Ack), an [`Outcome`], or a
-    /// `Result<Ack, E>` (see the [module](self)).
-    type Output: Into<Outcome>;
+    /// `Result<Ack, E>` (see the [module](self)). Each converts into a
+    /// [`Guarded`], which keeps an error's [`Backtrace`] beside its outcome.
+    type Output: Into<Guarded>;
 
     /// Handle one message.
     fn handle(&self, message: Message) -> impl Future<Output = Self::Output> + Send;
@@ -85,7 +87,7 @@ pub trait Handler: Send + Sync + 'static {
     /// own. A handler of your own has no reason to implement it.
     fn handle_guarded(&self, message: Message) -> impl Future<Output = Guarded> + Send {
         let handling = self.handle(message);
-        async move { Guarded::from(handling.await.into()) }
+        async move { handling.await.into() }
     }
 }
 
@@ -93,7 +95,7 @@ impl<F, Fut> Handler for F
 where
     F: Fn(Message) -> Fut + Send + Sync + 'static,
     Fut: Future + Send + 'static,
-    Fut::Output: Into<Outcome>,
+    Fut::Output: Into<Guarded>,
 {
     type Output = Fut::Output;
 
@@ -105,7 +107,9 @@ where
 /// A failed handler, from any error: what `?` turns an error into in a
 /// handler returning `Result<Ack, Failure>`. It keeps the error's type
 /// name (the class on the retried or dead-lettered copy) and its message;
-/// [`Failure::fatal`] marks one that retrying cannot help.
+/// [`Failure::fatal`] marks one that retrying cannot help. One made from an
+/// error keeps its chain of sources as its [`Backtrace`], which the copy
+/// carries as `x-acemq-backtrace`.
 ///
 /// Like `anyhow::Error` it is not itself a `std::error::Error`, which is
 /// what lets every error convert into it.
@@ -114,12 +118,25 @@ pub struct Failure {
     class: String,
     message: String,
     fatal: bool,
+    backtrace: Option<Backtrace>,
 }
 
 impl Failure {
     /// A failure with `class` and `message` of your choosing (a retry).
     pub fn new(class: impl Into<String>, message: impl Into<String>) -> Self {
-        Failure { class: class.into(), message: message.into(), fatal: false }
+        Failure { class: class.into(), message: message.into(), fatal: false, backtrace: None }
+    }
+
+    /// The same failure with `backtrace` as where it happened (the lines of
+    /// your choosing: [`Backtrace::from_frames`]).
+    pub fn with_backtrace(self, backtrace: Option<Backtrace>) -> Self {
+        Failure { backtrace, ..self }
+    }
+
+    /// Where it happened: an error's chain of sources, or what
+    /// [`Failure::with_backtrace`] gave.
+    pub fn backtrace(&self) -> Option<&Backtrace> {
+        self.backtrace.as_ref()
     }
 
     /// `error` as a fatal failure: the message is dead-lettered at once, as
@@ -157,13 +174,39 @@ fn class_of<E: ?Sized>() -> String {
 
 impl<E: std::error::Error + 'static> From<E> for Failure {
     fn from(error: E) -> Self {
-        Failure { class: class_of::<E>(), message: error.to_string(), fatal: false }
+        let class = class_of::<E>();
+        let backtrace = Some(Backtrace::of_error(&class, &error));
+        Failure { class, message: error.to_string(), fatal: false, backtrace }
     }
 }
 
+/// The failure without its backtrace (an [`Outcome`] has no room for one:
+/// see [`Guarded`]).
 impl From<Failure> for Outcome {
     fn from(failure: Failure) -> Self {
         Outcome::Raised { class: failure.class, message: failure.message, fatal: failure.fatal }
+    }
+}
+
+/// The failure with its backtrace beside it: what a handler's `Err` settles as.
+impl From<Failure> for Guarded {
+    fn from(mut failure: Failure) -> Self {
+        let backtrace = failure.backtrace.take();
+        Guarded::from(Outcome::from(failure)).with_backtrace(backtrace)
+    }
+}
+
+/// As the `Outcome` of the same `Result`, with the error's backtrace.
+impl<T: Into<Outcome>, E: std::error::Error + 'static> From<Result<T, E>> for Guarded {
+    fn from(result: Result<T, E>) -> Self {
+        result.map_or_else(|e| Failure::from(e).into(), |ok| Guarded::from(ok.into()))
+    }
+}
+
+/// As the `Outcome` of the same `Result`, with the failure's backtrace.
+impl<T: Into<Outcome>> From<Result<T, Failure>> for Guarded {
+    fn from(result: Result<T, Failure>) -> Self {
+        result.map_or_else(Into::into, |ok| Guarded::from(ok.into()))
     }
 }
 

@@ -36,6 +36,7 @@
 // namespaces a service navigates (the patterns, SQL, events, the runner) are
 // public modules of their own. What is not re-exported is the engine's.
 mod ack;
+mod backtrace;
 mod broker;
 mod checks;
 mod civil;
@@ -77,6 +78,7 @@ pub mod trace;
 pub mod fuzzing;
 
 pub use ack::{Ack, Guarded, Outcome, Settlement, Verdict};
+pub use backtrace::Backtrace;
 pub use broker::BrokerVersion;
 pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, Resources, TlsOptions};
 pub use consumer::{
@@ -97,7 +99,7 @@ pub use teardown::{TeardownOptions, TeardownReport};
 pub use topology::{BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology, DEFAULT_DELIVERY_LIMIT, DLQ_DELIVERY_LIMIT};
 pub use trace::TraceContext;
 pub use wire::{
-    decoded_body, Payload, Props, MAX_DECOMPRESSED, ORIGINAL_EXPIRATION_HEADER, ORIGINAL_USER_ID_HEADER,
+    decoded_body, Payload, Props, BACKTRACE_HEADER, MAX_DECOMPRESSED, ORIGINAL_EXPIRATION_HEADER, ORIGINAL_USER_ID_HEADER,
 };
 pub use transport::memory::MemoryBroker;
 pub use transport::{Confirm, QueueCounts};

@@ -13,6 +13,10 @@ pub const CONTENT_TYPE: &str = "application/json";
 pub const REASON_HEADER: &str = "x-acemq-reason";
 /// The error class that caused the retry or reject, when there was one.
 pub const ERROR_CLASS_HEADER: &str = "x-acemq-error-class";
+/// Where that error happened, when it says ([`crate::Backtrace`]): the
+/// newest failure's, replacing the one before; the history keeps reasons
+/// only.
+pub const BACKTRACE_HEADER: &str = "x-acemq-backtrace";
 /// When it failed (seconds since the epoch).
 pub const FAILED_AT_HEADER: &str = "x-acemq-failed-at";
 /// The exchange the message was first published to.

@@ -3,10 +3,10 @@
 //! and a handler's result as core's `Outcome` (and back, as the Ack the
 //! guard hands out). Each class's own fields stay in its file.
 
-use acemq::{Ack, Guarded, Outcome, Verdict};
+use acemq::{Ack, Backtrace, Guarded, Outcome, Verdict};
 use magnus::rb_sys::AsRawValue;
 use magnus::value::Lazy;
-use magnus::{prelude::*, Error, ExceptionClass, RClass, RModule, RString, Ruby, Symbol, Value};
+use magnus::{prelude::*, Error, ExceptionClass, RArray, RClass, RModule, RString, Ruby, Symbol, Value};
 use std::time::Duration;
 
 /// Seconds given from Ruby as a `Duration`; negative, NaN or too large is a
@@ -31,6 +31,8 @@ pub(crate) fn amqp_const<T: magnus::TryConvert>(ruby: &Ruby, name: &str) -> T {
 }
 
 static ACK: Lazy<RClass> = Lazy::new(|ruby| amqp_const(ruby, "Ack"));
+/// `AceMQ::AMQP::GEM_FRAMES`: where the gem's own frames are (lib/acemq/).
+static GEM_FRAMES: Lazy<RString> = Lazy::new(|ruby| amqp_const(ruby, "GEM_FRAMES"));
 static FATAL_ERROR: Lazy<ExceptionClass> = Lazy::new(|ruby| amqp_const(ruby, "FatalError"));
 /// `Ack.accept`, one frozen object: what nearly every handler returns, told
 /// by identity before anything is read of it.
@@ -87,14 +89,43 @@ pub(crate) fn guarded(ruby: &Ruby, result: Value) -> Result<Guarded, Error> {
     if result.is_kind_of(ruby.exception_standard_error()) {
         let class: Option<String> = result.class().funcall("name", ())?;
         let message: RString = result.funcall("message", ())?;
-        return Ok(Outcome::Raised {
+        return Ok(Guarded::from(Outcome::Raised {
             class: class.unwrap_or_else(|| "StandardError".into()),
             message: text(message),
             fatal: result.is_kind_of(ruby.get_inner(&FATAL_ERROR)),
-        }
-        .into());
+        })
+        .with_backtrace(backtrace(ruby, result)));
     }
     Ok(Outcome::NotAnAck { what: describe(result)? }.into())
+}
+
+/// An exception's backtrace as core bounds it (`Backtrace::from_frames`),
+/// without the gem's frames at its bottom (`AceMQ::AMQP::GEM_FRAMES`), which
+/// are the consumer loop that called the handler. None when it has none, or
+/// when reading it fails: a `backtrace` overridden to raise or to return
+/// something odd costs the header, never the settlement.
+fn backtrace(ruby: &Ruby, exception: Value) -> Option<Backtrace> {
+    let frames: RArray = exception.funcall::<_, _, Option<RArray>>("backtrace", ()).ok().flatten()?;
+    // Safe: each frame's bytes are copied before Ruby runs again.
+    let bytes = |i: usize| -> Vec<u8> {
+        match frames.entry::<Value>(i as isize).ok().and_then(RString::from_value) {
+            Some(s) => unsafe { s.as_slice().to_vec() },
+            None => b"(not a String)".to_vec(),
+        }
+    };
+    let gem = ruby.get_inner(&GEM_FRAMES);
+    let gem = unsafe { gem.as_slice() }.to_vec();
+    let n = frames.len();
+    // Back from the bottom over the gem's frames; a backtrace all in the
+    // gem keeps them all.
+    let mut keep = n;
+    while keep > 0 && bytes(keep - 1).starts_with(&gem) {
+        keep -= 1;
+    }
+    if keep == 0 {
+        keep = n;
+    }
+    Backtrace::from_frames((0..keep).map(bytes))
 }
 
 /// A Ruby string's text, copied at once (invalid bytes replaced).

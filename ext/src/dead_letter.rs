@@ -32,6 +32,14 @@ impl RbDeadLetter {
         self.0.error_class.clone()
     }
 
+    /// Where the failure happened (`x-acemq-backtrace`): its first frames,
+    /// one a line, bounded by the engine that wrote it; nil when the failure
+    /// had none (a retry or reject asked for with an Ack, a timeout, a
+    /// message that was not JSON) or the header is not text.
+    fn backtrace(&self) -> Option<String> {
+        self.0.headers.get(acemq::BACKTRACE_HEADER).and_then(|v| v.as_str()).map(str::to_owned)
+    }
+
     /// Seconds since the epoch; nil when the header is missing.
     fn failed_at(&self) -> Option<u64> {
         self.0.failed_at
@@ -114,6 +122,7 @@ pub fn init(ruby: &Ruby, connection: RClass) -> Result<(), Error> {
     class.define_method("attempt", method!(RbDeadLetter::attempt, 0))?;
     class.define_method("reason", method!(RbDeadLetter::reason, 0))?;
     class.define_method("error_class", method!(RbDeadLetter::error_class, 0))?;
+    class.define_method("backtrace", method!(RbDeadLetter::backtrace, 0))?;
     class.define_method("failed_at", method!(RbDeadLetter::failed_at, 0))?;
     class.define_method("body", method!(RbDeadLetter::body, 0))?;
     class.define_method("exchange", method!(RbDeadLetter::exchange, 0))?;

@@ -13,6 +13,13 @@ module AceMQ
     # to {queue}.dlq at once instead of climbing the retry ladder.
     class FatalError < Error; end
 
+    # The gem's own files, as backtraces name them. The frames at the bottom
+    # of a handler's backtrace that are all in here (the consumer loop that
+    # called the handler, the same for every failure) are left out of its
+    # copy's x-acemq-backtrace, so its 20 frames go to the application's.
+    # Frames of the gem above the handler's (a helper that raised) stay.
+    GEM_FRAMES = "#{File.dirname(File.expand_path(__FILE__))}/".freeze
+
     # A setting that cannot work: a retry policy with max_attempts 0, a
     # negative delay, a prefetch of 0. Raised at declaration, not at the first
     # failure.

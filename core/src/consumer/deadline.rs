@@ -140,7 +140,7 @@ impl Consumer {
                 crate::checks::human(self.options.timeout)
             );
             let settlement = Settlement::Retry { reason, error_class: Some(TIMEOUT_CLASS.into()) };
-            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement, turnaround).await });
+            self.in_background(move |this| async move { this.settle_raw(raw, attempt, settlement, turnaround, None).await });
         }
     }
 }

@@ -6,7 +6,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::events::{self, Event, ProcessOutcome};
 use crate::retry::{dlq_name, rung_name};
 use crate::topology::{QueueSpec, Topology};
-use crate::wire::{ERROR_CLASS_HEADER, FAILED_AT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, RawDelivery, REASON_HEADER};
+use crate::backtrace::Backtrace;
+use crate::wire::{BACKTRACE_HEADER, ERROR_CLASS_HEADER, FAILED_AT_HEADER, ORIGINAL_EXCHANGE_HEADER, ORIGINAL_ROUTING_KEY_HEADER, QUEUE_HEADER, RawDelivery, REASON_HEADER};
 use super::Consumer;
 use super::options::ConsumeOptions;
 use serde_json::Value;
@@ -42,13 +43,20 @@ impl Consumer {
     }
 
     /// A retry, or past `max_attempts` a dead letter saying so.
-    pub(super) async fn retry_or_exhaust(&self, raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>) -> Result<ProcessOutcome> {
+    pub(super) async fn retry_or_exhaust(
+        &self,
+        raw: RawDelivery,
+        attempt: u32,
+        reason: &str,
+        error_class: Option<&str>,
+        backtrace: Option<&Backtrace>,
+    ) -> Result<ProcessOutcome> {
         if attempt >= self.options.retry.max_attempts {
             tracing::Span::current().record("acemq.outcome", "dead_lettered");
             let reason = format!("retries exhausted after {attempt} attempts: {reason}");
-            self.dead_letter(raw, &reason, error_class).await.map(|()| ProcessOutcome::DeadLettered)
+            self.dead_letter(raw, &reason, error_class, backtrace).await.map(|()| ProcessOutcome::DeadLettered)
         } else {
-            self.retry(raw, attempt, reason, error_class).await.map(|()| ProcessOutcome::Retried)
+            self.retry(raw, attempt, reason, error_class, backtrace).await.map(|()| ProcessOutcome::Retried)
         }
     }
 
@@ -68,11 +76,11 @@ impl Consumer {
         let waited = Duration::from_secs(now.saturating_sub(since));
         if max <= 1 || waited > up_to {
             let reason = if max <= 1 { reason.to_owned() } else { format!("{reason}; waited {}s, longer than the claim timeout", waited.as_secs()) };
-            return self.retry_or_exhaust(raw, attempt, &reason, None).await;
+            return self.retry_or_exhaust(raw, attempt, &reason, None, None).await;
         }
         let step = u32::try_from(u64::from(attempt).saturating_add(waits)).unwrap_or(u32::MAX).clamp(1, max - 1);
         let rung = rung_name(&self.queue, self.options.retry.delay_after(step));
-        self.failure_headers(&mut raw, reason, None);
+        self.failure_headers(&mut raw, reason, None, None);
         let h = raw.props.headers_mut();
         h.insert(WAITING_SINCE_HEADER.into(), Value::from(since));
         h.insert(WAITS_HEADER.into(), Value::from(waits + 1));
@@ -82,12 +90,21 @@ impl Consumer {
         Ok(ProcessOutcome::Waited)
     }
 
-    fn failure_headers(&self, raw: &mut RawDelivery, reason: &str, error_class: Option<&str>) {
+    /// The newest failure's reason, class and backtrace, each replacing the
+    /// one before: a class or backtrace this failure has none of is
+    /// removed, so the copy never pairs this reason with an older failure's
+    /// frames. (The history header keeps earlier reasons, never backtraces:
+    /// twenty frames a failure would make it the heaviest header.)
+    fn failure_headers(&self, raw: &mut RawDelivery, reason: &str, error_class: Option<&str>, backtrace: Option<&Backtrace>) {
         let h = raw.props.headers_mut();
         h.insert(REASON_HEADER.into(), Value::from(crate::limits::bounded(reason, crate::limits::MAX_REASON)));
         match error_class {
             Some(c) => h.insert(ERROR_CLASS_HEADER.into(), Value::from(crate::limits::bounded(c, crate::limits::MAX_SHORT))),
             None => h.remove(ERROR_CLASS_HEADER),
+        };
+        match backtrace {
+            Some(b) => h.insert(BACKTRACE_HEADER.into(), Value::from(b.as_str())),
+            None => h.remove(BACKTRACE_HEADER),
         };
         h.insert(FAILED_AT_HEADER.into(), Value::from(now_secs()));
         h.insert(QUEUE_HEADER.into(), Value::from(self.queue.as_str()));
@@ -99,10 +116,10 @@ impl Consumer {
         }
     }
 
-    async fn retry(&self, mut raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>) -> Result<()> {
+    async fn retry(&self, mut raw: RawDelivery, attempt: u32, reason: &str, error_class: Option<&str>, backtrace: Option<&Backtrace>) -> Result<()> {
         let delay = self.options.retry.delay_after(attempt);
         let rung = rung_name(&self.queue, delay);
-        self.failure_headers(&mut raw, reason, error_class);
+        self.failure_headers(&mut raw, reason, error_class, backtrace);
         raw.props.headers_mut().insert(ATTEMPT_HEADER.into(), Value::from(attempt + 1));
         raw.props.headers_mut().remove(WAITING_SINCE_HEADER);
         raw.props.headers_mut().remove(WAITS_HEADER);
@@ -120,8 +137,8 @@ impl Consumer {
         Ok(())
     }
 
-    pub(crate) async fn dead_letter(&self, mut raw: RawDelivery, reason: &str, error_class: Option<&str>) -> Result<()> {
-        self.failure_headers(&mut raw, reason, error_class);
+    pub(crate) async fn dead_letter(&self, mut raw: RawDelivery, reason: &str, error_class: Option<&str>, backtrace: Option<&Backtrace>) -> Result<()> {
+        self.failure_headers(&mut raw, reason, error_class, backtrace);
         let attempt = crate::wire::envelope_of(&raw.props).attempt;
         raw.props.headers_mut().insert(ATTEMPT_HEADER.into(), Value::from(attempt));
         let id = crate::events::enabled().then(|| crate::wire::envelope_of(&raw.props).id);

@@ -404,7 +404,7 @@ impl Consumer {
                     Err(undecodable) => {
                         self.flow_refund();
                         let raw = Arc::unwrap_or_clone(raw);
-                        self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None).await });
+                        self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None, None).await });
                         Taken::Empty
                     }
                 }
@@ -464,7 +464,7 @@ impl Consumer {
         let reason = crate::wire::not_json(why).reason;
         let raw = Arc::unwrap_or_clone(unread.raw);
         self.flow_refund();
-        self.in_background(move |this| async move { this.dead_letter(raw, &reason, None).await });
+        self.in_background(move |this| async move { this.dead_letter(raw, &reason, None, None).await });
     }
 
     /// Like [`Consumer::next_blocking`] without waiting at all.
@@ -486,7 +486,7 @@ impl Consumer {
         match decode(&self.queue, &raw) {
             Ok(message) => Some(self.hand_out(message, Arc::new(raw))),
             Err(undecodable) => {
-                let _ = self.dead_letter(raw, &undecodable.reason, None).await;
+                let _ = self.dead_letter(raw, &undecodable.reason, None, None).await;
                 None
             }
         }

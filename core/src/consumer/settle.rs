@@ -1,6 +1,7 @@
 //! How a handler's outcome becomes a settlement: accept, or a copy in the background, counted and reported.
 
 use crate::ack::{Guarded, Outcome, Settlement, Verdict};
+use crate::backtrace::Backtrace;
 use crate::error::{Error, Result};
 use crate::events::{self, Event, ProcessOutcome};
 use crate::wire::RawDelivery;
@@ -62,6 +63,13 @@ fn settled_span(span: &tracing::Span, settlement: &Settlement) -> tracing::Span 
     span.clone()
 }
 
+/// A backtrace is a failure's: beside an outcome that is not
+/// [`Outcome::Raised`] it is dropped, so a retry asked for with an `Ack`
+/// never carries one.
+fn raised_backtrace(outcome: &Outcome, backtrace: Option<Backtrace>) -> Option<Backtrace> {
+    backtrace.filter(|_| matches!(outcome, Outcome::Raised { .. }))
+}
+
 /// Settlements running on the runtime (see [`Consumer::settle_later`]):
 /// how many, and the errors they met, for the caller to collect.
 #[derive(Default)]
@@ -103,7 +111,8 @@ impl Consumer {
     ///
     /// As [`Consumer::settle`].
     pub async fn settle_guarded(&self, delivery: impl Into<Settler>, guarded: Guarded) -> Result<()> {
-        let Guarded { outcome, verdict, counts } = guarded;
+        let Guarded { outcome, verdict, counts, backtrace } = guarded;
+        let backtrace = raised_backtrace(&outcome, backtrace);
         let settler = delivery.into();
         if !self.owns(&settler) {
             return Err(not_ours(&settler));
@@ -116,12 +125,21 @@ impl Consumer {
         let settlement = outcome.settlement();
         let span = settled_span(&settler.span, &settlement);
         let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
-        tracing::Instrument::instrument(self.settle_raw(settler.raw, attempt, settlement, turnaround), span).await
+        tracing::Instrument::instrument(self.settle_raw(settler.raw, attempt, settlement, turnaround, backtrace), span).await
     }
 
     /// The settlement's rules, for a delivery already claimed by whoever
     /// settles it (its handler, or its deadline).
-    pub(super) async fn settle_raw(&self, raw: Arc<RawDelivery>, attempt: u32, settlement: Settlement, turnaround: Turnaround) -> Result<()> {
+    /// `backtrace` goes on a retry's or reject's copy (`x-acemq-backtrace`),
+    /// replacing the one a previous failure left there.
+    pub(super) async fn settle_raw(
+        &self,
+        raw: Arc<RawDelivery>,
+        attempt: u32,
+        settlement: Settlement,
+        turnaround: Turnaround,
+        backtrace: Option<Backtrace>,
+    ) -> Result<()> {
         let facts = crate::events::enabled().then(|| ProcessFacts::of(&raw, attempt, &settlement));
         let settled = match settlement {
             Settlement::Accept => {
@@ -132,10 +150,10 @@ impl Consumer {
             // A copy is made of it: the watch has let go of its share by
             // now (claimed), so this takes the delivery without copying.
             Settlement::Retry { reason, error_class } => {
-                self.retry_or_exhaust(Arc::unwrap_or_clone(raw), attempt, &reason, error_class.as_deref()).await
+                self.retry_or_exhaust(Arc::unwrap_or_clone(raw), attempt, &reason, error_class.as_deref(), backtrace.as_ref()).await
             }
             Settlement::Reject { reason, error_class } => self
-                .dead_letter(Arc::unwrap_or_clone(raw), &reason, error_class.as_deref())
+                .dead_letter(Arc::unwrap_or_clone(raw), &reason, error_class.as_deref(), backtrace.as_ref())
                 .await
                 .map(|()| ProcessOutcome::DeadLettered),
             Settlement::Wait { reason, up_to } => self.wait(Arc::unwrap_or_clone(raw), attempt, &reason, up_to).await,
@@ -195,7 +213,8 @@ impl Consumer {
     /// [`Consumer::settle_later`] with the idempotency guard's verdict
     /// beside the outcome (see [`Consumer::settle_guarded`]).
     pub fn settle_later_guarded(self: &Arc<Self>, delivery: impl Into<Settler>, guarded: Guarded) {
-        let Guarded { outcome, verdict, counts } = guarded;
+        let Guarded { outcome, verdict, counts, backtrace } = guarded;
+        let backtrace = raised_backtrace(&outcome, backtrace);
         let settler = delivery.into();
         if matches!(outcome, Outcome::Ack(crate::ack::Ack::Accept)) {
             self.accept_as(settler, verdict);
@@ -214,7 +233,7 @@ impl Consumer {
         let span = settled_span(&settler.span, &settlement);
         let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
         self.in_background(move |this| {
-            tracing::Instrument::instrument(async move { this.settle_raw(settler.raw, attempt, settlement, turnaround).await }, span)
+            tracing::Instrument::instrument(async move { this.settle_raw(settler.raw, attempt, settlement, turnaround, backtrace).await }, span)
         });
     }
 

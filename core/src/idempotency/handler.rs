@@ -112,11 +112,11 @@ where
             other => return other.guarded_without_running().expect("only Run runs the handler"),
         };
         let mut pending = Pending { guard: &self.guard, store: &self.store, key: Some(key) };
-        let outcome = self.handler.handle(message).await.into();
+        let guarded: Guarded = self.handler.handle(message).await.into();
         let key = pending.key.take().expect("the key is taken once");
         // An error here is counted by the guard; the outcome stands (see Guard::after).
-        let _ = self.guard.after_async(&self.store, &key, &outcome).await;
-        outcome.into()
+        let _ = self.guard.after_async(&self.store, &key, &guarded.outcome).await;
+        guarded
     }
 }
 

@@ -345,9 +345,11 @@ module AceMQ
 
       # Up to limit: dead letters in {queue}.dlq, oldest first, left where
       # they are: each a Hash of id, type, attempt, reason, error_class,
-      # failed_at (a Time), body (the bytes as they arrived), exchange and
-      # routing_key (where it was first published), headers and history
-      # (x-acemq-history: earlier failures, oldest first).
+      # backtrace (x-acemq-backtrace: where the error was raised, its first
+      # frames one a line; nil when it had none), failed_at (a Time), body
+      # (the bytes as they arrived), exchange and routing_key (where it was
+      # first published), headers and history (x-acemq-history: earlier
+      # failures, oldest first).
       def peek_dead_letters(queue, limit: 10)
         browse_dead_letters(queue, limit: limit)[:dead_letters]
       end
@@ -378,7 +380,7 @@ module AceMQ
       def self.dead_letter_hash(d)
         headers = d.headers
         { id: d.id, type: d.type, attempt: d.attempt, reason: d.reason, error_class: d.error_class,
-          failed_at: d.failed_at && Time.at(d.failed_at), body: d.body, exchange: d.exchange,
+          backtrace: d.backtrace, failed_at: d.failed_at && Time.at(d.failed_at), body: d.body, exchange: d.exchange,
           routing_key: d.routing_key, headers: headers, history: Array(headers["x-acemq-history"]) }
       end
 

@@ -42,8 +42,12 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
   if ENV["LOG_DELIVERIES"]
     idempotent store: STORE, key: lambda { |m|
       File.open(ENV.fetch("LOG"), "a") do |f|
+        # The last field: whether this copy came back from a rung of the
+        # ladder (a retry, or a wait for a claim): the ordering drill counts
+        # them, and the order of every copy.
         f.puts("delivery #{m.payload.fetch('order_id')} #{format('%.6f', Time.now.to_f)} " \
-               "#{m.delivery&.redelivered? ? 'redelivered' : 'first'}")
+               "#{m.delivery&.redelivered? ? 'redelivered' : 'first'} " \
+               "#{m.attempt > 1 || m.headers.key?('x-acemq-waits') ? 'ladder' : 'queue'}")
       end
       m.envelope&.id
     }
@@ -62,7 +66,8 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
   def call(message)
     order = message.payload.fetch("order_id")
     # Whether this copy went round the ladder (a retry, or a wait for a dead
-    # runner's claim): the ordering drill leaves those out of its check.
+    # runner's claim): the ordering drill counts them (and checks their order
+    # with every other copy's).
     log("start", order, message.attempt > 1 || message.headers.key?("x-acemq-waits") ? "retried" : "first")
     ActiveRecord::Base.transaction do
       DrillCharge.create!(order_id: order, pid: Process.pid)

@@ -3,27 +3,33 @@
 require_relative "phase"
 
 module Drill
-  # h. Order per key across runners (issue 36): a consumer partitioned 8
-  # ways by account (queue.p0 … queue.p7, each single active consumer),
-  # three runners, 10,000 orders over 100 accounts published in order, and
-  # kill -9 of the runner that is consuming, mid-run. Every account's orders
-  # must be charged in the order they were published (leaving out the copies
-  # that went round the retry ladder: a redelivery that waited out the dead
-  # runner's claim), none lost, none charged twice; and the takeover (from
-  # the kill to the first charge by another runner) is measured.
+  # h. Order per key across runners (issue 36), under the idempotent guard
+  # (issue 49): a consumer partitioned 8 ways by account (queue.p0 …
+  # queue.p7, each single active consumer), charging through the shipped
+  # ActiveRecord store, three runners, 10,000 orders over 100 accounts
+  # published in order, and kill -9 of the runner that is consuming while
+  # one of its handlers is running, so it dies holding a claim. Every
+  # account's orders must be charged in the order they were published,
+  # counting every copy (the queue's, a redelivery, one back from the
+  # ladder), none lost, none charged twice; the copies that went round the
+  # ladder are counted, and the takeover (from the kill to the next charge
+  # of each partition the dead runner was consuming) is measured.
   class PartitionOrder < Phase
     TITLE = "per-key order, 3 runners, kill -9"
-    MESSAGES = 10_000
+    MESSAGES = Integer(ENV.fetch("DRILL_ORDER_MESSAGES", "10000"))
     KEYS = 100
     PARTITIONS = 8
     RUNNERS = 3
+    # Each charge holds its transaction open this long, so a kill lands
+    # inside a handler (its key claimed, its charge not committed).
+    WORK = 0.005
 
     def run
       queue = "drill-#{tag}-order"
       charges, keys = db.charge_tables("drill_#{tag}_order")
       env = runner_env(queue: queue, origin: "drill-#{tag}-order", charges: charges, keys: keys,
-                       extra: { "PARTITIONS" => PARTITIONS.to_s, "WORK_SECONDS" => "0", "PREFETCH" => "20",
-                                "POOL" => (PARTITIONS + 2).to_s })
+                       extra: { "PARTITIONS" => PARTITIONS.to_s, "WORK_SECONDS" => WORK.to_s, "PREFETCH" => "20",
+                                "POOL" => (PARTITIONS + 2).to_s, "LOG_DELIVERIES" => "1" })
       # One after another: the first to subscribe is each partition's active
       # consumer, the others wait behind it.
       RUNNERS.times { spawn_runner(env).await_running }
@@ -44,6 +50,9 @@ module Drill
       ids = all.map { |o| o["order_id"] }
       Drill.eventually(60, "a third of the orders charged") { db.charged(charges) >= MESSAGES / 3 }
       victim = @runners.max_by { |r| r.handled.size }
+      # In the middle of a handler: its key claimed, its charge not yet
+      # committed. The kill then leaves a claim of a dead runner behind.
+      Drill.eventually(5, "runner #{victim.pid} to be in a handler", interval: 0.001) { !in_flight(victim).empty? }
       killed = Time.now.to_f
       victim.kill9
       result.faults = 1
@@ -54,16 +63,23 @@ module Drill
       dead = depths(queue).select { |name, _| name.end_with?(".dlq") }.sum { |_, (ready, _)| ready }
       fail!("#{dead} dead-lettered across the partitions") unless dead.zero?
 
-      takeover = back_at_work(killed, @runners - [victim])
-      fail!("no other runner charged after the kill") unless takeover
+      cut = in_flight(victim)
+      fail!("the kill cut no handler: nothing tested the dead runner's claims") if cut.empty?
+      others = @runners - [victim]
+      took = takeovers(killed, victim, others, queue)
+      fail!("no other runner charged a partition of the dead runner after the kill") if took.empty?
       out_of_order, retried = order_breaks
+      ladder = ladder_copies
+      result.recovery = format("takeover %s", seconds(took.values))
+      result.worst = took.values.max
+      by_runner = @runners.map { |r| r.handled.count { |l| l.start_with?("charged ") } }
+      result.notes = "#{KEYS} accounts over #{PARTITIONS} partitions, every copy checked: #{out_of_order.size} " \
+                     "out of order; #{cut.size} handlers cut by the kill (#{cut.first(3).join(', ')}); " \
+                     "#{ladder} copies round the ladder (#{retried} of them charged); " \
+                     "takeover per partition #{took.map { |q, t| format('%s %.2fs', q.split('.').last, t) }.join(', ')}; " \
+                     "charged per runner #{by_runner.join('/')}; #{reruns} re-run after the kill"
       fail!("#{out_of_order.size} orders charged before an earlier order of their account: #{out_of_order.first(5).join(', ')}") unless out_of_order.empty?
 
-      result.recovery = format("takeover %.2fs", takeover)
-      result.worst = takeover
-      by_runner = @runners.map { |r| r.handled.count { |l| l.start_with?("charged ") } }
-      result.notes = "#{KEYS} accounts in order over #{PARTITIONS} partitions; #{retried} copies round the ladder " \
-                     "left out; charged per runner #{by_runner.join('/')}; #{reruns} re-run after the kill"
       stop_runners
     end
 
@@ -75,8 +91,43 @@ module Drill
       depths(queue).reject { |name, _| name.end_with?(".dlq") }.values.all? { |ready, unacked| ready.zero? && unacked.zero? }
     end
 
-    # Orders charged before an earlier order of the same account, among the
-    # copies that did not go round the ladder; and how many did.
+    # Orders whose handler r started and had not finished (charged) when
+    # last read: each holds its claim.
+    def in_flight(r)
+      started = []
+      done = {}
+      r.handled.each do |line|
+        what, order, = line.split
+        started << order if what == "start"
+        done[order] = true if what == "charged"
+      end
+      started.reject { |o| done[o] }
+    end
+
+    # { partition queue => seconds from the kill to its next charge by
+    # another runner }, for every partition the dead runner charged in its
+    # last second (what it was consuming when it died).
+    def takeovers(killed, victim, others, queue)
+      part = ->(order) { AceMQ::AMQP.partition_queue(queue, order.split("-").first, PARTITIONS) }
+      held = runs([victim]).select { |_, c, _, _| c > killed - 1 }.map { |_, _, o, _| part.(o) }
+      held |= in_flight(victim).map(&part)
+      after = runs(others).select { |s, _, _, _| s > killed }
+      held.sort.filter_map do |q|
+        first = after.select { |_, _, o, _| part.(o) == q }.map { |_, c, _, _| c }.min
+        [q, first - killed] if first
+      end.to_h
+    end
+
+    # Copies of any order that came back from a rung of the ladder (a
+    # retry, or a wait for a claim), as the guard's key function saw them.
+    def ladder_copies
+      @runners.sum { |r| r.handled.count { |l| l.start_with?("delivery ") && l.split[4] == "ladder" } }
+    end
+
+    # Orders charged before an earlier order of the same account, over
+    # every copy that was charged (from the queue, redelivered, or back
+    # from the ladder); and how many of the charged copies had been round
+    # the ladder.
     def order_breaks
       charged = {}
       retried = 0
@@ -89,12 +140,8 @@ module Drill
           if what == "start"
             started[order] = note
           elsif what == "charged"
-            note = started.delete(order)
-            if note == "retried"
-              retried += 1
-            else
-              charged[order] = Float(t)
-            end
+            retried += 1 if started.delete(order) == "retried"
+            charged[order] = [charged[order], Float(t)].compact.min
           end
         end
       end

@@ -58,6 +58,34 @@ fn store_failed(e: &crate::error::Error) -> Before {
     })
 }
 
+/// The first wait of a delivery held in place ([`Guard::recheck_async`]):
+/// short, because the usual reason for a claim elsewhere on a partition is
+/// a runner that was just killed, and its claim is taken over as soon as
+/// its process has exited (see [`SqlIdempotencyStore`](super::SqlIdempotencyStore)).
+pub const HOLD_POLL_FIRST: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The longest wait between two looks of a delivery held in place: a claim
+/// confirmed, forgotten or expired is seen within this much (two statements
+/// a look, one held delivery per partition at most).
+pub const HOLD_POLL_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a delivery is held in place at most when its key is claimed by
+/// another worker that is not provably dead: the claim's lease (a claim
+/// lives at most `claim_timeout` from when it was written, so from now too)
+/// and one more look. A claim still live after that was written after the
+/// hold began (somebody else claimed the key meanwhile), and the delivery
+/// then goes round the ladder as before.
+pub fn hold_limit(claim_timeout: std::time::Duration) -> std::time::Duration {
+    claim_timeout.saturating_add(HOLD_POLL_MAX)
+}
+
+/// The wait before the next look of a held delivery, after waiting
+/// `previous` (None before the first): doubling from [`HOLD_POLL_FIRST`]
+/// to [`HOLD_POLL_MAX`].
+pub fn next_hold_poll(previous: Option<std::time::Duration>) -> std::time::Duration {
+    previous.map_or(HOLD_POLL_FIRST, |p| p.saturating_mul(2).min(HOLD_POLL_MAX))
+}
+
 /// What to do with a delivery, decided before the handler runs.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Before {
@@ -148,6 +176,11 @@ pub struct GuardStats {
     /// Handlers that never finished (a Rust future dropped or panicking, a
     /// Ruby thread killed): their key was forgotten.
     pub abandoned: u64,
+    /// Deliveries of a keep_order consumer held in place because their key
+    /// was claimed by another worker ([`Guard::hold_started`]): waited for,
+    /// polling the store, instead of going round the ladder behind later
+    /// messages of their key.
+    pub held: u64,
     /// Deliveries that found their key claimed by another handler (live,
     /// unconfirmed): sent round the ladder to wait rather than accepted, so
     /// that if that handler died the message still runs once its claim
@@ -176,6 +209,7 @@ pub struct Guard {
     forget_errors: AtomicU64,
     abandoned: AtomicU64,
     in_progress: AtomicU64,
+    held: AtomicU64,
 }
 
 fn bump(c: &AtomicU64) {
@@ -219,16 +253,40 @@ impl Guard {
                 });
             }
         };
+        self.claim(store, key, false).await
+    }
+
+    /// A delivery held in place asks again ([`Before::InProgress`] from
+    /// [`before_async`](Self::before_async), on a keep_order consumer):
+    /// the same decision, except that a key still claimed elsewhere is not
+    /// counted or reported again. Called every [`next_hold_poll`] for at
+    /// most [`hold_limit`], by the Rust [`Idempotent`](super::Idempotent)
+    /// with `keep_order` and by the Ruby guard with `keep_order: true`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe, as [`before_async`](Self::before_async).
+    pub async fn recheck_async<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str) -> Before {
+        self.claim(store, key, true).await
+    }
+
+    /// Count and report a delivery held in place (once per hold).
+    pub fn hold_started(&self, key: &str) {
+        bump(&self.held);
+        crate::events::idempotency("held", Some(key), None);
+    }
+
+    async fn claim<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str, again: bool) -> Before {
         match store.first_time_async(key).await {
             Ok(true) => {
                 bump(&self.runs);
                 Before::Run { key: key.to_string() }
             }
-            Ok(false) => self.not_first(store, key).await,
+            Ok(false) => self.not_first(store, key, again).await,
             Err(e) => {
                 bump(&self.store_errors);
                 crate::events::idempotency("store_error", Some(key), Some(e.to_string()));
-store_failed(&e)
+                store_failed(&e)
             }
         }
     }
@@ -243,7 +301,9 @@ store_failed(&e)
     /// it is taken over and runs. A store that cannot say what is confirmed
     /// (one answering only `first_time?`) gets the seed's two-state rule:
     /// not first is a duplicate.
-    async fn not_first<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str) -> Before {
+    /// `again`: a held delivery asking again, whose claim elsewhere was
+    /// counted and reported the first time.
+    async fn not_first<S: AsyncIdempotencyStore + ?Sized>(&self, store: &S, key: &str, again: bool) -> Before {
         if !(store.can_confirm() && store.answers_confirmed()) {
             bump(&self.duplicates);
             crate::events::idempotency("duplicate", Some(key), None);
@@ -256,8 +316,10 @@ store_failed(&e)
                 Before::Duplicate
             }
             Ok(false) => {
-                bump(&self.in_progress);
-                crate::events::idempotency("in_progress", Some(key), None);
+                if !again {
+                    bump(&self.in_progress);
+                    crate::events::idempotency("in_progress", Some(key), None);
+                }
                 Before::InProgress {
                     reason: format!(
                         "idempotency key {key:?} is claimed by a handler that has not finished; waiting (without spending an attempt) so that it runs if that handler died (its claim expires after the claim timeout)"
@@ -304,7 +366,7 @@ store_failed(&e)
                         bump(&self.runs);
                         Before::Run { key: key.to_string() }
                     } else {
-                        self.not_first(store, key).await
+                        self.not_first(store, key, false).await
                     });
                 }
             }
@@ -422,6 +484,11 @@ store_failed(&e)
         run(self.before_async(store, key))
     }
 
+    /// [`recheck_async`](Self::recheck_async) with a blocking store.
+    pub fn recheck(&self, store: &dyn IdempotencyStore, key: &str) -> Before {
+        run(self.recheck_async(store, key))
+    }
+
     /// [`before_many_async`](Self::before_many_async) with a blocking store.
     pub fn before_many(&self, store: &dyn IdempotencyStore, keys: &[Option<&str>]) -> Vec<Before> {
         run(self.before_many_async(store, keys))
@@ -471,6 +538,7 @@ store_failed(&e)
             confirm_errors: get(&self.confirm_errors),
             forget_errors: get(&self.forget_errors),
             abandoned: get(&self.abandoned),
+            held: get(&self.held),
             claimed_elsewhere: get(&self.in_progress),
             #[allow(deprecated)]
             in_progress: get(&self.in_progress),

@@ -1,7 +1,7 @@
 //! The guard wrapped around a Rust async handler: `Patterns.idempotent` for
 //! Rust services.
 
-use super::guard::{Before, Guard};
+use super::guard::{hold_limit, next_hold_poll, Before, Guard};
 use super::store::AsyncIdempotencyStore;
 use crate::ack::{Guarded, Outcome};
 use crate::message::Message;
@@ -42,6 +42,7 @@ pub struct Idempotent<S, H> {
     key: KeyFn,
     handler: H,
     guard: Arc<Guard>,
+    keep_order: bool,
 }
 
 /// Wrap `handler` in the guard: `key` finds the key (default: the envelope id).
@@ -64,7 +65,7 @@ where
 {
     /// Wrap `handler`, keyed by the envelope id.
     pub fn new(store: S, handler: H) -> Self {
-        Idempotent { store, key: Arc::new(default_key), handler, guard: Arc::new(Guard::new()) }
+        Idempotent { store, key: Arc::new(default_key), handler, guard: Arc::new(Guard::new()), keep_order: false }
     }
 
     /// Key messages with `key` instead of the envelope id.
@@ -76,6 +77,21 @@ where
     /// Count into `guard` (e.g. one shared with a metrics exporter).
     pub fn with_guard(mut self, guard: Arc<Guard>) -> Self {
         self.guard = guard;
+        self
+    }
+
+    /// For a consumer whose order matters (a partition, a single active
+    /// consumer with `keep_order`): a message whose key another worker
+    /// holds a live claim on waits here, in place, polling the store
+    /// ([`Guard::recheck_async`]), until the claim is confirmed (a
+    /// duplicate: accepted unrun), forgotten or expired (it runs), for at
+    /// most [`hold_limit`] of the claim timeout. Without it the message
+    /// would go round the retry ladder and run after later messages of its
+    /// key. The partition stalls meanwhile, which is what its order asks.
+    /// A claim whose worker has provably exited is taken over by the store
+    /// at once, so the usual hold after a kill is one look.
+    pub fn keep_order(mut self) -> Self {
+        self.keep_order = true;
         self
     }
 
@@ -107,7 +123,11 @@ where
     /// outcome for a message it settled unrun (what the consumer settles).
     pub async fn handle_guarded(&self, message: Message) -> Guarded {
         let key = (self.key)(&message);
-        let key = match self.guard.before_async(&self.store, key.as_deref()).await {
+        let mut before = self.guard.before_async(&self.store, key.as_deref()).await;
+        if let (true, Before::InProgress { wait: Some(lease), .. }, Some(key)) = (self.keep_order, &before, key.as_deref()) {
+            before = self.hold(key, *lease, before).await;
+        }
+        let key = match before {
             Before::Run { key } => key,
             other => return other.guarded_without_running().expect("only Run runs the handler"),
         };
@@ -117,6 +137,33 @@ where
         // An error here is counted by the guard; the outcome stands (see Guard::after).
         let _ = self.guard.after_async(&self.store, &key, &guarded.outcome).await;
         guarded
+    }
+}
+
+impl<S, H> Idempotent<S, H>
+where
+    S: AsyncIdempotencyStore,
+    H: Handler,
+{
+    /// Hold a delivery whose key is claimed elsewhere (see
+    /// [`keep_order`](Self::keep_order)): what the store answers once the
+    /// claim is resolved, or `held` unchanged past [`hold_limit`].
+    async fn hold(&self, key: &str, lease: Duration, held: Before) -> Before {
+        self.guard.hold_started(key);
+        let until = tokio::time::Instant::now() + hold_limit(lease);
+        let mut poll = None;
+        loop {
+            let wait = next_hold_poll(poll);
+            poll = Some(wait);
+            if tokio::time::Instant::now() + wait > until {
+                return held;
+            }
+            tokio::time::sleep(wait).await;
+            let now = self.guard.recheck_async(&self.store, key).await;
+            if !matches!(now, Before::InProgress { .. }) {
+                return now;
+            }
+        }
     }
 }
 

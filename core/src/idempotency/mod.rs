@@ -43,6 +43,7 @@ mod handler;
 mod key;
 mod memory;
 mod options;
+mod owner;
 mod rules;
 mod sql;
 mod sql_async;
@@ -51,7 +52,10 @@ mod store;
 mod values;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use guard::{Before, Guard, GuardStats, INVALID_KEY_CLASS, MISSING_KEY_CLASS, MISSING_KEY_MESSAGE, STORE_OUTAGE_WAIT};
+pub use guard::{
+    hold_limit, next_hold_poll, Before, Guard, GuardStats, HOLD_POLL_FIRST, HOLD_POLL_MAX, INVALID_KEY_CLASS,
+    MISSING_KEY_CLASS, MISSING_KEY_MESSAGE, STORE_OUTAGE_WAIT,
+};
 pub use handler::{default_key, idempotent, Idempotent, KeyFn};
 pub use key::key_text;
 pub use memory::InMemoryIdempotencyStore;

@@ -9,7 +9,8 @@ use super::clock::{Clock, SystemClock};
 use super::options::{SqlIdempotencyOptions, TimeColumns};
 use crate::error::{Error, Result};
 use super::statements::{Statements, CLAIM_ROWS, CONFIRMED, CONFIRM_ROWS, MYSQL_KEY_BYTES};
-use super::values;
+use super::{owner, values};
+use crate::sql::placeholders::MAX_PARAMS;
 use crate::sql::time::{datetime_text, millis};
 use crate::sql::{AsyncSqlConnection, Dialect, SqlValue, WorkerId};
 use std::collections::{BTreeSet, HashSet};
@@ -218,7 +219,45 @@ impl Keys {
                 mine.insert(values::text(&row, 0, "message_id")?);
             }
         }
+        self.take_over_dead(c, &distinct, &mut mine, &worker, &now, &expires).await?;
         Ok(in_order(keys, &mine))
+    }
+
+    /// Of `keys`, those this claim did not win and whose claim is held by a
+    /// worker that is provably dead ([`owner::provably_dead`]: a pid of
+    /// this host that has exited) are taken over now, rather than after the
+    /// claim timeout: into `mine`. A dead worker cannot confirm, forget or
+    /// run anything, so waiting out its lease only holds the message (and,
+    /// on a partition, every later message of its key) back. One `SELECT`
+    /// of the lost keys' workers, then a compare-and-set per dead one.
+    async fn take_over_dead<C: AsyncSqlConnection>(
+        &self,
+        c: &C,
+        keys: &[&str],
+        mine: &mut HashSet<String>,
+        worker: &SqlValue,
+        now: &SqlValue,
+        expires: &SqlValue,
+    ) -> Result<()> {
+        let lost: Vec<&str> = keys.iter().copied().filter(|k| !mine.contains(*k)).collect();
+        let s = self.statements(c.dialect());
+        for chunk in lost.chunks(MAX_PARAMS) {
+            let params: Vec<SqlValue> = chunk.iter().map(|k| SqlValue::Text((*k).to_owned())).collect();
+            for row in c.query(&s.owners(chunk.len()), &params).await? {
+                let Some(SqlValue::Text(dead)) = row.get(1) else { continue };
+                if !owner::provably_dead(dead) {
+                    continue;
+                }
+                let key = values::text(&row, 0, "message_id")?;
+                let params =
+                    [worker.clone(), now.clone(), expires.clone(), SqlValue::Text(key.clone()), SqlValue::Text(dead.clone())];
+                if c.execute(&s.take_over, &params).await? > 0 {
+                    crate::events::idempotency("taken_over", Some(&key), Some(format!("claimed by {dead}, which has exited")));
+                    mine.insert(key);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// [`claim_batch`](Self::claim_batch) on MySQL with datetime columns:
@@ -246,6 +285,8 @@ impl Keys {
                 mine.insert(key.to_owned());
             }
         }
+        let all: Vec<&str> = keys.iter().copied().collect::<BTreeSet<_>>().into_iter().collect();
+        self.take_over_dead(c, &all, &mut mine, &worker, &now, &expires).await?;
         Ok(in_order(keys, &mine))
     }
 

@@ -82,6 +82,12 @@ pub(crate) struct Statements {
     /// MySQL with datetime columns: the claim of one key, and its takeover
     /// (see the module's doc); `None` elsewhere.
     pub(crate) claim_one: Option<(String, String)>,
+    /// The takeover of a claim whose worker is provably dead (`owner.rs`):
+    /// a compare-and-set on the dead worker's id, so that of two takers one
+    /// wins and a claim confirmed meanwhile (its handler's commit landing
+    /// after its process died) is never touched. Parameters: worker, now,
+    /// expires, key, the dead worker.
+    pub(crate) take_over: String,
 }
 
 impl Statements {
@@ -141,6 +147,10 @@ impl Statements {
             forget: p(format!("DELETE FROM {t} WHERE message_id = ? AND state = '{CLAIMED}' AND claimed_by = ?")),
             state: p(format!("SELECT state FROM {t} WHERE message_id = ?")),
             purge: p(format!("DELETE FROM {t} WHERE expires_at < {at}")),
+            take_over: p(format!(
+                "UPDATE {t} SET claimed_by = ?, recorded_at = {at}, expires_at = {at} \
+                 WHERE message_id = ? AND state = '{CLAIMED}' AND claimed_by = ?"
+            )),
             claim_one: (dialect == Dialect::Mysql && times == TimeColumns::DatetimeUtc).then(|| {
                 (
                     format!(
@@ -195,6 +205,19 @@ impl Statements {
              AND recorded_at = ? AND expires_at = ?",
             self.table,
             marks(rows)
+        )
+    }
+
+    /// The workers of those of `rows` keys that are claimed (not
+    /// confirmed): `message_id, claimed_by`. Parameters: the keys.
+    pub(crate) fn owners(&self, rows: usize) -> String {
+        number(
+            self.dialect,
+            &format!(
+                "SELECT message_id, claimed_by FROM {} WHERE message_id IN ({}) AND state = '{CLAIMED}'",
+                self.table,
+                marks(rows)
+            ),
         )
     }
 

@@ -127,6 +127,24 @@ impl RbGuard {
         Ok(decision)
     }
 
+    /// A delivery held in place asks again (core's `Guard::recheck`): the
+    /// Decision, with a claim still live elsewhere not counted or reported
+    /// again. The first look of a hold counts it and reports it (`held`).
+    fn recheck(ruby: &Ruby, rb_self: &Self, store: Value, key: Value, first: bool, message: Value) -> Result<RbDecision, Error> {
+        let Ok(Some(key)) = super::key_or_refusal(ruby, key)? else {
+            return Err(Error::new(ruby.exception_arg_error(), "_recheck: the key of a held delivery is text"));
+        };
+        let (before, events) = guarded(ruby, store, |s| {
+            if first {
+                rb_self.inner.hold_started(&key);
+            }
+            rb_self.inner.recheck(s, &key)
+        })?;
+        let decision = decided(ruby, before, None)?;
+        deliver(ruby, events, |_| (message, None))?;
+        Ok(decision)
+    }
+
     /// Settle the key after the handler: `result` is what it produced (an
     /// Ack, the StandardError it raised, anything else), read as the
     /// consumer reads it. Nil, or the message of a confirm/forget that
@@ -222,6 +240,7 @@ impl RbGuard {
             ("confirm_errors", s.confirm_errors),
             ("forget_errors", s.forget_errors),
             ("abandoned", s.abandoned),
+            ("held", s.held),
             ("in_progress", s.claimed_elsewhere),
         ] {
             h.aset(ruby.to_symbol(name), n)?;
@@ -235,6 +254,11 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_singleton_method("new", function!(RbGuard::new, 0))?;
     class.define_method("_before", method!(RbGuard::before, 4))?;
     class.define_method("_after", method!(RbGuard::after, 4))?;
+    class.define_method("_recheck", method!(RbGuard::recheck, 4))?;
+    // How a keep_order guard holds a delivery whose key is claimed
+    // elsewhere: core's schedule, so Ruby and Rust wait alike.
+    class.const_set("HOLD_POLL_FIRST", acemq::idempotency::HOLD_POLL_FIRST.as_secs_f64())?;
+    class.const_set("HOLD_POLL_MAX", acemq::idempotency::HOLD_POLL_MAX.as_secs_f64())?;
     class.define_method("_abandon", method!(RbGuard::abandon, 3))?;
     class.define_method("_before_many", method!(RbGuard::before_many, 4))?;
     class.define_method("_after_many", method!(RbGuard::after_many, 4))?;

@@ -28,17 +28,17 @@ module AceMQ
       # id); prefix it, because one table serves every consumer. The returned
       # Proc answers stats (the guard's counters; :duplicates is the one to
       # graph) and guard.
-      def self.idempotent(store, key: nil, &handler)
+      def self.idempotent(store, key: nil, keep_order: false, &handler)
         raise ConfigurationError, "Patterns.idempotent needs a block: the handler it guards" unless handler
 
-        Idempotent.build(with_idempotency(store, key: key), handler)
+        Idempotent.build(with_idempotency(store, key: key, keep_order: keep_order), handler)
       end
 
       # The same guard as middleware, for a pipeline:
       #
       #   Patterns.pipeline(Patterns.with_idempotency(store), handler)
-      def self.with_idempotency(store, key: nil)
-        Idempotency.new(store, key: key)
+      def self.with_idempotency(store, key: nil, keep_order: false)
+        Idempotency.new(store, key: key, keep_order: keep_order)
       end
 
       # A store option given in seconds, as a Float, or a ConfigurationError

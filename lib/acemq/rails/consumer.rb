@@ -279,7 +279,13 @@ module AceMQ
         def pipeline(instance)
           guard = idempotency
           handler = if guard
-                      AMQP::Patterns.idempotent(guard[:store], key: guard[:key]) { |m| Replying.to(m) { instance.call(m) } }
+                      # A partition or single active consumer: a message whose
+                      # key a dead or slow runner still claims waits in place
+                      # rather than round the ladder (docs/ordering.md).
+                      AMQP::Patterns.idempotent(guard[:store], key: guard[:key],
+                                                               keep_order: !partitions.nil? || single_active_consumer) do |m|
+                        Replying.to(m) { instance.call(m) }
+                      end
                     else
                       instance.respond_to?(:call_many) ? instance : Replying.wrap(instance)
                     end

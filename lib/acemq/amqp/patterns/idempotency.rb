@@ -30,7 +30,11 @@ module AceMQ
 
         attr_reader :store, :guard
 
-        def initialize(store, key: nil)
+        # keep_order: for a consumer whose order matters (a partition, a
+        # single active consumer): a message whose key another worker holds a
+        # live claim on waits here, in place, instead of going round the
+        # ladder behind later messages of its key (see #hold).
+        def initialize(store, key: nil, keep_order: false)
           unless store.respond_to?(:first_time?)
             raise ConfigurationError, "#{store.inspect} is not an idempotency store: it must answer first_time?(key) " \
                                       "(and may answer confirm(key), forget(key), confirmed?(key))"
@@ -41,8 +45,11 @@ module AceMQ
 
           @store = store
           @key = key || DEFAULT_KEY
+          @keep_order = keep_order ? true : false
           @guard = NativeGuard.new
         end
+
+        def keep_order? = @keep_order
 
         # The middleware: app is the guarded handler. The engine's guard
         # decides whether it runs (NativeGuard::Decision), and has delivered
@@ -51,6 +58,7 @@ module AceMQ
         def call(message, app)
           key, why = key_of(message)
           decision = @guard._before(@store, key, why, message)
+          decision = hold(message, key, decision) if @keep_order && decision.event == :in_progress
           decision.run? ? run(message, app, decision.key) : decision.ack
         end
 
@@ -70,6 +78,12 @@ module AceMQ
           begin
             messages.each_with_index do |message, i|
               decision = decisions[i]
+              # Held in place on a keep_order consumer (see #hold), before
+              # the later messages of the batch run.
+              if @keep_order && decision.event == :in_progress
+                decision = decisions[i] = hold(message, found[i].first, decision)
+                pending.unshift(decision.key) if decision.run?
+              end
               # Unrun: its event was delivered as the guard decided.
               next results[i] = decision.ack unless decision.run?
 
@@ -123,6 +137,34 @@ module AceMQ
         rescue StandardError => e
           [nil, "idempotency key: raised #{e.class}: #{e.message.to_s[0, 200]}; the same key: raises again on " \
                 "every retry, so the message is rejected: make key: return nil or text for every message"]
+        end
+
+        # Hold a delivery whose key is claimed by another worker, on a
+        # keep_order consumer: ask the store again (core's schedule: 50 ms,
+        # doubling to 1 s) until the claim is confirmed (a duplicate, accepted
+        # unrun), forgotten or expired (it runs here, now), or for at most the
+        # claim's lease and one more look. The partition stalls meanwhile:
+        # its later messages wait behind this one, which is the order. Sent
+        # round the ladder instead, it would run after them. A claim whose
+        # worker has exited is taken over by the store at the first look.
+        # Past the limit (somebody claimed the key after the hold began) the
+        # first decision stands: round the ladder, as without keep_order.
+        def hold(message, key, decision)
+          lease = claim_timeout
+          return decision unless lease
+
+          limit = Process.clock_gettime(Process::CLOCK_MONOTONIC) + lease + NativeGuard::HOLD_POLL_MAX
+          poll = nil
+          first = true
+          loop do
+            poll = poll ? [poll * 2, NativeGuard::HOLD_POLL_MAX].min : NativeGuard::HOLD_POLL_FIRST
+            return decision if Process.clock_gettime(Process::CLOCK_MONOTONIC) + poll > limit
+
+            sleep poll
+            now = @guard._recheck(@store, key, first, message)
+            first = false
+            return now unless now.event == :in_progress
+          end
         end
 
         def run(message, app, key)

@@ -1,27 +1,40 @@
 # frozen_string_literal: true
 
 # A downstream that fails for 20 s, with and without a circuit breaker
-# (issue 36 part 4). Not part of `rake drill` (it takes a minute): run it
-# against a broker when the breaker's behaviour is in question.
+# (issue 36 part 4), while a stream of bugs runs through the same consumer
+# (issue 49 part 2). Not part of `rake drill` (it takes a minute or two):
+# run it against a broker when the breaker's behaviour is in question.
 #
 #   AMQP_URL=amqp://guest:guest@127.0.0.1:5672 ruby -Ilib drill/breaker.rb
 #
 # Each run: RATE messages a second are published for 2 + OUTAGE + 6 s; one
 # consumer (4 threads, the default retry ladder: 5 attempts, 1-2-4-8 s)
 # calls a "downstream" that takes 5 ms and fails from 2 s to 2 + OUTAGE s
-# after the start. Printed per run: handler calls, attempts spent on failures (copies
-# to the ladder), dead-lettered, the time until every message was accepted;
-# for the breaker run each transition and how long after the downstream came
-# back the breaker closed. The breaker is circuit_breaker failures: 10,
-# within: 30, pause: PAUSE (default 5 s, so a run takes about a minute).
+# after the start (raising Downstream, an IOError); every BUG_EVERY-th
+# message (default 10th) is a bug (NoMethodError) whatever the downstream
+# does. Printed per run: handler calls, attempts spent on failures (copies
+# to the ladder), dead-lettered (bugs, and valid messages), the time until
+# every message was accepted or dead-lettered; for a breaker run each
+# transition and how long after the downstream came back the breaker
+# closed. RUNS (default "none,on"): none, no breaker; on, circuit_breaker
+# failures: 10, within: 30, pause: PAUSE (default 60), probe: PROBE
+# (default 2), on: [IOError]; all, the same without on: (every failure
+# counts, bugs included: with bugs flowing it hardly ever closes, and the
+# run stops at LIMIT).
 $stdout.sync = true
 require "acemq"
 
 URL = ENV.fetch("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
 RATE = Integer(ENV.fetch("RATE", "40"))
 OUTAGE = Float(ENV.fetch("OUTAGE", "20"))
-PAUSE = Float(ENV.fetch("PAUSE", "5"))
+PAUSE = Float(ENV.fetch("PAUSE", "60"))
+PROBE = Float(ENV.fetch("PROBE", "2"))
+BUG_EVERY = Integer(ENV.fetch("BUG_EVERY", "10"))
+RUNS = ENV.fetch("RUNS", "none,on").split(",")
 LIMIT = 120
+
+# The downstream's error.
+class Downstream < IOError; end
 
 def now = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 
@@ -45,17 +58,25 @@ def run(label, breaker)
   calls = 0
   failures_in_outage = 0
   accepted = {}
+  bugs = 0
   lock = Mutex.new
   sub = mq.consume(queue, concurrency: 4, circuit_breaker: breaker) do |message|
     sleep 0.005
     at = now - t0
     down = at >= 2 && at < 2 + OUTAGE
+    bug = (message.payload["n"] % BUG_EVERY) == BUG_EVERY / 2
     lock.synchronize do
       calls += 1
-      failures_in_outage += 1 if down
-      accepted[message.payload["n"]] = true unless down
+      if bug
+        bugs += 1
+      elsif down
+        failures_in_outage += 1
+      else
+        accepted[message.payload["n"]] = true
+      end
     end
-    raise "downstream: 503 Service Unavailable" if down
+    nil.total if bug
+    raise Downstream, "downstream: 503 Service Unavailable" if down
 
     AceMQ::AMQP::Ack.accept
   end
@@ -67,8 +88,10 @@ def run(label, breaker)
   AceMQ.unsubscribe(events)
   mq.close
   cleanup(queue)
-  { label: label, published: published, calls: calls, failed_calls: failures_in_outage, retried: stats[:retried], dead_lettered: dlq,
-    accepted: accepted.size, took: took, transitions: transitions }
+  bug_messages = (0...published).count { |n| (n % BUG_EVERY) == BUG_EVERY / 2 }
+  { label: label, published: published, calls: calls, failed_calls: failures_in_outage, bug_calls: bugs,
+    retried: stats[:retried], dead_lettered: dlq, bugs: bug_messages, accepted: accepted.size, took: took,
+    transitions: transitions }
 end
 
 def dead(mq, queue) = mq.queue_counts("#{queue}.dlq")&.fetch(:ready, 0).to_i
@@ -84,14 +107,17 @@ rescue LoadError, StandardError => e
 end
 
 def report(r)
-  puts format("%-8s calls %5d (failed %4d)  attempts spent %4d  dead-lettered %4d  accepted %4d of %d  in %.1f s",
-              r[:label], r[:calls], r[:failed_calls], r[:retried], r[:dead_lettered], r[:accepted], r[:published], r[:took])
+  puts format("%-8s calls %5d (downstream failed %4d, bugs %4d)  attempts spent %4d  dead-lettered %4d (%d bugs, %d valid)  " \
+              "accepted %4d of %d valid  in %.1f s",
+              r[:label], r[:calls], r[:failed_calls], r[:bug_calls], r[:retried], r[:dead_lettered], r[:bugs],
+              r[:dead_lettered] - r[:bugs], r[:accepted], r[:published] - r[:bugs], r[:took])
   r[:transitions].each { |at, state, reason| puts format("    %6.2f s  %-18s %s", at, state, reason) }
   closed = r[:transitions].find { |at, state, _| state.to_s == "circuit_closed" && at >= 2 + OUTAGE }
   puts format("    closed %.2f s after the downstream came back", closed[0] - (2 + OUTAGE)) if closed
 end
 
-puts "acemq #{AceMQ::VERSION}, #{RATE} messages/s, downstream down from 2 s to #{2 + OUTAGE} s, " \
-     "breaker failures: 10, within: 30, pause: #{PAUSE}"
-report(run("none", nil))
-report(run("breaker", { failures: 10, within: 30, pause: PAUSE }))
+puts "acemq #{AceMQ::VERSION}, #{RATE} messages/s, downstream down from 2 s to #{2 + OUTAGE} s, a bug every " \
+     "#{BUG_EVERY} messages, breaker failures: 10, within: 30, pause: #{PAUSE}, probe: #{PROBE}"
+BREAKERS = { "none" => nil, "on" => { failures: 10, within: 30, pause: PAUSE, probe: PROBE, on: [IOError] },
+             "all" => { failures: 10, within: 30, pause: PAUSE, probe: PROBE } }.freeze
+RUNS.each { |label| report(run(label, BREAKERS.fetch(label))) }

@@ -7,6 +7,7 @@ mod connection;
 mod consumer;
 mod convert;
 mod dead_letter;
+mod dead_letter_store;
 mod delay;
 mod delivery;
 mod errors;
@@ -68,6 +69,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     sql::init(ruby, amqp)?;
     idempotency::init(ruby, amqp)?;
     outbox::init(ruby, amqp)?;
+    dead_letter_store::init(ruby, amqp)?;
     runner::init(ruby, amqp)?;
     events::init(ruby, acemq)?;
     Ok(())

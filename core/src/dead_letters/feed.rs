@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 pub struct DeadLetterFeed {
     link: Link,
     queue: String,
+    closed: std::sync::atomic::AtomicBool,
 }
 
 /// Deliveries taken together, to insert in one transaction and then
@@ -55,7 +56,7 @@ impl DeadLetterFeed {
             return Err(Error::invalid("dead-letter ingest prefetch must be at least 1 (200 is the default)"));
         }
         let link = mq.backend().subscribe_with(&dlq_name(queue), prefetch, true).await?;
-        Ok(DeadLetterFeed { link, queue: queue.to_owned() })
+        Ok(DeadLetterFeed { link, queue: queue.to_owned(), closed: Default::default() })
     }
 
     /// Whether `e` says another consumer has the DLQ (ACCESS_REFUSED).
@@ -112,8 +113,10 @@ impl DeadLetterFeed {
     }
 
     /// Send the last acks and close: what is not acknowledged goes back to
-    /// the DLQ, and another ingester may take it.
-    pub async fn close(self) {
-        self.link.close().await;
+    /// the DLQ, and another ingester may take it. A second close does nothing.
+    pub async fn close(&self) {
+        if !self.closed.swap(true, std::sync::atomic::Ordering::AcqRel) {
+            self.link.close().await;
+        }
     }
 }

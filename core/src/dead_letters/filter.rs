@@ -96,7 +96,8 @@ impl Selection {
         }
     }
 
-    pub(crate) fn queue(&self) -> Option<&str> {
+    /// The queue a filter names (none for ids): what the audit row shows.
+    pub fn queue(&self) -> Option<&str> {
         match self {
             Selection::Ids(_) => None,
             Selection::Filter(f) => f.queue.as_deref(),

@@ -1,0 +1,159 @@
+# frozen_string_literal: true
+
+require "acemq/amqp/sql"
+require "acemq/amqp/sql_dead_letter_store/letter"
+require "acemq/amqp/sql_dead_letter_store/ingester"
+
+module AceMQ
+  module AMQP
+    # Dead letters as data: each {queue}.dlq ingested into a SQL table
+    # (SQLite, PostgreSQL, MySQL/MariaDB), and the operator's work — browse,
+    # filter, count, replay, discard, purge — done on the table. The rules
+    # are core's (acemq::dead_letters); this adds the keywords.
+    #
+    #   store = AceMQ::AMQP::SQLDeadLetterStore.new(connection: db)  # or path: "dead.db"
+    #   store.create_schema
+    #   ingester = store.ingest(mq, "payments")    # a thread; ingester.stop
+    #   page = store.list(queue: "payments", reason: "declined", limit: 50)
+    #   store.replay(mq, ids: page.letters.map(&:id), actor: "ops@example.com", rate: 20)
+    #
+    # What it guarantees: a batch is committed, then acknowledged, so a kill
+    # loses nothing; a row is unique on queue, message id and a content
+    # hash, so a redelivery doubles nothing; one ingester per DLQ (an
+    # exclusive consume; a second stands by); a replay sends the snapshot of
+    # rows it was given, each once, paced, and never reads the DLQ.
+    class SQLDeadLetterStore
+      # The keywords every filter takes. since:/before: are Times (or
+      # seconds since the epoch) on failed_at; reason: matches text
+      # contained (case-blind for ASCII); the others are equal.
+      FILTER_KEYS = %i[queue reason error_class type id since before].freeze
+
+      # One page of #list: letters newest first, and the cursor of the next
+      # page (after_id:), nil on the last.
+      Page = Struct.new(:letters, :next_cursor)
+
+      # connection: your database connection (a SQLite3::Database, a
+      # PG::Connection, a Mysql2::Client, ActiveRecord's connection or pool,
+      # or a callable returning one per call; see SQL.connect), or path: a
+      # SQLite file the library opens itself. table:/audit_table: default to
+      # acemq_dead_letters and acemq_dead_letter_audit. Writes run in
+      # transactions of their own on it: not a connection another thread is
+      # inside a transaction with.
+      def self.new(connection: nil, path: nil, table: nil, audit_table: nil)
+        if connection.nil? == path.nil?
+          raise ConfigurationError, "SQLDeadLetterStore.new takes connection: (your database connection, or a callable " \
+                                    "returning one) or path: (a SQLite file), exactly one of them"
+        end
+
+        _new(path&.to_s, (SQL.connect(connection) unless path), table&.to_s, audit_table&.to_s)
+      end
+
+      # The DDL for "sqlite", "postgres" or "mysql", one statement per
+      # element: what a migration runs. Idempotent (IF NOT EXISTS).
+      def schema_sql(dialect) = _schema_sql(dialect.to_s)
+
+      # Start ingesting queue's DLQ ("payments" reads payments.dlq) on a
+      # thread of its own; returns the Ingester (#stop, #active?). Stands by
+      # while another ingester, anywhere, has the DLQ, asking again every
+      # retry_every: seconds. max_age: (seconds) and max_count: keep
+      # queue's rows pruned every prune_every: seconds.
+      def ingest(mq, queue, **options)
+        Ingester.new(self, mq, queue.to_s, **options)
+      end
+
+      # Take what queue's DLQ holds now into the table, until nothing comes
+      # for idle: seconds; the number of deliveries committed and
+      # acknowledged. Raises AccessRefused while an ingester has the DLQ.
+      def ingest_once(mq, queue, prefetch: 200, batch: 100, idle: 0.5)
+        feed = self.class._open_feed(mq, queue.to_s, Integer(prefetch))
+        total = 0
+        begin
+          loop do
+            n = _ingest_batch(feed, Integer(batch), 0.02, Float(idle))
+            break if n.zero?
+
+            total += n
+          end
+        ensure
+          feed.close
+        end
+        total
+      end
+
+      # One page, newest first: at most limit: (1 to 1,000) rows below
+      # after_id: (the previous page's next_cursor). Rows that arrive
+      # meanwhile never shift a page.
+      def list(after_id: nil, limit: 50, **filter)
+        letters, cursor = _list(filter_args(filter), after_id&.then { Integer(_1) }, Integer(limit))
+        Page.new(letters.map { |h| Letter.new(**h) }, cursor)
+      end
+
+      # One Letter, or nil.
+      def find(id)
+        h = _find(Integer(id))
+        h && Letter.new(**h)
+      end
+
+      # How many match, grouped: { total:, by_queue: { "payments" => 3 },
+      # by_reason: { "declined" => 2, nil => 1 }, by_error_class: {...} },
+      # each group most first, the top: largest.
+      def counts(top: 20, **filter) = _counts(filter_args(filter), Integer(top))
+
+      # Replay ids: (row ids) or, without ids:, every row the filter
+      # matches at this moment: each sent to its work queue (route:
+      # :original sends it to the exchange and routing key it was first
+      # published with) with a confirm, at rate: messages a second (default
+      # 50), and deleted once confirmed. actor: is who asked, for the audit
+      # table. Returns { id:, selected:, replayed:, skipped: } (skipped: gone
+      # or held by another replay by its turn).
+      def replay(mq, actor:, ids: nil, rate: nil, route: :queue, lease: nil, **filter)
+        unless %i[queue original].include?(route&.to_sym)
+          raise ConfigurationError, "replay route: is :queue (the default: the work queue) or :original (the exchange first published to)"
+        end
+
+        ids = ids&.map { Integer(_1) }
+        _replay(mq, ids, filter_args(filter), [rate&.then { Float(_1) }, route.to_sym == :original, lease&.then { Float(_1) }], actor.to_s)
+      end
+
+      # Delete these rows; the number deleted. Audited as actor:'s.
+      def discard(ids, actor:) = _discard(Array(ids).map { Integer(_1) }, actor.to_s)
+
+      # Delete every row the filter matches; the number deleted. A purge of
+      # everything says so: all: true.
+      def purge(actor:, all: false, **filter)
+        if filter.compact.empty? && !all
+          raise ConfigurationError, "purge without a filter would delete every dead letter of every queue: " \
+                                    "name one (queue: \"payments\") or say all: true"
+        end
+
+        _purge(filter_args(filter), actor.to_s)
+      end
+
+      # Delete rows that failed more than max_age: seconds ago, and beyond
+      # max_count: rows (of queue:, else of all), oldest first; the number
+      # deleted, audited when any.
+      def prune(max_age: nil, max_count: nil, queue: nil, actor: "acemq retention")
+        _prune(queue&.to_s, max_age&.then { Float(_1) }, max_count&.then { Integer(_1) }, actor.to_s)
+      end
+
+      # The newest limit: audit rows, newest first: Hashes with id, at
+      # (seconds since the epoch), actor, action (replay, discard, purge,
+      # prune), queue, detail (what was asked) and count.
+      def audit(limit: 50) = _audit(Integer(limit))
+
+      private
+
+      def filter_args(filter)
+        unknown = filter.keys - FILTER_KEYS
+        unless unknown.empty?
+          raise ConfigurationError, "unknown dead-letter filter #{unknown.map(&:inspect).join(', ')}: " \
+                                    "filter by #{FILTER_KEYS.map { "#{_1}:" }.join(' ')}"
+        end
+
+        time = ->(k) { filter[k]&.then { _1.respond_to?(:to_i) ? _1.to_i : raise(ConfigurationError, "#{k}: takes a Time") } }
+        [filter[:queue]&.to_s, filter[:reason]&.to_s, filter[:error_class]&.to_s, filter[:type]&.to_s,
+         filter[:id]&.to_s, time.(:since), time.(:before)]
+      end
+    end
+  end
+end

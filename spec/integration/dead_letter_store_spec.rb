@@ -1,0 +1,225 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "securerandom"
+require "tmpdir"
+require "sqlite3"
+require "pg"
+require "mysql2"
+require "bunny"
+require "uri"
+
+# AceMQ::AMQP::SQLDeadLetterStore on RabbitMQ with SQLite (a file the
+# library opens, and the application's own SQLite3::Database), PostgreSQL
+# (a PG::Connection) and MariaDB (a Mysql2::Client): ingest, browse, filter,
+# count, replay, discard, purge, prune and the audit, on real tables named
+# per example and dropped after it.
+RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
+  Store = AceMQ::AMQP::SQLDeadLetterStore unless defined?(Store)
+
+  def bunny
+    @bunny ||= Bunny.new(AMQP_URL, logger: Logger.new(nil)).tap(&:start)
+  end
+
+  # A dead letter published straight to queue's DLQ, as another client's
+  # ladder or a hostile publisher would.
+  def dead_letter(queue, body, headers: {}, id: SecureRandom.uuid, type: "order.placed.v1")
+    ch = bunny.create_channel
+    ch.confirm_select
+    ch.default_exchange.publish(body, routing_key: "#{queue}.dlq", message_id: id, type: type, headers: headers,
+                                      content_type: "application/json", persistent: true)
+    ch.wait_for_confirms
+    ch.close
+    id
+  end
+
+  def failure(reason, error_class)
+    { "x-acemq-reason" => reason, "x-acemq-error-class" => error_class, "x-acemq-failed-at" => 1_700_000_000,
+      "x-acemq-backtrace" => "app/handler.rb:12:in `call'\napp/worker.rb:3" }
+  end
+
+  def mysql
+    u = URI(AceMQSpecHelpers::MYSQL_URL)
+    Mysql2::Client.new(host: u.host, port: u.port || 3306, username: u.user, password: u.password,
+                       database: u.path.delete_prefix("/"), encoding: "utf8mb4")
+  end
+
+  let(:table) { "dl_#{SecureRandom.hex(5)}" }
+  let(:dir) { Dir.mktmpdir("acemq-dead-letters") }
+  let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL) }
+  let(:queue) { unique("dls") }
+
+  before { mq.apply(AceMQ::AMQP::Topology.new.queue(queue)) }
+
+  after do
+    mq.teardown(AceMQ::AMQP::Topology.new.queue(queue), force: true)
+    mq.close
+    @bunny&.close
+  end
+
+  {
+    "SQLite (path:)" => :path,
+    "SQLite (connection:)" => :sqlite,
+    "PostgreSQL" => :pg,
+    "MariaDB" => :mysql
+  }.each do |name, kind|
+    context "on #{name}" do
+      let(:db) do
+        case kind
+        when :sqlite then SQLite3::Database.new(File.join(dir, "app.db")).tap { _1.busy_timeout = 10_000 }
+        when :pg then PG.connect(AceMQSpecHelpers::DATABASE_URL).tap { |c| c.set_notice_processor { |_| } }
+        when :mysql then mysql
+        end
+      end
+      let(:store) do
+        options = { table: table, audit_table: "#{table}_audit" }
+        s = kind == :path ? Store.new(path: File.join(dir, "dead.db"), **options) : Store.new(connection: db, **options)
+        s.tap(&:create_schema)
+      end
+
+      after do
+        case kind
+        when :pg then [table, "#{table}_audit"].each { db.exec("DROP TABLE IF EXISTS #{_1}") }
+        when :mysql then [table, "#{table}_audit"].each { db.query("DROP TABLE IF EXISTS #{_1}") }
+        end
+        db&.close
+        FileUtils.rm_rf(dir)
+      end
+
+      it "ingests a DLQ once, and browses, filters, pages and counts it" do
+        ids = 6.times.map do |n|
+          reason, klass = n.even? ? ["card 100% declined", "Payments::Declined"] : ["timed out", "Net::ReadTimeout"]
+          dead_letter(queue, %({"n":#{n}}), headers: failure(reason, klass))
+        end
+        expect(store.ingest_once(mq, queue)).to eq(6)
+        expect(mq.queue_counts("#{queue}.dlq")[:ready]).to eq(0)
+        expect(store.ingest_once(mq, queue)).to eq(0)
+
+        first = store.list(queue: queue, limit: 4)
+        expect(first.letters.size).to eq(4)
+        rest = store.list(queue: queue, after_id: first.next_cursor, limit: 4)
+        expect(rest.next_cursor).to be_nil
+        all = first.letters + rest.letters
+        expect(all.map(&:id)).to eq(all.map(&:id).sort.reverse)
+        expect(all.map(&:message_id)).to match_array(ids)
+
+        letter = store.find(all.first.id)
+        expect(letter).to have_attributes(queue: queue, type: "order.placed.v1", failed_at: 1_700_000_000,
+                                          backtrace: "app/handler.rb:12:in `call'\napp/worker.rb:3", attempt: 1)
+        expect(letter.body).to eq(%({"n":5}).b)
+        expect(letter.properties["content_type"]).to eq("application/json")
+        expect(store.find(-1)).to be_nil
+
+        expect(store.list(reason: "100% DECLINED").letters.size).to eq(3)
+        expect(store.list(error_class: "Net::ReadTimeout", queue: queue).letters.map(&:reason).uniq).to eq(["timed out"])
+        expect(store.list(id: ids[2]).letters.map(&:message_id)).to eq([ids[2]])
+        expect(store.list(since: Time.at(1_700_000_000), before: Time.at(1_700_000_001)).letters.size).to eq(6)
+        expect(store.list(before: Time.at(1_700_000_000)).letters).to be_empty
+
+        counts = store.counts(queue: queue)
+        expect(counts).to eq(total: 6, by_queue: { queue => 6 },
+                             by_reason: { "card 100% declined" => 3, "timed out" => 3 },
+                             by_error_class: { "Net::ReadTimeout" => 3, "Payments::Declined" => 3 })
+      end
+
+      it "replays letters whose handler still fails each exactly once, and the copies come back as new rows" do
+        seen = Hash.new(0)
+        lock = Mutex.new
+        sub = mq.consume(queue, retries: { max_attempts: 1 }) do |m|
+          lock.synchronize { seen[m.id] += 1 }
+          raise "still failing"
+        end
+        ingester = store.ingest(mq, queue, retry_every: 0.2)
+        10.times { |n| mq.publish({ n: n }, to: queue) }
+        eventually(timeout: 20) { store.counts(queue: queue)[:total] == 10 }
+
+        report = store.replay(mq, queue: queue, actor: "ops@example.com", rate: 100)
+        expect(report).to include(selected: 10, replayed: 10, skipped: 0)
+        eventually(timeout: 20) { lock.synchronize { seen.values.sum } == 20 && store.counts(queue: queue)[:total] == 10 }
+        expect(seen.size).to eq(10)
+        expect(seen.values).to all(eq(2))
+        again = store.list(queue: queue).letters
+        expect(again.map { _1.headers["x-acemq-replayed-by"] }.uniq).to eq([report[:id]])
+        expect(again.map { _1.history.size }.uniq).to eq([1])
+        expect(again.first.error_class).to eq("RuntimeError")
+
+        audit = store.audit(limit: 5).first
+        expect(audit).to include(actor: "ops@example.com", action: "replay", queue: queue, count: 10)
+        expect(audit[:detail]).to include("replay" => report[:id], "selected" => 10)
+      ensure
+        ingester&.stop
+        sub&.cancel
+      end
+
+      it "keeps one ingester per DLQ: a second stands by and takes over when the first stops" do
+        logged = []
+        logger = Object.new.tap { |l| l.define_singleton_method(:warn) { |m| logged << m } }
+        first = store.ingest(mq, queue, retry_every: 0.2)
+        eventually { first.active? }
+        second = store.ingest(mq, queue, retry_every: 0.2, logger: logger)
+        eventually { second.standby? }
+        expect(second).not_to be_active
+        expect(second.last_error).to be_a(AceMQ::AMQP::AccessRefused)
+        expect(logged.grep(/standing by/).size).to eq(1)
+        expect { store.ingest_once(mq, queue) }.to raise_error(AceMQ::AMQP::AccessRefused)
+        dead_letter(queue, "{}", headers: failure("one", "E"))
+        eventually(timeout: 10) { store.counts[:total] == 1 }
+        expect(first.stop).to be(true)
+        eventually(timeout: 10) { second.active? }
+        dead_letter(queue, "{}", headers: failure("two", "E"))
+        eventually(timeout: 10) { store.counts[:total] == 2 }
+        expect(second.received).to eq(1)
+      ensure
+        first&.stop
+        second&.stop
+      end
+
+      it "stores a hostile publisher's headers and bytes losslessly, and never errors" do
+        markup = %(<img src=x onerror=alert(2)>"'&)
+        shapes = [[5], "a string", { "a" => { "b" => [1, "<b>"] } }, [{ "attempts" => markup, "failed_at" => "yesterday" }]]
+        sent = shapes.each_with_index.map do |history, i|
+          headers = failure(markup, markup).merge("x-acemq-history" => history, "x-#{markup}" => markup,
+                                                  "x-acemq-failed-at" => markup)
+          body = i.zero? ? "\xFF\xFE\x00<\x80".b : "<script>#{i}</script>"
+          [dead_letter(queue, body, headers: headers, id: "#{markup}#{i}", type: markup), body.b, headers]
+        end
+        expect(store.ingest_once(mq, queue)).to eq(4)
+        letters = store.list(queue: queue).letters
+        sent.each do |id, body, headers|
+          l = letters.find { _1.message_id == id }
+          expect(l.body).to eq(body)
+          expect(l.body.encoding).to eq(Encoding::BINARY)
+          headers.each { |k, v| expect(l.headers[k]).to eq(v) }
+          expect(l.history).to eq(headers["x-acemq-history"])
+          expect(l).to have_attributes(reason: markup, error_class: markup, type: markup)
+        end
+        expect(letters.find { _1.body.start_with?("\xFF".b) }.body_text).to eq("\uFFFD\uFFFD\u0000<\uFFFD")
+        expect(store.counts(queue: queue, reason: "ONERROR")[:by_reason]).to eq(markup => 4)
+      end
+
+      it "discards, purges and prunes, each in the audit, and says what to do with bad input" do
+        4.times { |n| dead_letter(queue, "{}", headers: failure("r#{n % 2}", "E")) }
+        store.ingest_once(mq, queue)
+        ids = store.list(queue: queue, reason: "r0").letters.map(&:id)
+        expect(store.discard([ids.first], actor: "alice")).to eq(1)
+        expect(store.purge(queue: queue, reason: "r1", actor: "bob")).to eq(2)
+        expect(store.prune(max_count: 0, queue: queue)).to eq(1)
+        expect(store.prune(max_age: 60)).to eq(0)
+        expect(store.counts[:total]).to eq(0)
+        expect(store.audit.map { _1.values_at(:action, :actor, :count) })
+          .to eq([["prune", "acemq retention", 1], ["purge", "bob", 2], ["discard", "alice", 1]])
+
+        bad = AceMQ::AMQP::ConfigurationError
+        expect { store.purge(actor: "bob") }.to raise_error(bad, /all: true/)
+        expect { store.list(status: "x") }.to raise_error(bad, /unknown dead-letter filter :status.*queue: reason:/)
+        expect { store.list(limit: 0) }.to raise_error(bad, /1 to 1000/)
+        expect { store.discard([1], actor: "") }.to raise_error(bad, /actor/)
+        expect { store.replay(mq, ids: [1], actor: "x", rate: 0) }.to raise_error(bad, /rate must be a positive/)
+        expect { store.replay(mq, ids: [1], actor: "x", route: :fanout) }.to raise_error(bad, /route:/)
+        expect { Store.new(path: File.join(dir, "x.db"), connection: Object.new) }.to raise_error(bad, /exactly one/)
+        expect { Store.new(path: File.join(dir, "t.db"), table: "x; DROP") }.to raise_error(bad, /plain identifier/)
+        expect(store.schema_sql("mysql").first).to include("CREATE TABLE IF NOT EXISTS #{table}")
+      end
+    end
+  end
+end

@@ -37,6 +37,9 @@ impl Backtrace {
     /// name built at run time, a path from a fuzzer) keeps its start.
     pub const MAX_LINE: usize = 512;
 
+    /// The longest source chain counted.
+    const MAX_CHAIN: usize = 1000;
+
     /// Room kept for the `… N more frames` line, so it always fits.
     const MARKER_ROOM: usize = 32;
 
@@ -80,14 +83,14 @@ impl Backtrace {
     pub fn of_error(class: &str, error: &(dyn std::error::Error + 'static)) -> Backtrace {
         let mut lines = vec![format!("{class}: {error}")];
         let mut source = error.source();
-        // A chain that loops (a source returning its own error) stops at
-        // what is shown, and counts as more.
+        // Past the frames shown a source is only counted (an empty String
+        // allocates nothing); a chain that loops (a source that is its own
+        // error) is counted up to MAX_CHAIN.
         while let Some(e) = source {
-            if lines.len() > Self::MAX_FRAMES {
-                lines.push(String::new());
+            if lines.len() >= Self::MAX_CHAIN {
                 break;
             }
-            lines.push(format!("caused by: {e}"));
+            lines.push(if lines.len() < Self::MAX_FRAMES { format!("caused by: {e}") } else { String::new() });
             source = e.source();
         }
         Backtrace::from_frames(lines).expect("the error itself is a line")
@@ -201,6 +204,29 @@ mod tests {
         fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
             Some(&self.0)
         }
+    }
+
+    #[derive(Debug)]
+    struct Loop;
+    impl std::fmt::Display for Loop {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("again")
+        }
+    }
+    impl std::error::Error for Loop {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(self)
+        }
+    }
+
+    #[test]
+    fn a_chain_that_loops_is_counted_to_a_bound() {
+        let b = Backtrace::of_error("Loop", &Loop);
+        let lines: Vec<&str> = b.as_str().lines().collect();
+        assert_eq!(lines.len(), 21);
+        assert_eq!(lines[0], "Loop: again");
+        assert_eq!(lines[19], "caused by: again");
+        assert_eq!(lines[20], "… 980 more frames");
     }
 
     #[test]

@@ -31,8 +31,12 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
   partitions Integer(ENV["PARTITIONS"]), by: ->(m) { m.payload.fetch("account_id") } if ENV["PARTITIONS"]
   # A claim left by a killed runner is taken over after this long, so the
   # drill does not wait the default five minutes for it.
+  # WORKER_ID: a worker id that is not hostname:pid, so a dead runner's
+  # claim cannot be proven dead and is waited out (the ordering drill's
+  # DRILL_ORDER_WORKER_IDS, what runners on other hosts see).
   STORE = AceMQ::Rails::ActiveRecordIdempotencyStore.new(table: ENV.fetch("IDEMPOTENCY_TABLE"),
-                                                         claim_timeout: Float(ENV.fetch("CLAIM_TIMEOUT", "1")))
+                                                         claim_timeout: Float(ENV.fetch("CLAIM_TIMEOUT", "1")),
+                                                         worker: ENV["WORKER_ID"])
   # Room for a redelivery to wait out a dead runner's claim (retried as in
   # progress until it goes stale) and a broker restart, with attempts left.
   retries max_attempts: 10, initial_delay: 0.25, max_delay: 1

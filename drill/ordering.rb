@@ -23,6 +23,11 @@ module Drill
     # Each charge holds its transaction open this long, so a kill lands
     # inside a handler (its key claimed, its charge not committed).
     WORK = 0.005
+    # DRILL_ORDER_WORKER_IDS=1: each runner's store gets a worker id of its
+    # own instead of hostname:pid, so the dead runner's claims cannot be
+    # proven dead (as for runners on other hosts): the new owner holds the
+    # message in place until the claim expires (CLAIM_TIMEOUT).
+    GIVEN_WORKERS = ENV["DRILL_ORDER_WORKER_IDS"] == "1"
 
     def run
       queue = "drill-#{tag}-order"
@@ -32,7 +37,9 @@ module Drill
                                 "POOL" => (PARTITIONS + 2).to_s, "LOG_DELIVERIES" => "1" })
       # One after another: the first to subscribe is each partition's active
       # consumer, the others wait behind it.
-      RUNNERS.times { spawn_runner(env).await_running }
+      RUNNERS.times do |i|
+        spawn_runner(GIVEN_WORKERS ? env.merge("WORKER_ID" => "drill-order-runner-#{i}") : env).await_running
+      end
 
       seq = Hash.new(0)
       all = Array.new(MESSAGES) do

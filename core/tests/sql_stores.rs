@@ -142,9 +142,14 @@ impl Db {
     }
 
     async fn keys(&self, worker: &str) -> AsyncSqlIdempotencyStore<Source> {
+        self.keys_of(Some(worker)).await
+    }
+
+    /// A store whose worker is `worker`, or this process's `hostname:pid`.
+    async fn keys_of(&self, worker: Option<&str>) -> AsyncSqlIdempotencyStore<Source> {
         let options = SqlIdempotencyOptions {
             table: self.table.clone(),
-            worker: Some(worker.into()),
+            worker: worker.map(str::to_owned),
             claim_timeout: Duration::from_secs(10),
             retention: Duration::from_secs(3600),
         };
@@ -439,6 +444,123 @@ async fn the_idempotent_handler_runs_once_per_key_on_the_async_store() {
         assert_eq!(charged.load(Ordering::SeqCst), 1, "{}: charged once", db.name());
         assert!(store.confirmed_async("charge:A-1").await.unwrap());
         assert_eq!(charge.guard().stats().duplicates, 1);
+    }
+}
+
+/// A runner killed mid-handler leaves its claim: the next owner of the
+/// key (a partition's new single active consumer) takes it over as soon as
+/// the claimant's process has exited, not after the claim timeout (10 s
+/// here, and the clock does not move), because a process that has exited
+/// can neither confirm nor forget. While the claimant lives its claim holds;
+/// a confirmed key is never taken over; a worker id that does not name a
+/// process of this host is never proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_claim_is_taken_over_at_once() {
+    let kinds = [("dead", TimeColumns::EpochMillis), ("dead_dt", TimeColumns::DatetimeUtc)];
+    for (db, times) in kinds.into_iter().flat_map(|(name, times)| databases(name).into_iter().map(move |db| (db, times))) {
+        let me = db.keys_of(None).await.with_time_columns(times);
+        me.create_schema().await.unwrap();
+        // The child says it has claimed by writing this file (what it
+        // prints is the harness's until it exits).
+        let signal = std::env::temp_dir().join(format!("acemq-{}-claimed", db.table));
+        let _ = std::fs::remove_file(&signal);
+        let extra = [
+            ("ACEMQ_TEST_DATETIME", (times == TimeColumns::DatetimeUtc).to_string()),
+            ("ACEMQ_TEST_SIGNAL", signal.to_str().unwrap().to_owned()),
+        ];
+        let mut child = spawn_child(&db, "claim-and-wait", &extra);
+        let claimed = async {
+            while !signal.exists() {
+                assert!(child.try_wait().unwrap().is_none(), "{}: the child ended before it claimed", db.name());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), claimed).await.expect("the child never claimed held and done");
+        let _ = std::fs::remove_file(&signal);
+
+        assert!(!me.first_time_async("held").await.unwrap(), "{}: a live claimant's claim holds", db.name());
+        // Another host's pid, and a given worker id: not ours to judge.
+        let elsewhere = db.keys(&format!("elsewhere:{}", child.id())).await.with_time_columns(times);
+        let named = db.keys("relay-1").await.with_time_columns(times);
+        assert!(elsewhere.first_time_async("remote").await.unwrap() && named.first_time_async("named").await.unwrap());
+
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(me.first_time_async("held").await.unwrap(), "{}: the dead child's claim is taken over at once", db.name());
+        assert!(!me.first_time_async("done").await.unwrap(), "{}: its confirmed key is not", db.name());
+        assert!(me.confirmed_async("done").await.unwrap());
+        assert_eq!(
+            me.first_time_many_async(&["remote", "named", "fresh"]).await.unwrap(),
+            [false, false, true],
+            "{}: another host's claim and a named worker's wait out their lease",
+            db.name()
+        );
+        // The takeover is this worker's claim: forget removes it, and the
+        // dead worker's own forget (were it to arrive) would not.
+        me.forget_async("held").await.unwrap();
+        assert!(elsewhere.first_time_async("held").await.unwrap(), "{}: forgotten by its new owner", db.name());
+    }
+}
+
+/// The guard of a keep_order consumer meets a key another (live) worker
+/// claims: it waits in place, polling the store, instead of sending the
+/// message round the ladder. Confirmed meanwhile: a duplicate, accepted
+/// without running. Forgotten meanwhile: it runs, here. Without keep_order
+/// the same delivery is sent round the ladder to wait (what put it behind
+/// later messages of its key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_order_guard_holds_a_claimed_message_in_place() {
+    for db in databases("hold") {
+        let other = db.keys("other-runner").await;
+        other.create_schema().await.unwrap();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let r = ran.clone();
+        let guard = |store, keep_order: bool| {
+            let r = r.clone();
+            let g = Idempotent::new(store, move |m: Message| {
+                let r = r.clone();
+                async move {
+                    r.lock().unwrap().push(m.payload["order_id"].as_str().unwrap().to_owned());
+                    Outcome::Ack(Ack::accept())
+                }
+            })
+            .with_key(|m| m.payload["order_id"].as_str().map(str::to_owned));
+            Arc::new(if keep_order { g.keep_order() } else { g })
+        };
+        let order = |id: &str| Message::new(serde_json::json!({ "order_id": id }), Envelope::new());
+        let held = guard(db.keys("new-owner").await, true);
+
+        for (key, confirm) in [("A-1", true), ("A-2", false)] {
+            assert!(other.first_time_async(key).await.unwrap());
+            let (h, m) = (held.clone(), order(key));
+            let handling = tokio::spawn(async move { h.handle(m).await });
+            // The guard looks at least once (a claim elsewhere, counted)
+            // before the other worker settles its claim.
+            let looked = async {
+                while held.guard().stats().claimed_elsewhere < if confirm { 1 } else { 2 } {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(30), looked).await.expect("the guard never looked at the key");
+            if confirm {
+                other.confirm_async(key).await.unwrap();
+            } else {
+                other.forget_async(key).await.unwrap();
+            }
+            assert_eq!(handling.await.unwrap(), Outcome::Ack(Ack::Accept), "{}: {key}", db.name());
+        }
+        assert_eq!(*ran.lock().unwrap(), ["A-2"], "{}: the confirmed key is a duplicate, the forgotten one runs", db.name());
+        let stats = held.guard().stats();
+        assert_eq!((stats.held, stats.duplicates, stats.runs), (2, 1, 1), "{}: {stats:?}", db.name());
+        assert!(other.confirmed_async("A-2").await.unwrap(), "{}: the held run confirmed its key", db.name());
+
+        assert!(other.first_time_async("A-3").await.unwrap());
+        let ladder = guard(db.keys("new-owner").await, false);
+        match ladder.handle(order("A-3")).await {
+            Outcome::Wait { .. } => {}
+            other => panic!("{}: without keep_order a claimed key waits round the ladder, got {other:?}", db.name()),
+        }
+        assert_eq!(ladder.guard().stats().held, 0);
     }
 }
 
@@ -901,6 +1023,20 @@ fn child_process() {
                     }
                 }
                 println!("raced {worker} from {began} to {}", epoch_ms());
+            }
+            "claim-and-wait" => {
+                // This process's hostname:pid, as a runner's store has it.
+                let mut store = db.keys_of(None).await;
+                if std::env::var("ACEMQ_TEST_DATETIME").as_deref() == Ok("true") {
+                    store = store.with_time_columns(TimeColumns::DatetimeUtc);
+                }
+                assert!(store.first_time_async("held").await.unwrap());
+                assert!(store.first_time_async("done").await.unwrap());
+                store.confirm_async("done").await.unwrap();
+                std::fs::write(std::env::var("ACEMQ_TEST_SIGNAL").unwrap(), b"claimed").unwrap();
+                // Killed here by the parent, holding the claim of "held".
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                panic!("the parent did not kill this child");
             }
             "relay-and-crash" => {
                 let store = db.outbox("child", Duration::from_millis(300)).await;

@@ -20,7 +20,12 @@
 //! What survives a retry: nothing of the order. A message that fails goes
 //! round the retry ladder and comes back behind the messages published after
 //! it; the next message of its key is not held back meanwhile. Order holds
-//! for every key among the messages that were not retried.
+//! for every key among the messages that did not fail. A runner that dies
+//! mid-handler under the idempotent guard costs no order: its claimed
+//! message is held in place by the next owner
+//! ([`Idempotent::keep_order`](crate::idempotency::Idempotent::keep_order)),
+//! and taken over at once when the dead runner's process has provably
+//! exited (docs/ordering.md).
 
 use crate::error::{Error, Result};
 

@@ -184,6 +184,19 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     expect(lines.grep(%r{lib/acemq/})).to eq([]) # the guard's frames are below the handler's: left out
   end
 
+  it "gives a handler that an Exception went through the Exception's frames" do
+    sub = mq.consume(queue, retries: { max_attempts: 1 }, on_error: ->(_) {}) do |_m|
+      Thread.current.report_on_exception = false
+      raise Exception, "not a StandardError" # rubocop:disable Lint/RaiseException -- ABORTS HERE
+    end
+    mq.publish({ "abort" => true }, to: queue)
+    letter = dead_letters(1).first
+    sub.cancel
+    line = File.readlines(__FILE__).index { |l| l.include?("-- ABORTS" + " HERE") } + 1
+    expect(letter[:error_class]).to eq("AceMQ::AMQP::HandlerAborted")
+    expect(letter[:backtrace].split("\n").first).to start_with("#{__FILE__}:#{line}:")
+  end
+
   it "puts none on a retry or reject asked for with an Ack" do
     sub = mq.consume(queue, retries: { max_attempts: 1 }) { |_m| AceMQ::AMQP::Ack.reject("no", error: BacktraceSpecError) }
     mq.publish({ "ack" => true }, to: queue)

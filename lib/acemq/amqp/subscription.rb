@@ -267,6 +267,9 @@ module AceMQ
         why = $ERROR_INFO ? "#{$ERROR_INFO.class}: #{$ERROR_INFO.message.to_s[0, 300]}" : "its thread was killed"
         error = HandlerAborted.new("#{@queue}: the handler did not return (#{why}); its thread ended, its message " \
                                    "goes round the retry ladder, and a fresh thread takes its place")
+        # Its copy's x-acemq-backtrace is then where the handler was when
+        # the exception went through it.
+        error.set_backtrace($ERROR_INFO.backtrace) if $ERROR_INFO&.backtrace
         Array(held).each { |d| settle(d, error) }
         @on_error&.call(error)
         i = @threads.index(Thread.current)

@@ -174,8 +174,10 @@ module AceMQ
 
     def newest(queue, depth)
       @mq.peek_dead_letters(queue, limit: [[depth, PEEK_LIMIT].min, 1].max).last(NEWEST).reverse.map do |d|
+        # The backtrace is in --json only: the text keeps to 80 columns, one
+        # line a letter.
         { id: d[:id], type: d[:type], attempt: d[:attempt], reason: d[:reason], error_class: d[:error_class],
-          failed_at: d[:failed_at]&.utc&.iso8601 }
+          backtrace: d[:backtrace], failed_at: d[:failed_at]&.utc&.iso8601 }
       end
     end
 

@@ -82,6 +82,21 @@ RSpec.describe AceMQ::Status do
     thread&.join(1)
   end
 
+  def declines(_message) = raise(ArgumentError, "card declined") # STATUS RAISES
+
+  it "gives each newest dead letter's backtrace in the snapshot (--json), and keeps it out of the text" do
+    sub = mq.consume(queue, retries: { max_attempts: 1 }) { |m| declines(m) }
+    eventually { mq.queue_depth("#{queue}.dlq")&.fetch(:ready) == 2 }
+    sub.close
+    snapshot = described_class.new(connection: mq, targets: [described_class.target(queue)], broker: "memory://",
+                                   interval: 0).collect
+    line = File.readlines(__FILE__).index { |l| l.include?("# STATUS" + " RAISES") } + 1
+    newest = snapshot[:consumers].first[:dlq][:newest]
+    expect(newest.size).to eq(2)
+    newest.each { |d| expect(d[:backtrace].lines.first).to start_with("#{__FILE__}:#{line}:in `declines'") }
+    expect(described_class.render(snapshot)).not_to include(__FILE__)
+  end
+
   it "says there are no runner metrics when nothing answers, and shows the DLQ's newest reasons" do
     sub = mq.consume(queue, retries: { max_attempts: 1 }) { |_m| AceMQ::AMQP::Ack.reject("bad card") }
     eventually { mq.queue_depth("#{queue}.dlq")&.fetch(:ready) == 2 }

@@ -58,6 +58,8 @@ namespace :acemq do
           puts "  #{d[:id]} #{d[:type] || '-'} attempt #{d[:attempt]}" \
                "#{d[:failed_at] ? " at #{d[:failed_at].utc.strftime('%F %T')}Z" : ''}: " \
                "#{d[:reason]}#{d[:error_class] ? " (#{d[:error_class]})" : ''}"
+          # Where it was raised (x-acemq-backtrace), one frame a line.
+          d[:backtrace]&.each_line { |frame| puts "      #{frame.chomp}" }
           puts "    #{d[:body].byteslice(0, 200).inspect}"
         end
       ensure

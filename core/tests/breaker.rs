@@ -186,3 +186,49 @@ async fn an_open_breaker_sees_the_downstream_return_within_a_probe_whatever_the_
         mq.close().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_trial_spends_no_attempt_so_a_quiet_queue_outlasts_a_long_outage() {
+    for mq in transports().await {
+        let q = unique("breaker-quiet");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        mq.publish(&json!({ "n": 1 }), &q, PublishOptions::default()).await.unwrap();
+        let down = Arc::new(AtomicBool::new(true));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let options = ConsumeOptions {
+            // Two attempts: without the trials' waits the second failed
+            // trial would dead-letter the one valid message.
+            retry: RetryPolicy { max_attempts: 2, initial_delay: Duration::from_millis(100), max_delay: Duration::from_millis(100) },
+            circuit_breaker: Some(CircuitBreaker::new(1, Duration::from_secs(30), Duration::from_secs(60)).probe(Duration::from_millis(200))),
+            ..ConsumeOptions::with_concurrency(1)
+        };
+        let (d2, c2) = (down.clone(), calls.clone());
+        let handle = mq
+            .consume(&q, options, move |_m: acemq::Message| {
+                let (down, calls) = (d2.clone(), c2.clone());
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    if down.load(Ordering::SeqCst) {
+                        return Err(Failure::from(refused()));
+                    }
+                    Ok(Ack::accept())
+                }
+            })
+            .await
+            .unwrap();
+        let c = handle.consumer();
+        eventually("the one message is tried five times while it is down", Duration::from_secs(20), || async {
+            calls.load(Ordering::SeqCst) >= 5
+        })
+        .await;
+        down.store(false, Ordering::SeqCst);
+        eventually("it is handled once the downstream is back", Duration::from_secs(20), || async { c.stats().accepted == 1 }).await;
+        let s = c.stats();
+        assert_eq!(s.dead_lettered, 0, "a failed trial spent the message's last attempt");
+        assert_eq!(s.retried, 1, "only the failure that opened the breaker spends an attempt");
+        assert!(s.waited >= 3, "the failed trials went round unspent: {s:?}");
+        assert_eq!(mq.queue_counts(&dlq_name(&q)).await.unwrap().unwrap().ready, 0);
+        handle.cancel().await;
+        mq.close().await;
+    }
+}

@@ -96,7 +96,10 @@ type Predicate = Arc<dyn Fn(&Failed<'_>) -> bool + Send + Sync>;
 /// consumer pauses, and what it had buffered goes back to the queue with no
 /// attempt counted. Every `probe` after that (from the moment it opened) it
 /// lets one message through (half-open): success closes the breaker and
-/// consumption resumes; a counted failure opens it for another `probe`.
+/// consumption resumes; a counted failure opens it for another `probe`,
+/// and that message goes round the ladder without spending an attempt
+/// (it is settled as an [`Outcome::Wait`]: the downstream is down, the
+/// message is not at fault).
 /// So a downstream's return is seen within one probe interval, whatever
 /// `pause` is: `pause` is the longest the interval may be, and its default
 /// ([`DEFAULT_BREAKER_PROBE`] when `pause` is longer).
@@ -252,6 +255,15 @@ pub(crate) struct Breaker {
 pub(crate) struct Transition {
     pub(crate) to: BreakerState,
     pub(crate) reason: String,
+    /// The trial failed in a way that counts: its message goes round
+    /// without spending an attempt (see [`Breaker::settled`]).
+    pub(crate) trial_failed: bool,
+}
+
+impl Transition {
+    fn to(to: BreakerState, reason: impl Into<String>) -> Self {
+        Transition { to, reason: reason.into(), trial_failed: false }
+    }
 }
 
 impl Breaker {
@@ -304,13 +316,18 @@ impl Breaker {
             State::Closed { .. } => (true, None),
             State::HalfOpen => {
                 *st = State::Trying { id };
-                (true, Some(Transition { to: BreakerState::Trying, reason: "one message let through to try the handler".into() }))
+                (true, Some(Transition::to(BreakerState::Trying, "one message let through to try the handler")))
             }
             State::Open { .. } | State::Trying { .. } => (false, None),
         }
     }
 
-    /// Delivery `id` settled as `reading` says.
+    /// Delivery `id` settled as `reading` says. A trial that fails in a
+    /// way that counts says the downstream is still down, not that its
+    /// message is at fault: the transition says so (`trial_failed`), and
+    /// the consumer sends that message round without spending an attempt,
+    /// so that a long outage over a quiet queue does not use up the
+    /// attempts of the few messages it keeps trying.
     pub(crate) fn settled(&self, id: u64, reading: Reading, now: Instant) -> Option<Transition> {
         let o = &self.options;
         let probe = o.probe_interval();
@@ -328,33 +345,31 @@ impl Breaker {
                     return None;
                 }
                 *st = State::Open { until: now + probe };
-                Some(Transition {
-                    to: BreakerState::Open,
-                    reason: format!(
+                Some(Transition::to(
+                    BreakerState::Open,
+                    format!(
                         "{} failures within {}: paused, trying one message every {}",
                         o.failures,
                         crate::checks::human(o.within),
                         crate::checks::human(probe)
                     ),
-                })
+                ))
             }
             State::Trying { id: trial } if *trial == id => match reading {
                 Reading::Counted => {
                     *st = State::Open { until: now + probe };
-                    Some(Transition { to: BreakerState::Open, reason: format!("the trial message failed: trying another in {}", crate::checks::human(probe)) })
+                    let reason = format!("the trial message failed: trying another in {}", crate::checks::human(probe));
+                    Some(Transition { trial_failed: true, ..Transition::to(BreakerState::Open, reason) })
                 }
                 Reading::Fine => {
                     *st = State::Closed { failures: VecDeque::new() };
-                    Some(Transition { to: BreakerState::Closed, reason: "the trial message succeeded".into() })
+                    Some(Transition::to(BreakerState::Closed, "the trial message succeeded"))
                 }
                 // A bug says nothing about the downstream: the next message
                 // is the trial, at once.
                 Reading::Other => {
                     *st = State::HalfOpen;
-                    Some(Transition {
-                        to: BreakerState::HalfOpen,
-                        reason: "the trial message failed in a way that is not counted: the next message is a trial".into(),
-                    })
+                    Some(Transition::to(BreakerState::HalfOpen, "the trial message failed in a way that is not counted: the next message is a trial"))
                 }
             },
             // Settlements of deliveries handed out before it opened change
@@ -369,7 +384,7 @@ impl Breaker {
         match *st {
             State::Open { until } if until <= now => {
                 *st = State::HalfOpen;
-                Some(Transition { to: BreakerState::HalfOpen, reason: "the probe interval is over: the next message is a trial".into() })
+                Some(Transition::to(BreakerState::HalfOpen, "the probe interval is over: the next message is a trial"))
             }
             _ => None,
         }
@@ -393,7 +408,7 @@ mod tests {
         assert_eq!(b.settled(3, FINE, t0 + Duration::from_secs(11)), None);
         assert_eq!(b.settled(4, COUNTED, t0 + Duration::from_secs(12)), None);
         let opened = b.settled(5, COUNTED, t0 + Duration::from_secs(13)).unwrap();
-        assert_eq!(opened.to, BreakerState::Open);
+        assert_eq!((opened.to, opened.trial_failed), (BreakerState::Open, false));
         assert!(b.holds());
         assert_eq!(b.admit(6), (false, None));
         assert_eq!(b.tick(t0 + Duration::from_secs(17)), None);
@@ -416,7 +431,8 @@ mod tests {
         assert_eq!(b.open_until(), Some(t0 + Duration::from_secs(2)));
         b.tick(t0 + Duration::from_secs(2)).unwrap();
         b.admit(2);
-        assert_eq!(b.settled(2, COUNTED, t0 + Duration::from_secs(3)).unwrap().to, BreakerState::Open);
+        let reopened = b.settled(2, COUNTED, t0 + Duration::from_secs(3)).unwrap();
+        assert_eq!((reopened.to, reopened.trial_failed), (BreakerState::Open, true));
         assert_eq!(b.open_until(), Some(t0 + Duration::from_secs(5)));
     }
 

@@ -5,6 +5,7 @@
 //! broker and gives back what it had buffered, unspent.
 
 use super::breaker::{Breaker, BreakerState, Failed, Transition};
+use crate::ack::Settlement;
 use super::Consumer;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -303,16 +304,28 @@ impl Consumer {
     /// None when it was not one (an accept, a reject; see [`Failed::of`]);
     /// `told`: whether it counts, when the handler's side decided that
     /// (see [`CircuitBreaker::counts`](super::CircuitBreaker::counts)).
-    pub(super) fn flow_settled(&self, id: u64, failed: Option<&Failed<'_>>, told: Option<bool>) {
-        let Some(b) = self.flow.breaker.as_ref() else { return };
-        if let Some(t) = b.settled(id, b.reading(failed, told), Instant::now()) {
-            self.breaker_moved(t);
-        }
+    /// True when it was the breaker's trial and failed in a way that counts.
+    pub(super) fn flow_settled(&self, id: u64, failed: Option<&Failed<'_>>, told: Option<bool>) -> bool {
+        let Some(b) = self.flow.breaker.as_ref() else { return false };
+        let Some(t) = b.settled(id, b.reading(failed, told), Instant::now()) else { return false };
+        let trial_failed = t.trial_failed;
+        self.breaker_moved(t);
+        trial_failed
     }
 
-    /// [`Consumer::flow_settled`] for a settled outcome.
-    pub(super) fn flow_settled_outcome(&self, id: u64, outcome: &crate::ack::Outcome, told: Option<bool>) {
-        self.flow_settled(id, Failed::of(outcome).as_ref(), told);
+    /// [`Consumer::flow_settled`] for a handler's outcome, and the
+    /// settlement it comes to: a failed trial's retry becomes a wait, the
+    /// ladder without an attempt spent (the downstream is down, the message
+    /// is not at fault), for as long as the outage lasts.
+    pub(super) fn flow_settle_outcome(&self, id: u64, outcome: crate::ack::Outcome, told: Option<bool>) -> Settlement {
+        let trial_failed = self.flow_settled(id, Failed::of(&outcome).as_ref(), told);
+        match outcome.settlement() {
+            Settlement::Retry { reason, .. } if trial_failed => Settlement::Wait {
+                reason: format!("{reason} (the circuit breaker's trial: the downstream is still down, so no attempt is spent)"),
+                up_to: Duration::MAX,
+            },
+            settlement => settlement,
+        }
     }
 
     /// Whether delivery `id` may be handed out: not while the breaker is

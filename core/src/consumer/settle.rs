@@ -121,8 +121,7 @@ impl Consumer {
             return Ok(());
         }
         let attempt = settler.attempt;
-        self.flow_settled_outcome(settler.watch.id, &outcome, counts);
-        let settlement = outcome.settlement();
+        let settlement = self.flow_settle_outcome(settler.watch.id, outcome, counts);
         let span = settled_span(&settler.span, &settlement);
         let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
         tracing::Instrument::instrument(self.settle_raw(settler.raw, attempt, settlement, turnaround, backtrace), span).await
@@ -228,8 +227,7 @@ impl Consumer {
             return;
         }
         let attempt = settler.attempt;
-        self.flow_settled_outcome(settler.watch.id, &outcome, counts);
-        let settlement = outcome.settlement();
+        let settlement = self.flow_settle_outcome(settler.watch.id, outcome, counts);
         let span = settled_span(&settler.span, &settlement);
         let turnaround = Turnaround { verdict, ..self.turnaround(&settler.watch, false) };
         self.in_background(move |this| {

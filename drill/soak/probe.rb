@@ -107,10 +107,17 @@ module Soak
         Probe.excess(x, base, LOCAL).empty? && x
       end || sample(broker: false)
       if @broker
-        s.broker = Soak.poll(BROKER_SETTLE, interval: 0.2) do
+        # Both counts read together on each poll: the client's may still
+        # fall (a retired publishing channel closes a second after its last
+        # nack, docs/lifecycle.md), and a count read before the broker's
+        # poll began would be compared with the broker's after it (CI saw
+        # 5 held against 2 listed, the 5 read while 3 retired ones lingered).
+        both = Soak.poll(BROKER_SETTLE, interval: 0.2) do
+          c = @mq.resources.channels
           n = broker_channels
-          n == s.channels && n
-        end || broker_channels
+          n == c && [c, n]
+        end || [@mq.resources.channels, broker_channels]
+        s.channels, s.broker = both
       end
       GC.start
       s.rss_kb = Probe.rss_kb

@@ -173,7 +173,10 @@ module Soak
     # connection's start instead (see #run_path): they belong to connections
     # and the runtime, never to one path, and the native thread of a Ruby
     # thread that ended lingers about 3 s in Ruby 3.1's thread cache.
-    def steady(samples: 3, counted: %i[channels tasks])
+    # Seven samples 0.25 s apart: longer than a retired publishing
+    # channel's second of grace, so the warm-up's retired channels are not
+    # in the baseline.
+    def steady(samples: 7, counted: %i[channels tasks])
       seen = []
       Soak.poll(STEADY_LIMIT, interval: 0.25) do
         seen << @probe.sample(broker: false)

@@ -436,7 +436,7 @@ module AceMQ
       # what needs no broker (the outbox; the runners are added after).
       def down_snapshot(error)
         status = Status.new(connection: nil, targets: [], outbox: outbox, interval: 0)
-        reason = error.is_a?(BrokerDown) ? error.message : "broker at #{shown_url}: #{error.class.name.split('::').last}: #{error.message}"
+        reason = error.is_a?(BrokerDown) ? error.message : "broker unreachable at #{shown_url}: #{error.class.name.split('::').last}: #{error.message}"
         { at: Time.now.utc.iso8601, broker_error: reason,
           consumers: targets.map do |t|
             { name: t.name, queue: { name: t.queue, exists: false, unknown: true }, rungs: [],

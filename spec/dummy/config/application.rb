@@ -9,8 +9,9 @@ require_relative "boot"
 require "rails"
 require "active_record/railtie"
 require "action_controller/railtie"
+# No require "acemq/web": AceMQ::Web is autoloaded where config/routes.rb
+# names it, as docs/web.md's mount sample is printed (issue 48).
 require "acemq"
-require "acemq/web"
 
 module Dummy
   class Application < ::Rails::Application

@@ -59,6 +59,17 @@ class DrillPaymentsConsumer < AceMQ::Rails::Consumer
     idempotent store: STORE
   end
 
+  # With LOG_DELIVERIES the guard's takeovers of a dead runner's claim and
+  # its holds in place are logged too (the ordering drill counts them).
+  if ENV["LOG_DELIVERIES"]
+    AceMQ::Events.subscribe("idempotency.acemq") do |e|
+      next unless %w[taken_over held].include?(e[:verdict].to_s)
+
+      order = e[:message]&.payload&.fetch("order_id", nil)
+      File.open(ENV.fetch("LOG"), "a") { |f| f.puts("#{e[:verdict]} #{order} #{format('%.6f', Time.now.to_f)}") }
+    end
+  end
+
   # A charge takes this long inside its transaction (a payment gateway's
   # round trip), so a kill usually lands in the middle of one.
   WORK = Float(ENV.fetch("WORK_SECONDS", "0"))

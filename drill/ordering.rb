@@ -22,7 +22,7 @@ module Drill
     RUNNERS = 3
     # Each charge holds its transaction open this long, so a kill lands
     # inside a handler (its key claimed, its charge not committed).
-    WORK = 0.005
+    WORK = 0.01
     # DRILL_ORDER_WORKER_IDS=1: each runner's store gets a worker id of its
     # own instead of hostname:pid, so the dead runner's claims cannot be
     # proven dead (as for runners on other hosts): the new owner holds the
@@ -59,7 +59,13 @@ module Drill
       victim = @runners.max_by { |r| r.handled.size }
       # In the middle of a handler: its key claimed, its charge not yet
       # committed. The kill then leaves a claim of a dead runner behind.
-      Drill.eventually(5, "runner #{victim.pid} to be in a handler", interval: 0.001) { !in_flight(victim).empty? }
+      # A handler that started under half its WORK ago is inside its
+      # transaction: on a loaded machine one that started long ago may have
+      # committed and be waiting for the GVL to log it.
+      Drill.eventually(10, "runner #{victim.pid} to be in a handler", interval: 0.001) do
+        t = Time.now.to_f
+        in_flight(victim, with_times: true).any? { |_, started| t - started < WORK / 2 }
+      end
       killed = Time.now.to_f
       victim.kill9
       result.faults = 1
@@ -72,7 +78,22 @@ module Drill
 
       cut = in_flight(victim)
       fail!("the kill cut no handler: nothing tested the dead runner's claims") if cut.empty?
+      # A cut handler had claimed its key; unless its commit landed as the
+      # process died, that claim is the dead runner's, and the next owner
+      # took it over (at once: its process had exited) or held the message
+      # until it expired. (The guard claims before the handler logs its
+      # start, so a claim can be taken over for an order no cut handler
+      # shows; and on a loaded machine a cut handler may have committed
+      # and not yet logged it.)
       others = @runners - [victim]
+      taken = guard_lines(others, "taken_over")
+      held = guard_lines(others, "held")
+      again = cut & runs(others).map { |_, _, o, _| o }
+      if (taken | held).empty?
+        fail!("no claim of the dead runner was taken over or held: every handler the kill cut had committed")
+      end
+      unresolved = again - taken - held
+      fail!("cut handlers run again with no takeover or hold of their claim: #{unresolved.join(', ')}") unless unresolved.empty?
       took = takeovers(killed, victim, others, queue)
       fail!("no other runner charged a partition of the dead runner after the kill") if took.empty?
       out_of_order, retried = order_breaks
@@ -81,7 +102,9 @@ module Drill
       result.worst = took.values.max
       by_runner = @runners.map { |r| r.handled.count { |l| l.start_with?("charged ") } }
       result.notes = "#{KEYS} accounts over #{PARTITIONS} partitions, every copy checked: #{out_of_order.size} " \
-                     "out of order; #{cut.size} handlers cut by the kill (#{cut.first(3).join(', ')}); " \
+                     "out of order; #{cut.size} handlers cut by the kill (#{cut.first(3).join(', ')}), " \
+                     "#{again.size} of them run again; " \
+                     "#{taken.size} claims of the dead runner taken over at once, #{held.size} held in place; " \
                      "#{ladder} copies round the ladder (#{retried} of them charged); " \
                      "takeover per partition #{took.map { |q, t| format('%s %.2fs', q.split('.').last, t) }.join(', ')}; " \
                      "charged per runner #{by_runner.join('/')}; #{reruns} re-run after the kill"
@@ -100,15 +123,16 @@ module Drill
 
     # Orders whose handler r started and had not finished (charged) when
     # last read: each holds its claim.
-    def in_flight(r)
-      started = []
+    def in_flight(r, with_times: false)
+      started = {}
       done = {}
       r.handled.each do |line|
-        what, order, = line.split
-        started << order if what == "start"
+        what, order, t = line.split
+        started[order] = Float(t) if what == "start"
         done[order] = true if what == "charged"
       end
-      started.reject { |o| done[o] }
+      open = started.reject { |o, _| done[o] }
+      with_times ? open : open.keys
     end
 
     # { partition queue => seconds from the kill to its next charge by
@@ -123,6 +147,11 @@ module Drill
         first = after.select { |_, _, o, _| part.(o) == q }.map { |_, c, _, _| c }.min
         [q, first - killed] if first
       end.to_h
+    end
+
+    # Orders of the guard's `what` lines (taken_over, held) in runners' logs.
+    def guard_lines(runners, what)
+      runners.flat_map { |r| r.handled.grep(/\A#{what} /).map { |l| l.split[1] } }.uniq
     end
 
     # Copies of any order that came back from a rung of the ladder (a

@@ -75,12 +75,16 @@ module AceMQ
           results = Array.new(messages.size)
           settled = []
           pending = decisions.select(&:run?).map(&:key)
+          # Keys this batch claimed itself: confirmed only after the batch,
+          # so a later copy in it is never held for them (it would wait out
+          # its own batch's claim).
+          own = pending.map(&:b)
           begin
             messages.each_with_index do |message, i|
               decision = decisions[i]
               # Held in place on a keep_order consumer (see #hold), before
               # the later messages of the batch run.
-              if @keep_order && decision.event == :in_progress
+              if @keep_order && decision.event == :in_progress && !own.include?(found[i].first.to_s.b)
                 decision = decisions[i] = hold(message, found[i].first, decision)
                 pending.unshift(decision.key) if decision.run?
               end

@@ -18,17 +18,17 @@ RSpec.describe "memory:// transport" do
     d = eventually { native._next(0.5) }
     expect(native._inflight).to eq(1)
     unreadable = Class.new(AceMQ::AMQP::Ack) { def reason = raise("unreadable") }.send(:new, :retry, "later")
-    expect { native._settle(d, unreadable) }.to raise_error(RuntimeError, "unreadable")
+    expect { native._settle(d, unreadable, nil) }.to raise_error(RuntimeError, "unreadable")
     expect(native._inflight).to eq(1)
-    native._settle(d, AceMQ::AMQP::Ack.accept)
+    native._settle(d, AceMQ::AMQP::Ack.accept, nil)
     expect(native._inflight).to eq(0)
-    expect { native._settle(d, AceMQ::AMQP::Ack.accept) }
+    expect { native._settle(d, AceMQ::AMQP::Ack.accept, nil) }
       .to raise_error(ArgumentError, /delivery #{d.tag} is not in flight on this consumer \(settled twice\?\)/)
     late = eventually { native._next(0.5) }
     expect(late._overdue?).to be(false)
     eventually(timeout: 5) { late._overdue? }
     expect(native._inflight).to eq(0)
-    native._settle(late, AceMQ::AMQP::Ack.accept) # its handler returned late: discarded
+    native._settle(late, AceMQ::AMQP::Ack.accept, nil) # its handler returned late: discarded
     expect(native._stats).to include(accepted: 1, timed_out: 1, abandoned: 1)
   ensure
     native&._close
@@ -46,7 +46,7 @@ RSpec.describe "memory:// transport" do
     mq.publish({ "n" => 1 }, to: q)
     d = eventually { native._next(0.5) }
     [Object.new, "delivery", nil, 7, native, AceMQ::AMQP::Ack.accept].each do |wrong|
-      expect { native._settle(wrong, AceMQ::AMQP::Ack.accept) }
+      expect { native._settle(wrong, AceMQ::AMQP::Ack.accept, nil) }
         .to raise_error(TypeError, /AceMQ::AMQP::Message::Consumed/)
     end
     settle = AceMQ::AMQP::NativeConsumer.instance_method(:_settle)
@@ -55,7 +55,7 @@ RSpec.describe "memory:// transport" do
     expect { payload.bind_call(native) }.to raise_error(TypeError)
     expect(payload.bind_call(d)).to eq("n" => 1)
     expect(native._inflight).to eq(1)
-    native._settle(d, AceMQ::AMQP::Ack.accept)
+    native._settle(d, AceMQ::AMQP::Ack.accept, nil)
     expect(native._inflight).to eq(0)
   ensure
     native&._close

@@ -5,7 +5,7 @@
 //! is seen within about one interval however long `pause` is. memory://
 //! always, RabbitMQ when AMQP_URL is set.
 
-use acemq::{dlq_name, Ack, BreakerState, CircuitBreaker, ConsumeOptions, Failed, Failure, PublishOptions, RetryPolicy, Topology};
+use acemq::{dlq_name, Ack, BreakerState, CircuitBreaker, ConsumeOptions, Failed, Failure, Outcome, PublishOptions, RetryPolicy, Topology};
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -228,6 +228,51 @@ async fn a_failed_trial_spends_no_attempt_so_a_quiet_queue_outlasts_a_long_outag
         assert_eq!(s.retried, 1, "only the failure that opened the breaker spends an attempt");
         assert!(s.waited >= 3, "the failed trials went round unspent: {s:?}");
         assert_eq!(mq.queue_counts(&dlq_name(&q)).await.unwrap().unwrap().ready, 0);
+        handle.cancel().await;
+        mq.close().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trial_that_waits_neither_closes_nor_reopens_the_breaker() {
+    for mq in transports().await {
+        let q = unique("breaker-wait");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        mq.publish(&json!({ "n": 1 }), &q, PublishOptions::default()).await.unwrap();
+        // 0: the downstream refuses; 1: not now (a database away: Wait); 2: fine.
+        let mode = Arc::new(AtomicUsize::new(0));
+        let options = ConsumeOptions {
+            retry: RetryPolicy { max_attempts: 5, initial_delay: Duration::from_millis(100), max_delay: Duration::from_millis(100) },
+            circuit_breaker: Some(CircuitBreaker::new(1, Duration::from_secs(30), Duration::from_secs(60)).probe(Duration::from_millis(200))),
+            ..ConsumeOptions::with_concurrency(1)
+        };
+        let (listener, seen) = transitions(&q);
+        let m2 = mode.clone();
+        let handle = mq
+            .consume(&q, options, move |_m: acemq::Message| {
+                let mode = m2.clone();
+                async move {
+                    match mode.load(Ordering::SeqCst) {
+                        0 => Outcome::from(Failure::from(refused())),
+                        1 => Outcome::Wait { reason: "the database is unavailable".into(), up_to: Duration::from_secs(60) },
+                        _ => Outcome::Ack(Ack::accept()),
+                    }
+                }
+            })
+            .await
+            .unwrap();
+        let c = handle.consumer();
+        eventually("the refusal opens the breaker", Duration::from_secs(10), || async { c.breaker_state() == Some(BreakerState::Open) }).await;
+        mode.store(1, Ordering::SeqCst);
+        // Its trials wait: each says nothing about the downstream, so the
+        // next message (the same one, back from its rung) is the trial.
+        eventually("two trials wait", Duration::from_secs(10), || async { c.stats().waited >= 2 }).await;
+        assert!(!seen.lock().unwrap().contains(&"circuit_closed"), "a wait closed the breaker: {:?}", seen.lock().unwrap());
+        mode.store(2, Ordering::SeqCst);
+        eventually("a good trial closes it", Duration::from_secs(10), || async { c.stats().accepted == 1 }).await;
+        eventually("closed", Duration::from_secs(5), || async { c.breaker_state() == Some(BreakerState::Closed) }).await;
+        assert_eq!(c.stats().dead_lettered, 0);
+        acemq::events::unsubscribe(listener);
         handle.cancel().await;
         mq.close().await;
     }

@@ -4,8 +4,8 @@
 //! decision (consumer.rs): a paused consumer cancels its subscription on the
 //! broker and gives back what it had buffered, unspent.
 
-use super::breaker::{Breaker, BreakerState, Failed, Transition};
-use crate::ack::Settlement;
+use super::breaker::{Breaker, BreakerState, Failed, Reading, Transition};
+use crate::ack::{Outcome, Settlement};
 use super::Consumer;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -307,7 +307,12 @@ impl Consumer {
     /// True when it was the breaker's trial and failed in a way that counts.
     pub(super) fn flow_settled(&self, id: u64, failed: Option<&Failed<'_>>, told: Option<bool>) -> bool {
         let Some(b) = self.flow.breaker.as_ref() else { return false };
-        let Some(t) = b.settled(id, b.reading(failed, told), Instant::now()) else { return false };
+        self.flow_read(id, b.reading(failed, told))
+    }
+
+    fn flow_read(&self, id: u64, reading: Reading) -> bool {
+        let Some(b) = self.flow.breaker.as_ref() else { return false };
+        let Some(t) = b.settled(id, reading, Instant::now()) else { return false };
         let trial_failed = t.trial_failed;
         self.breaker_moved(t);
         trial_failed
@@ -317,8 +322,14 @@ impl Consumer {
     /// settlement it comes to: a failed trial's retry becomes a wait, the
     /// ladder without an attempt spent (the downstream is down, the message
     /// is not at fault), for as long as the outage lasts.
-    pub(super) fn flow_settle_outcome(&self, id: u64, outcome: crate::ack::Outcome, told: Option<bool>) -> Settlement {
-        let trial_failed = self.flow_settled(id, Failed::of(&outcome).as_ref(), told);
+    pub(super) fn flow_settle_outcome(&self, id: u64, outcome: Outcome, told: Option<bool>) -> Settlement {
+        let trial_failed = match &outcome {
+            // Not now (a database away, a claim held), or a handler that
+            // returned something else than an Ack: nothing about the
+            // downstream either way (a trial's says the next message tries).
+            Outcome::Wait { .. } | Outcome::NotAnAck { .. } => self.flow_read(id, Reading::Other),
+            _ => self.flow_settled(id, Failed::of(&outcome).as_ref(), told),
+        };
         match outcome.settlement() {
             Settlement::Retry { reason, .. } if trial_failed => Settlement::Wait {
                 reason: format!("{reason} (the circuit breaker's trial: the downstream is still down, so no attempt is spent)"),

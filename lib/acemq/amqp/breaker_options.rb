@@ -77,8 +77,6 @@ module AceMQ
         { failures: @failures, within: @within, pause: @pause, probe: @probe, on: @on, ignore: @ignore }.compact
       end
 
-      def ==(other) = other.is_a?(BreakerOptions) && to_h == other.to_h
-
       private
 
       def matchers(name, value)

@@ -11,8 +11,8 @@ require "rbconfig"
 # time and says how far it read, never holding more than 1,000
 # unacknowledged, and nothing lost by any of it.
 RSpec.describe "reading a DLQ: one reader, bounded" do
-  ROOT = File.expand_path("../..", __dir__)
-  DEEP = 20_000
+  SAFETY_ROOT = File.expand_path("../..", __dir__)
+  SAFETY_DEEP = 20_000
 
   before(:all) do
     @bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil)).tap(&:start)
@@ -54,11 +54,11 @@ RSpec.describe "reading a DLQ: one reader, bounded" do
       puts JSON.generate(r.slice(:scanned, :total, :gave_up, :most_held, :partial))
       mq.close
     RUBY
-    Open3.popen2({ "AMQP_URL" => AMQP_URL, "Q" => queue, "RUBYLIB" => File.join(ROOT, "lib") }, RbConfig.ruby, "-e", code)
+    Open3.popen2({ "AMQP_URL" => AMQP_URL, "Q" => queue, "RUBYLIB" => File.join(SAFETY_ROOT, "lib") }, RbConfig.ruby, "-e", code)
   end
 
   it "lets one process read a DLQ at a time: another is told, then reads once the first has finished" do
-    fill(DEEP)
+    fill(SAFETY_DEEP)
     stdin, stdout, child = other_reader(8)
     stdin.close
     lock = "#{dlq}.reader"
@@ -70,17 +70,17 @@ RSpec.describe "reading a DLQ: one reader, bounded" do
     expect { @mq.replay_dead_letters(queue, ids: ["dl-1"]) }.to raise_error(AceMQ::AMQP::BrokerError, /another reader/)
     expect(child.value).to be_success
     theirs = JSON.parse(stdout.read, symbolize_names: true)
-    expect(theirs).to include(total: DEEP, gave_up: true, partial: true)
-    expect(theirs[:scanned]).to be_between(1, DEEP - 1)
+    expect(theirs).to include(total: SAFETY_DEEP, gave_up: true, partial: true)
+    expect(theirs[:scanned]).to be_between(1, SAFETY_DEEP - 1)
     # Once it has finished, the lock is gone with its channel.
     mine = @mq.browse_dead_letters(queue, limit: 5)
     expect(mine[:dead_letters].size).to eq(5)
     expect(@mq.queue_counts(lock)[:consumers]).to eq(0)
-    eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == DEEP }
+    eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == SAFETY_DEEP }
   end
 
   it "gives up a filter after its time, says how far it read, holds at most 1,000, and loses none" do
-    fill(DEEP)
+    fill(SAFETY_DEEP)
     held = []
     watcher = Thread.new do
       ch = @bunny.create_channel
@@ -96,14 +96,14 @@ RSpec.describe "reading a DLQ: one reader, bounded" do
     took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
     watcher[:go] = false
     watcher.join
-    expect(r).to include(total: DEEP, gave_up: true, partial: true, dead_letters: [])
-    expect(r[:scanned]).to be_between(1, DEEP - 1)
+    expect(r).to include(total: SAFETY_DEEP, gave_up: true, partial: true, dead_letters: [])
+    expect(r[:scanned]).to be_between(1, SAFETY_DEEP - 1)
     expect(r[:most_held]).to be_between(1, 1_000)
     # Ready never fell by more than what one read may hold.
-    expect(held.compact.min).to be >= DEEP - 1_000
+    expect(held.compact.min).to be >= SAFETY_DEEP - 1_000
     expect(took).to be < 30 # it stopped (the filter asked for 2 s)
-    eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == DEEP }
-    ids = @mq.browse_dead_letters(queue, ids: ["dl-#{DEEP - 1}"], within: 60)[:dead_letters].map { |d| d[:id] }
-    expect(ids).to eq(["dl-#{DEEP - 1}"])
+    eventually(timeout: 10) { @mq.queue_counts(dlq)[:ready] == SAFETY_DEEP }
+    ids = @mq.browse_dead_letters(queue, ids: ["dl-#{SAFETY_DEEP - 1}"], within: 60)[:dead_letters].map { |d| d[:id] }
+    expect(ids).to eq(["dl-#{SAFETY_DEEP - 1}"])
   end
 end

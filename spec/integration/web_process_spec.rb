@@ -18,7 +18,7 @@ require_relative "../../drill/node"
 # process holds part of it, `acemq web`'s options and TERM, and a page that
 # says which part is down when the broker is (issue 48 part 5).
 RSpec.describe "AceMQ::Web with the management API, as a process" do
-  ROOT = File.expand_path("../..", __dir__)
+  WEB_PROCESS_ROOT = File.expand_path("../..", __dir__)
 
   before(:all) do
     @mport = Drill::Node.free_port
@@ -35,8 +35,13 @@ RSpec.describe "AceMQ::Web with the management API, as a process" do
     rescue SystemCallError, IOError
       false
     end
-    @bunny = Bunny.new(@node.url, logger: Logger.new(nil)).tap(&:start)
     @mq = AceMQ::AMQP::Connection.open(@node.url)
+  end
+
+  # Bunny and the spec's connection afresh after an example stopped the node.
+  before do
+    @bunny = Bunny.new(@node.url, logger: Logger.new(nil)).tap(&:start) unless @bunny&.open?
+    @mq = AceMQ::AMQP::Connection.open(@node.url) if @mq.closed?
   end
 
   after(:all) do
@@ -50,7 +55,7 @@ RSpec.describe "AceMQ::Web with the management API, as a process" do
   # `acemq web ARGS` on a free port: [pid, base URL, its output].
   def acemq_web(*args, env: {})
     out = Tempfile.new("acemq-web")
-    pid = Process.spawn({ "RUBYLIB" => File.join(ROOT, "lib") }.merge(env), RbConfig.ruby, File.join(ROOT, "exe", "acemq"),
+    pid = Process.spawn({ "RUBYLIB" => File.join(WEB_PROCESS_ROOT, "lib") }.merge(env), RbConfig.ruby, File.join(WEB_PROCESS_ROOT, "exe", "acemq"),
                         "web", "--url", @node.url, "--port", "0", *args, out: out.path, err: out.path)
     base = eventually(timeout: 20) { File.read(out.path)[%r{acemq web: (http://127\.0\.0\.1:\d+)/}, 1] }
     [pid, base, out]
@@ -121,7 +126,7 @@ RSpec.describe "AceMQ::Web with the management API, as a process" do
     # The management API's statistics catch up with a new queue within
     # its collection interval (5 s).
     eventually(timeout: 20) { JSON.parse(http.get("/overview.json").body)["values"]["q:#{queue}:dlq"] == "3,000" }
-    stdin, stdout, child = Open3.popen2({ "URL" => @node.url, "Q" => queue, "RUBYLIB" => File.join(ROOT, "lib") }, RbConfig.ruby, "-e", code)
+    stdin, stdout, child = Open3.popen2({ "URL" => @node.url, "Q" => queue, "RUBYLIB" => File.join(WEB_PROCESS_ROOT, "lib") }, RbConfig.ruby, "-e", code)
     stdin.close
     eventually(timeout: 10) { @mq.queue_counts("#{queue}.dlq.reader")&.dig(:consumers) == 1 }
     seen = []
@@ -158,7 +163,9 @@ RSpec.describe "AceMQ::Web with the management API, as a process" do
       expect(down.body).not_to include("guest")
       overview = http.get("/")
       expect(overview.status).to eq(200)
-      expect(overview.body).to include("The broker is down", "broker unreachable at #{url}", "2 waiting", "broker down")
+      said = overview.body[%r{<p class="warn" id="broker-down".*?</p>}m]
+      expect(said).to include("The broker is down", "broker unreachable at #{url}"), said.inspect
+      expect(overview.body).to include("2 waiting", "broker down")
     ensure
       @node.start_app
     end

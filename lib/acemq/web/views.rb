@@ -88,6 +88,7 @@ module AceMQ
       rescue Source::BrokerDown, AMQP::ConnectionError, AMQP::TimeoutError => e
         down(e)
       rescue AMQP::BrokerError => e
+        return down(e) if Source::CONNECTION_CLOSED.include?(e.reply_code)
         raise unless Source.busy?(e)
 
         refuse(409, "Another operator is reading this DLQ",

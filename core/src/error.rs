@@ -44,6 +44,10 @@ pub enum ErrorKind {
     /// disk alarm) and did not lift it within the publish's deadline.
     /// Nothing was sent.
     Blocked,
+    /// A request's responder failed (its handler raised, returned an error
+    /// or rejected the request) and sent back an error reply:
+    /// [`Error::remote`] has its class, message and first frames.
+    Remote,
 }
 
 /// The crate's error: a [`ErrorKind`] and a lowercase message.
@@ -51,6 +55,9 @@ pub enum ErrorKind {
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    /// What the responder sent back, for [`ErrorKind::Remote`]: boxed, so
+    /// every other error stays two words bigger at most.
+    remote: Option<Box<crate::request::RemoteFailure>>,
 }
 
 /// `Result` with [`Error`].
@@ -59,7 +66,23 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An error of `kind` with `message` (lowercase, saying what to do).
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self { kind, message: message.into(), remote: None }
+    }
+
+    /// A request's error reply (see [`ErrorKind::Remote`]).
+    pub(crate) fn remote_failure(message: impl Into<String>, failure: crate::request::RemoteFailure) -> Self {
+        Self { kind: ErrorKind::Remote, message: message.into(), remote: Some(Box::new(failure)) }
+    }
+
+    /// What the responder sent back, when a request's responder failed
+    /// ([`ErrorKind::Remote`]): its error's class, message and backtrace.
+    pub fn remote(&self) -> Option<&crate::request::RemoteFailure> {
+        self.remote.as_deref()
+    }
+
+    /// A request's responder failed (see [`ErrorKind::Remote`]).
+    pub fn is_remote(&self) -> bool {
+        self.kind == ErrorKind::Remote
     }
 
     /// What went wrong.

@@ -135,6 +135,12 @@ pub enum ProcessOutcome {
     /// The settlement could not be made (the copy was refused): the message
     /// went back to its queue.
     Failed,
+    /// A request dropped because its deadline had passed (on arrival,
+    /// unhandled, or when its handler failed): nobody waited for it.
+    Expired,
+    /// A request whose handler failed, answered with an error reply and
+    /// acknowledged instead of being retried or dead-lettered.
+    ErrorReplied,
 }
 
 impl ProcessOutcome {
@@ -149,6 +155,8 @@ impl ProcessOutcome {
             ProcessOutcome::Waited => "waited",
             ProcessOutcome::TimedOut => "timed_out",
             ProcessOutcome::Failed => "failed",
+            ProcessOutcome::Expired => "expired",
+            ProcessOutcome::ErrorReplied => "error_replied",
         }
     }
 }

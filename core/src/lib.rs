@@ -91,7 +91,7 @@ pub use error::{Error, ErrorKind, Result};
 pub use handler::{Failure, Handler};
 pub use headers::Headers;
 pub use message::{DeliveryInfo, Message};
-pub use request::{RequestOptions, DEFAULT_REQUEST_TIMEOUT, REPLY_TO};
+pub use request::{RemoteFailure, RequestOptions, DEADLINE_HEADER, DEFAULT_REQUEST_TIMEOUT, ERROR_HEADER, ERROR_TYPE, REPLY_TO, RETRY_SAFE_HEADER};
 pub use replay::{DeadLetter, DeadLetterPage, ReplayOptions, ReplayReport, REFRESHED_BY_HEADER, REFRESH_AT, REPLAYED_BY_HEADER};
 pub use retry::{dlq_name, rung_name, RetryPolicy};
 pub use stream::{OutgoingMessage, PublishStream, STREAM_CHUNK, STREAM_WINDOW};

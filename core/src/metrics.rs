@@ -124,7 +124,7 @@ static METRICS: Lazy<Metrics> = Lazy::new(|| {
     );
     r.register(
         "messaging_client_consumed_messages",
-        "Deliveries settled, by queue and outcome (accepted, retried, dead_lettered, duplicate, in_progress, waited, timed_out, failed)",
+        "Deliveries settled, by queue and outcome (accepted, retried, dead_lettered, duplicate, in_progress, waited, timed_out, failed, expired, error_replied)",
         m.consumed.clone(),
     );
     r.register_with_unit(

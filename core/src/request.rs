@@ -12,8 +12,16 @@
 //!
 //! A reply is at most once: it is not stored anywhere, and a requester that
 //! is gone, or a reply channel lost with the connection, loses it.
+//!
+//! A request carries its deadline ([`DEADLINE_HEADER`]) and whether it is
+//! safe to retry ([`RETRY_SAFE_HEADER`]). A consumer whose handler fails on
+//! a request sends back an error reply ([`ERROR_TYPE`], [`ERROR_HEADER`]),
+//! which the requester returns as [`ErrorKind::Remote`]; a request whose
+//! deadline has passed is dropped, since nobody waits for it
+//! (docs/request-reply.md, "When the responder fails").
 
 use crate::connection::{check_destination, Connection, PublishOptions};
+use crate::backtrace::Backtrace;
 use crate::envelope::Envelope;
 use crate::error::{Error, ErrorKind, Result};
 use crate::message::Message;
@@ -32,20 +40,107 @@ pub const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 /// How long [`Connection::request`] waits for a reply by default.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// On a request: when its requester stops waiting, in milliseconds since
+/// the epoch (the requester's clock). Past it a consumer drops the request
+/// unhandled: nobody would read the answer.
+pub const DEADLINE_HEADER: &str = "x-acemq-deadline";
+
+/// On a request: `true` when its requester said it is safe to handle more
+/// than once ([`RequestOptions::retry_safe`]), so a failure goes round the
+/// retry ladder before it is answered with an error.
+pub const RETRY_SAFE_HEADER: &str = "x-acemq-retry-safe";
+
+/// The `type` of an error reply: what a requester recognizes it by.
+pub const ERROR_TYPE: &str = "acemq.error";
+
+/// On an error reply: a table `{"class": …, "message": …}`, the failure's
+/// error class (absent for a handler's own reject) and its message or
+/// reason. Its frames travel as `x-acemq-backtrace`, bounded as a dead
+/// letter's ([`Backtrace`]).
+pub const ERROR_HEADER: &str = "x-acemq-error";
+
 /// How to send one request.
 #[derive(Debug, Clone)]
 pub struct RequestOptions {
     /// Where and with what envelope, as a publish (`delay`/`at` are refused:
     /// a request waits for its answer now).
     pub publish: PublishOptions,
-    /// How long to wait for the reply before [`ErrorKind::Timeout`].
+    /// How long to wait for the reply before [`ErrorKind::Timeout`]. The
+    /// request carries the moment this runs out as its deadline
+    /// ([`DEADLINE_HEADER`]): a consumer meeting it later drops it unhandled.
     pub timeout: Duration,
+    /// Handling it twice does no harm, so a failing handler may be tried
+    /// again: a failure before the deadline goes round the consumer's retry
+    /// ladder, and the error reply comes only when the retries are spent (or
+    /// the next one would come back after the deadline). Default false: the
+    /// first failure is answered with an error reply at once and the request
+    /// is not tried again.
+    pub retry_safe: bool,
 }
 
 impl Default for RequestOptions {
     fn default() -> Self {
-        RequestOptions { publish: PublishOptions::default(), timeout: DEFAULT_REQUEST_TIMEOUT }
+        RequestOptions { publish: PublishOptions::default(), timeout: DEFAULT_REQUEST_TIMEOUT, retry_safe: false }
     }
+}
+
+/// What a failed responder sent back in its error reply: the requester's
+/// [`Error::remote`] when its kind is [`ErrorKind::Remote`].
+///
+/// Read from headers any publisher can set, so each field is only what
+/// could be read as text, bounded: a class that is not a string is None, a
+/// message or class past its limit is cut, and the backtrace is bounded
+/// again here ([`Backtrace`]'s 20 frames and 4 KiB), whatever was sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteFailure {
+    class: Option<String>,
+    message: String,
+    backtrace: Option<Backtrace>,
+}
+
+impl RemoteFailure {
+    /// The responder's error class (`RuntimeError`, `billing::GatewayDown`);
+    /// None when its handler rejected the request itself (`Ack::reject`),
+    /// or the reply named none.
+    pub fn class(&self) -> Option<&str> {
+        self.class.as_deref()
+    }
+
+    /// The error's message, or the handler's reason.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The responder's first frames, innermost first, when it sent any.
+    pub fn backtrace(&self) -> Option<&Backtrace> {
+        self.backtrace.as_ref()
+    }
+
+    /// Read from an error reply's headers (see the type's doc).
+    fn of(raw: &RawDelivery) -> RemoteFailure {
+        use serde_json::Value;
+        let error = raw.props.header(ERROR_HEADER);
+        let field = |name: &str| match error.as_deref() {
+            Some(Value::Object(o)) => o.get(name).and_then(Value::as_str).map(str::to_owned),
+            _ => None,
+        };
+        let class = field("class").filter(|c| !c.is_empty()).map(|c| crate::limits::bounded(&c, crate::limits::MAX_SHORT));
+        let message = match field("message") {
+            Some(m) => crate::limits::bounded(&m, crate::limits::MAX_REASON),
+            None => format!("the responder sent an error reply without a readable {ERROR_HEADER} (a table with a message)"),
+        };
+        let backtrace = match raw.props.header(crate::wire::BACKTRACE_HEADER).as_deref() {
+            Some(Value::String(text)) => Backtrace::from_frames(text.lines().collect::<Vec<_>>()),
+            Some(Value::Array(frames)) => Backtrace::from_frames(frames.iter().filter_map(Value::as_str).collect::<Vec<_>>()),
+            _ => None,
+        };
+        RemoteFailure { class, message, backtrace }
+    }
+}
+
+/// Milliseconds since the epoch, now.
+pub(crate) fn now_millis() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One connection's requests in flight and its reply channel.
@@ -143,7 +238,7 @@ impl Connection {
     pub async fn request<T: Serialize + ?Sized>(&self, payload: &T, routing_key: &str, options: RequestOptions) -> Result<Message> {
         let body = serde_json::to_vec(payload)?;
         let envelope = self.envelope_for(&options.publish);
-        let raw = self.exchange_request(&body, &options.publish.exchange, routing_key, &envelope, options.timeout).await?;
+        let raw = self.exchange_request(&body, &options.publish.exchange, routing_key, &envelope, &options).await?;
         decoded(&raw, crate::wire::Payload::Parsed)
     }
 
@@ -151,7 +246,9 @@ impl Connection {
     /// made ([`Connection::envelope_for`]): what the Ruby gem calls. The
     /// reply's payload is checked to be JSON and left unbuilt
     /// ([`Payload::Checked`](crate::Payload::Checked)): its body is returned
-    /// with it for the caller to build its own values from.
+    /// with it for the caller to build its own values from. Of `options`
+    /// only `timeout` and `retry_safe` are read: the exchange and envelope
+    /// are the ones given.
     ///
     /// # Cancel safety
     ///
@@ -162,18 +259,26 @@ impl Connection {
         exchange: &str,
         routing_key: &str,
         envelope: &Envelope,
-        timeout: Duration,
+        options: &RequestOptions,
     ) -> Result<(Message, crate::Body)> {
-        let raw = self.exchange_request(body, exchange, routing_key, envelope, timeout).await?;
+        let raw = self.exchange_request(body, exchange, routing_key, envelope, options).await?;
         let message = decoded(&raw, crate::wire::Payload::Checked)?;
         Ok((message, crate::Body::of(raw)))
     }
 
-    async fn exchange_request(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope, timeout: Duration) -> Result<RawDelivery> {
+    async fn exchange_request(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope, options: &RequestOptions) -> Result<RawDelivery> {
         if crate::delay::due_of(&envelope.headers).is_some() {
             return Err(Error::invalid("a request cannot be delayed: it waits for its reply now; publish it with a delay instead"));
         }
+        let timeout = options.timeout;
         let mut props = props_for(envelope);
+        let deadline = now_millis().saturating_add(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        props.headers_mut().insert(DEADLINE_HEADER.into(), serde_json::Value::from(deadline));
+        if options.retry_safe {
+            props.headers_mut().insert(RETRY_SAFE_HEADER.into(), serde_json::Value::Bool(true));
+        } else {
+            props.headers_mut().remove(RETRY_SAFE_HEADER);
+        }
         check_destination(exchange, routing_key, &props)?;
         let correlation_id = crate::envelope::new_id();
         props.correlation_id = Some(correlation_id.clone());
@@ -252,6 +357,34 @@ impl Connection {
         }
     }
 
+    /// The error reply to a request whose handler failed: type
+    /// [`ERROR_TYPE`], the class and message in [`ERROR_HEADER`] (and in
+    /// the body, `{"error": {…}}`, for a requester that reads only bodies),
+    /// the frames as `x-acemq-backtrace`. A requester that is gone is not an
+    /// error, as for [`Connection::send_reply`].
+    pub(crate) async fn send_error_reply(
+        &self,
+        reply_to: &str,
+        correlation_id: &str,
+        class: Option<&str>,
+        message: &str,
+        backtrace: Option<&Backtrace>,
+    ) -> Result<()> {
+        use serde_json::Value;
+        let mut envelope = self.envelope_for(&PublishOptions { kind: Some(ERROR_TYPE.to_owned()), ..Default::default() });
+        let mut error = serde_json::Map::new();
+        if let Some(class) = class {
+            error.insert("class".into(), Value::from(crate::limits::bounded(class, crate::limits::MAX_SHORT)));
+        }
+        error.insert("message".into(), Value::from(crate::limits::bounded(message, crate::limits::MAX_REASON)));
+        let body = serde_json::to_vec(&serde_json::json!({ "error": error }))?;
+        envelope.headers.insert(ERROR_HEADER.into(), Value::Object(error));
+        if let Some(b) = backtrace {
+            envelope.headers.insert(crate::wire::BACKTRACE_HEADER.into(), Value::from(b.as_str()));
+        }
+        self.send_reply(&body, Some(reply_to), Some(correlation_id), &envelope).await
+    }
+
     async fn send_json_props(&self, body: &[u8], routing_key: &str, props: Props) -> Result<()> {
         check_destination("", routing_key, &props)?;
         self.backend().send("", routing_key, body, &props).await?.wait().await
@@ -268,6 +401,17 @@ fn answer(
     routing_key: &str,
 ) -> Result<RawDelivery> {
     match got {
+        Ok(Ok(raw)) if raw.props.kind.as_deref() == Some(ERROR_TYPE) => {
+            let failure = RemoteFailure::of(&raw);
+            let what = match failure.class() {
+                Some(class) => format!("{class}: {}", failure.message()),
+                None => failure.message().to_owned(),
+            };
+            Err(Error::remote_failure(
+                format!("the responder to '{routing_key}' failed on this request ({what}); it was not retried unless sent retry_safe"),
+                failure,
+            ))
+        }
         Ok(Ok(raw)) => Ok(raw),
         Ok(Err(_)) => Err(Error::closed("the connection closed while waiting for the reply")),
         Err(_) => Err(Error::new(

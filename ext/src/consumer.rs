@@ -215,6 +215,8 @@ impl RbConsumer {
             ("waited", s.waited),
             ("timed_out", s.timed_out),
             ("abandoned", s.abandoned),
+            ("expired", s.expired),
+            ("error_replied", s.error_replied),
         ] {
             h.aset(ruby.to_symbol(name), n)?;
         }

@@ -38,6 +38,7 @@ error_class!(TIMEOUT, "TimeoutError");
 error_class!(ENCODING_ERROR, "EncodingError");
 error_class!(STORE_ERROR, "StoreError");
 error_class!(BLOCKED, "Blocked");
+error_class!(REMOTE_ERROR, "RemoteError");
 
 /// Make sure every class exists now, at require time, rather than at the
 /// first error.
@@ -45,7 +46,7 @@ pub fn init(ruby: &Ruby) -> Result<(), Error> {
     for l in [
         &ERROR, &CONFIGURATION_ERROR, &INVALID_URL, &CONNECTION_FAILED, &TLS_ERROR, &AUTHENTICATION_FAILED, &CONNECTION_CLOSED,
         &BROKER_ERROR, &NOT_FOUND, &PRECONDITION_FAILED, &ACCESS_REFUSED, &UNROUTABLE, &PUBLISH_NACKED, &TIMEOUT,
-        &ENCODING_ERROR, &STORE_ERROR, &BLOCKED,
+        &ENCODING_ERROR, &STORE_ERROR, &BLOCKED, &REMOTE_ERROR,
     ] {
         Lazy::force(l, ruby);
     }
@@ -71,8 +72,12 @@ pub fn to_ruby(ruby: &Ruby, e: acemq::Error) -> Error {
         ErrorKind::InvalidArgument => &CONFIGURATION_ERROR,
         ErrorKind::Store => &STORE_ERROR,
         ErrorKind::Blocked => &BLOCKED,
+        ErrorKind::Remote => &REMOTE_ERROR,
         _ => &ERROR,
     };
+    if let Some(remote) = e.remote() {
+        return remote_error(ruby, ruby.get_inner(class), remote);
+    }
     let class = ruby.get_inner(class);
     match class.new_instance((e.to_string(),)) {
         Ok(exc) => {
@@ -82,6 +87,24 @@ pub fn to_ruby(ruby: &Ruby, e: acemq::Error) -> Error {
             Error::from(exc)
         }
         Err(_) => Error::new(class, e.to_string()),
+    }
+}
+
+/// A request's error reply as `RemoteError`: its message the responder's
+/// own, with `remote_class` and `remote_backtrace` (Connection#request puts
+/// those frames at the top of its backtrace).
+fn remote_error(ruby: &Ruby, class: ExceptionClass, remote: &acemq::RemoteFailure) -> Error {
+    let frames = ruby.ary_new();
+    for line in remote.backtrace().map(|b| b.as_str().lines().collect::<Vec<_>>()).unwrap_or_default() {
+        let _ = frames.push(line);
+    }
+    match class.new_instance((remote.message(),)) {
+        Ok(exc) => {
+            let _: Result<magnus::Value, _> = exc.funcall("instance_variable_set", ("@remote_class", remote.class()));
+            let _: Result<magnus::Value, _> = exc.funcall("instance_variable_set", ("@remote_backtrace", frames));
+            Error::from(exc)
+        }
+        Err(_) => Error::new(class, remote.message().to_owned()),
     }
 }
 

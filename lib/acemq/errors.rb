@@ -92,6 +92,28 @@ module AceMQ
     # connection; the block lifts when the alarm clears.
     class Blocked < Error; end
 
+    # A request's responder failed: its handler raised, returned an error or
+    # rejected the request, and its consumer sent back an error reply
+    # (docs/request-reply.md, "When the responder fails"). The message is
+    # the responder's own; remote_class its error class (nil for a handler's
+    # reject with a reason); remote_backtrace its first frames (at most 20
+    # lines, 4 KiB), which Connection#request also puts at the top of
+    # #backtrace, above the requester's own frames, as DRb does.
+    #
+    # Read from headers any publisher can set: each is only what could be
+    # read as text, bounded, whatever was sent.
+    class RemoteError < Error
+      def initialize(message = nil, remote_class: nil, remote_backtrace: nil)
+        super(message)
+        @remote_class = remote_class
+        @remote_backtrace = remote_backtrace
+      end
+
+      attr_reader :remote_class
+
+      def remote_backtrace = @remote_backtrace || []
+    end
+
     # A handler that did not return: it raised an exception that is not a
     # StandardError (a bare Exception, NoMemoryError, SystemExit) or its
     # thread was killed. Handed to on_error, and the reason its message goes

@@ -26,6 +26,7 @@ mod flow;
 mod handle;
 mod ladder;
 mod options;
+mod requests;
 mod settle;
 
 pub use deadline::TIMEOUT_CLASS;
@@ -130,6 +131,8 @@ struct Counters {
     waited: AtomicU64,
     timed_out: AtomicU64,
     abandoned: AtomicU64,
+    expired: AtomicU64,
+    error_replied: AtomicU64,
 }
 
 /// A snapshot of a consumer's counters.
@@ -150,6 +153,13 @@ pub struct ConsumerStats {
     /// Settlements discarded because the deadline had settled the delivery
     /// first: handlers that finished after their timeout.
     pub abandoned: u64,
+    /// Requests dropped because their deadline (`x-acemq-deadline`) had
+    /// passed: on arrival, unhandled, or when their handler failed. Nobody
+    /// waited for them; they went neither round the ladder nor to the DLQ.
+    pub expired: u64,
+    /// Requests whose handler failed, answered with an error reply and
+    /// acknowledged (see docs/request-reply.md).
+    pub error_replied: u64,
 }
 
 /// A pull consumer on one queue.
@@ -271,6 +281,8 @@ impl Consumer {
             waited: self.counters.waited.load(Ordering::Relaxed),
             timed_out: self.counters.timed_out.load(Ordering::Relaxed),
             abandoned: self.counters.abandoned.load(Ordering::Relaxed),
+            expired: self.counters.expired.load(Ordering::Relaxed),
+            error_replied: self.counters.error_replied.load(Ordering::Relaxed),
         }
     }
 
@@ -324,6 +336,10 @@ impl Consumer {
                 self.flow_refund();
                 return None;
             };
+            if self.drop_if_expired(&raw) {
+                self.flow_refund();
+                continue;
+            }
             if let Some(d) = self.parse_delivery(raw).await {
                 if self.flow_admits(d.settler.watch.id) {
                     return Some(d);
@@ -387,6 +403,10 @@ impl Consumer {
             return Taken::Empty;
         }
         match self.link.pop_blocking(timeout) {
+            Pop::Item(raw) if self.drop_if_expired(&raw) => {
+                self.flow_refund();
+                Taken::Empty
+            }
             Pop::Item(raw) => {
                 let decoded = match payload {
                     Some(payload) => decode_as(&self.queue, &raw, payload).map(|message| (message, Text::None)),

@@ -140,7 +140,14 @@ impl Consumer {
         backtrace: Option<Backtrace>,
     ) -> Result<()> {
         let facts = crate::events::enabled().then(|| ProcessFacts::of(&raw, attempt, &settlement));
+        // A request whose handler failed is answered (or dropped, past its
+        // deadline) rather than copied: requests.rs.
+        let fate = self.request_fate(&raw, attempt, &settlement, turnaround.verdict);
         let settled = match settlement {
+            settlement if fate.is_some() => {
+                let fate = fate.expect("checked in the guard");
+                self.end_request(Arc::unwrap_or_clone(raw), fate, settlement, backtrace.as_ref()).await
+            }
             Settlement::Accept => {
                 self.link.ack(raw.tag);
                 self.counters.accepted.fetch_add(1, Ordering::Relaxed);

@@ -110,21 +110,38 @@ module AceMQ
       #
       # Raises TimeoutError when no reply comes within timeout: seconds (the
       # request may still be handled; a reply after that is dropped and
-      # counted in #late_replies), and what publish raises when the request
-      # cannot be sent (Unroutable for a queue nobody declared).
-      def request(payload, to:, timeout: 5, exchange: "", envelope: nil, type: nil, headers: nil)
-        timeout = Float(timeout)
-        unless timeout.finite? && timeout.positive?
+      # counted in #late_replies), RemoteError when the responder's handler
+      # failed on it, and what publish raises when the request cannot be
+      # sent (Unroutable for a queue nobody declared).
+      #
+      # The request carries its deadline (now + timeout): a consumer that
+      # meets it later drops it unhandled. retry_safe: true says handling it
+      # more than once does no harm: a failure then goes round the
+      # consumer's retry ladder before the error reply, which comes once the
+      # retries are spent or the next one would come back too late.
+      def request(payload, to:, timeout: 5, exchange: "", envelope: nil, type: nil, headers: nil, retry_safe: false)
+        seconds = begin
+          Float(timeout)
+        rescue ArgumentError, TypeError
+          nil
+        end
+        # Only the timeout's own conversion is rescued: a ConfigurationError
+        # (an ArgumentError) from building the message must keep its message.
+        unless seconds&.finite? && seconds.positive?
           raise ConfigurationError, "timeout: must be a number of seconds above 0, got #{timeout.inspect}"
         end
+        raise ConfigurationError, "retry_safe: must be true or false, got #{retry_safe.inspect}" unless [true, false].include?(retry_safe)
 
         Tracing.publish(exchange, to) do |span|
           out, env = outgoing(payload, to, exchange, envelope, type, headers)
           span&.set_attribute("messaging.message.id", env.id.to_s)
-          _request(out, timeout)
+          _request(out, seconds, retry_safe)
         end
-      rescue ArgumentError, TypeError
-        raise ConfigurationError, "timeout: must be a number of seconds above 0, got #{timeout.inspect}"
+      rescue RemoteError => e
+        # The responder's frames first, where the failure happened, then
+        # this side's, down to the request.
+        e.set_backtrace(e.remote_backtrace + (e.backtrace || caller))
+        raise e
       end
 
       # Answer `request` (a Message that came from #request): payload to its

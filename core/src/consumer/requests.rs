@@ -1,0 +1,148 @@
+//! A delivery that is a request (`reply_to` and `correlation_id` set, as
+//! [`Connection::request`](crate::Connection::request) sends): what its
+//! failure becomes, and what becomes of it once its deadline has passed.
+//!
+//! - Its deadline has passed (`x-acemq-deadline`): it is acknowledged and
+//!   counted as `expired`, on arrival unhandled, or when its handler fails,
+//!   instead of going round the ladder or to the DLQ. Nobody waits for its
+//!   answer, and work done for nobody is not work to keep.
+//! - Its handler failed before the deadline: an error reply goes to its
+//!   requester at once, and it is acknowledged (counted `error_replied`),
+//!   unless it was sent retry-safe and a retry is left that comes back
+//!   before the deadline: then it goes round the ladder as any message.
+//!
+//! Not dead-lettered after an error reply: its requester has the error and
+//! is the one who decides what happens next; a DLQ copy replayed later
+//! would run the work again for a requester long gone.
+
+use crate::ack::{Settlement, Verdict};
+use crate::backtrace::Backtrace;
+use crate::error::{Error, Result};
+use crate::events::{self, Event, ProcessOutcome};
+use crate::request::{DEADLINE_HEADER, RETRY_SAFE_HEADER};
+use crate::wire::RawDelivery;
+use super::Consumer;
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// How long a request whose error reply could not be sent waits before it
+/// goes back to its queue: as a copy that failed (ladder.rs), so a broker
+/// refusing everything is not a hot loop of redeliveries.
+const REQUEUE_PAUSE: Duration = Duration::from_secs(1);
+
+/// What ends a request in place of its settlement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fate {
+    /// Its deadline has passed: acknowledged, counted, nobody told.
+    Expired,
+    /// An error reply to its requester, then acknowledged.
+    ErrorReply,
+}
+
+/// Its reply-to and correlation id, when `raw` is a request.
+fn request_of(raw: &RawDelivery) -> Option<(&str, &str)> {
+    let reply_to = raw.props.reply_to.as_deref().filter(|r| !r.is_empty())?;
+    let correlation_id = raw.props.correlation_id.as_deref().filter(|c| !c.is_empty())?;
+    Some((reply_to, correlation_id))
+}
+
+/// Its deadline in milliseconds since the epoch, when it carries one that
+/// can be read (a number; anything else is no deadline).
+fn deadline_of(raw: &RawDelivery) -> Option<u64> {
+    let v = raw.props.header(DEADLINE_HEADER)?;
+    v.as_u64().or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64))
+}
+
+/// Whether `raw` is a request whose deadline has passed.
+fn expired(raw: &RawDelivery) -> bool {
+    request_of(raw).is_some() && deadline_of(raw).is_some_and(|d| crate::request::now_millis() >= d)
+}
+
+impl Consumer {
+    /// A request whose deadline has passed, met as it arrives: acknowledged
+    /// unhandled, counted and reported. False for anything else, which is
+    /// handed out as usual. Cheap for a message that is not a request: two
+    /// property reads.
+    pub(super) fn drop_if_expired(&self, raw: &RawDelivery) -> bool {
+        if !expired(raw) {
+            return false;
+        }
+        self.link.ack(raw.tag);
+        self.counters.expired.fetch_add(1, Ordering::Relaxed);
+        crate::events::emit(|| {
+            let envelope = crate::wire::envelope_of(&raw.props);
+            Event::Process(events::Process {
+                consumer: self.options.name.clone().unwrap_or_else(|| self.queue.clone()),
+                queue: self.queue.clone(),
+                routing_key: raw.routing_key.clone(),
+                message_id: envelope.id,
+                attempt: envelope.attempt,
+                duration: Duration::ZERO,
+                outcome: ProcessOutcome::Expired,
+                reason: Some("the request's deadline had passed when it arrived: dropped unhandled".into()),
+                error_class: None,
+            })
+        });
+        true
+    }
+
+    /// What ends `raw` instead of `settlement`, when it is a request whose
+    /// handler failed; None for anything else, which settles as usual. The
+    /// guard's verdicts settle as usual too: a duplicate's first delivery
+    /// answers its requester.
+    pub(super) fn request_fate(&self, raw: &RawDelivery, attempt: u32, settlement: &Settlement, verdict: Option<Verdict>) -> Option<Fate> {
+        if verdict.is_some() || !matches!(settlement, Settlement::Retry { .. } | Settlement::Reject { .. }) {
+            return None;
+        }
+        request_of(raw)?;
+        let deadline = deadline_of(raw);
+        let now = crate::request::now_millis();
+        if deadline.is_some_and(|d| now >= d) {
+            return Some(Fate::Expired);
+        }
+        let retry_safe = raw.props.header(RETRY_SAFE_HEADER).is_some_and(|v| *v == Value::Bool(true));
+        if retry_safe && matches!(settlement, Settlement::Retry { .. }) && attempt < self.options.retry.max_attempts {
+            // A retry that comes back after the deadline would be dropped
+            // unanswered: its requester is better told now.
+            let back = u64::try_from(self.options.retry.delay_after(attempt).as_millis()).unwrap_or(u64::MAX);
+            if deadline.is_none_or(|d| now.saturating_add(back) < d) {
+                return None;
+            }
+        }
+        Some(Fate::ErrorReply)
+    }
+
+    /// End the request `raw` as `fate` says (see [`Consumer::request_fate`]).
+    /// An error reply that cannot be sent puts the request back on its
+    /// queue, as a copy that cannot be made does, and returns the error.
+    pub(super) async fn end_request(&self, raw: RawDelivery, fate: Fate, settlement: Settlement, backtrace: Option<&Backtrace>) -> Result<ProcessOutcome> {
+        if fate == Fate::Expired {
+            self.link.ack(raw.tag);
+            self.counters.expired.fetch_add(1, Ordering::Relaxed);
+            return Ok(ProcessOutcome::Expired);
+        }
+        let (Settlement::Retry { reason, error_class } | Settlement::Reject { reason, error_class }) = settlement else {
+            unreachable!("request_fate ends only failures")
+        };
+        // The reason is "Class: message" for a raise: the requester is told
+        // the message alone, beside the class.
+        let message = match error_class.as_deref() {
+            Some(class) => reason.strip_prefix(class).and_then(|r| r.strip_prefix(": ")).unwrap_or(&reason),
+            None => &reason,
+        };
+        let (reply_to, correlation_id) = request_of(&raw).expect("request_fate checked it is a request");
+        match self.conn.send_error_reply(reply_to, correlation_id, error_class.as_deref(), message, backtrace).await {
+            Ok(()) => {
+                self.link.ack(raw.tag);
+                self.counters.error_replied.fetch_add(1, Ordering::Relaxed);
+                Ok(ProcessOutcome::ErrorReplied)
+            }
+            Err(e) => {
+                tokio::time::sleep(REQUEUE_PAUSE).await;
+                self.link.requeue(raw.tag).await;
+                Err(Error::new(e.kind().clone(), format!("could not send the error reply to a failed request ({e}); it was put back on {}", self.queue)))
+            }
+        }
+    }
+}

@@ -120,6 +120,14 @@ impl RbDelivery {
         self.settler.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Settler::is_overdue)
     }
 
+    /// Count the handler deadline from now (core's
+    /// `Settler::restart_deadline`): the idempotent guard held this delivery
+    /// in place and its handler only starts now. False when the deadline
+    /// has already settled it, or it is not handed out by a consumer.
+    fn restart_deadline(&self) -> bool {
+        self.settler.lock().unwrap_or_else(|p| p.into_inner()).as_ref().is_some_and(Settler::restart_deadline)
+    }
+
     /// The payload as Ruby objects, as `JSON.parse` would build them. A new
     /// object every call: `kept_payload` keeps the first.
     fn payload(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
@@ -273,5 +281,6 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("_redelivered?", method!(RbDelivery::redelivered, 0))?;
     class.define_method("tag", method!(RbDelivery::tag, 0))?;
     class.define_method("_overdue?", method!(RbDelivery::is_overdue, 0))?;
+    class.define_method("_restart_deadline", method!(RbDelivery::restart_deadline, 0))?;
     Ok(())
 }

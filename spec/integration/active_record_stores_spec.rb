@@ -301,8 +301,25 @@ module ActiveRecordStoresSpec
         .to have_attributes(state: "CLAIMED", claimed_by: "#{Socket.gethostname}:#{child}")
     end
 
-    it "the shipped store: the redelivery waits (no attempt spent), and runs once when the claim goes stale" do
-      kill_mid_handler(message) { AceMQ::Rails::ActiveRecordIdempotencyStore.new }
+    it "the shipped store, its worker on this host: the dead worker's claim is taken over at once, and runs once" do
+      child = kill_mid_handler(message) { AceMQ::Rails::ActiveRecordIdempotencyStore.new }
+      expect(HandledMessage.find(message.envelope.id))
+        .to have_attributes(state: "CLAIMED", claimed_by: "#{Socket.gethostname}:#{child}")
+      runs = 0
+      guarded = Patterns.idempotent(AceMQ::Rails::ActiveRecordIdempotencyStore.new) { runs += 1; Ack.accept }
+
+      expect(guarded.call(message)).to be_accept
+      expect(guarded.call(message)).to be_accept
+      expect(runs).to eq(1)
+      expect(guarded.stats).to include(in_progress: 0, runs: 1, duplicates: 1, confirmed: 1)
+      expect(HandledMessage.find(message.envelope.id))
+        .to have_attributes(state: "CONFIRMED", claimed_by: "#{Socket.gethostname}:#{Process.pid}")
+    end
+
+    # A worker id that is not this host's hostname:pid (a runner on another
+    # host) is never proof of death: its claim is waited out.
+    it "the shipped store, its worker elsewhere: the redelivery waits (no attempt spent), and runs once when the claim goes stale" do
+      kill_mid_handler(message) { AceMQ::Rails::ActiveRecordIdempotencyStore.new(worker: "another-host:4242") }
       runs = 0
       guarded = Patterns.idempotent(AceMQ::Rails::ActiveRecordIdempotencyStore.new) { runs += 1; Ack.accept }
 
@@ -379,9 +396,24 @@ module ActiveRecordStoresSpec
       expect(HandledMessage.find(envelope.id).state).to eq("CLAIMED")
     end
 
-    it "the shipped store: the redelivery climbs the ladder until the claim is stale, then is charged once" do
-      envelope = consumer_killed_mid_handler { AceMQ::Rails::ActiveRecordIdempotencyStore.new(claim_timeout: 1) }
-      guarded = consume(AceMQ::Rails::ActiveRecordIdempotencyStore.new(claim_timeout: 1))
+    it "the shipped store, its worker on this host: the dead worker's claim is taken over at once, charged once" do
+      envelope = consumer_killed_mid_handler { AceMQ::Rails::ActiveRecordIdempotencyStore.new }
+      guarded = consume(AceMQ::Rails::ActiveRecordIdempotencyStore.new)
+
+      eventually(timeout: 15) { HandledMessage.find(envelope.id).state == "CONFIRMED" }
+      eventually(timeout: 5) { @sub.stats[:accepted] == 1 }
+      expect(Array.new(charged.size) { charged.pop }).to eq([envelope.id])
+      expect(guarded.stats).to include(in_progress: 0, runs: 1)
+      expect(@sub.stats[:dead_lettered]).to eq(0)
+    end
+
+    it "the shipped store, its worker elsewhere: the redelivery climbs the ladder until the claim is stale, then is charged once" do
+      # 3 s: long enough that the redelivery meets the claim live on a
+      # loaded machine (with 1 s it was sometimes stale already, on MariaDB).
+      envelope = consumer_killed_mid_handler do
+        AceMQ::Rails::ActiveRecordIdempotencyStore.new(claim_timeout: 3, worker: "another-host:4242")
+      end
+      guarded = consume(AceMQ::Rails::ActiveRecordIdempotencyStore.new(claim_timeout: 3))
 
       eventually(timeout: 15) { HandledMessage.find(envelope.id).state == "CONFIRMED" }
       eventually(timeout: 5) { @sub.stats[:accepted] == 1 }

@@ -78,24 +78,40 @@ module IdempotencySpecHelpers
 
   # Two child processes, each with the store the block builds, call
   # first_time? on the same `rounds` keys, released together; how many won
-  # each key.
+  # each key. Each stays alive until both are done: a claim whose process
+  # has exited is taken over at once (docs/ordering.md), so a child that
+  # finished first and left would hand its unconfirmed claims to the other.
   def race_first_time(rounds, &build_store)
     go_r, go_w = IO.pipe
+    done_r, done_w = IO.pipe
     children = Array.new(2) do
       spawn_child do |out|
         go_w.close
+        done_w.close
         s = build_store.call
         go_r.read # both start when the parent closes the pipe
         rounds.times { |i| out.puts("#{i} #{s.first_time?("race-#{i}")}") }
+        out.puts("end")
+        out.flush
+        done_r.read # alive, holding its claims, until the parent has both
       end
     end
     go_r.close
     go_w.close
+    done_r.close
     wins = Hash.new(0)
-    children.each do |pid, io|
-      Timeout.timeout(30) { io.each_line { |l| i, won = l.split; wins[i.to_i] += 1 if won == "true" } }
-      expect(wait_child(pid)).to be_success
+    children.each do |_, io|
+      Timeout.timeout(30) do
+        io.each_line do |l|
+          break if l.chomp == "end"
+
+          i, won = l.split
+          wins[i.to_i] += 1 if won == "true"
+        end
+      end
     end
+    done_w.close
+    children.each { |pid, _| expect(wait_child(pid)).to be_success }
     wins
   end
 

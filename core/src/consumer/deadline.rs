@@ -18,12 +18,44 @@ pub const TIMEOUT_CLASS: &str = "HandlerTimeout";
 #[derive(Debug)]
 pub(super) struct Watched {
     pub(super) id: u64,
-    pub(super) deadline: Instant,
+    /// When it was handed out.
+    pub(super) handed_out: Instant,
+    /// Its deadline, in milliseconds after `handed_out`: moved on once by
+    /// [`Settler::restart_deadline`](super::Settler::restart_deadline) (a
+    /// delivery held in place before its handler claimed it).
+    pub(super) deadline_ms: AtomicU64,
+    /// The consumer's handler deadline.
+    timeout: Duration,
     /// Set by whoever settles it first: its handler, the deadline, or the
     /// consumer closing.
     pub(super) settled: AtomicBool,
     /// Set when it is the deadline that settled it: its handler is overdue.
     pub(super) timed_out: AtomicBool,
+}
+
+impl Watched {
+    pub(super) fn new(id: u64, timeout: Duration) -> Self {
+        Watched {
+            id,
+            handed_out: Instant::now(),
+            deadline_ms: AtomicU64::new(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+            timeout,
+            settled: AtomicBool::new(false),
+            timed_out: AtomicBool::new(false),
+        }
+    }
+
+    /// When its deadline passes.
+    pub(super) fn deadline(&self) -> Instant {
+        let after = Duration::from_millis(self.deadline_ms.load(Ordering::Acquire));
+        self.handed_out.checked_add(after).unwrap_or(self.handed_out + Duration::from_secs(86_400 * 365))
+    }
+
+    /// Its deadline the consumer's timeout from now.
+    pub(super) fn restart(&self) {
+        let at = self.handed_out.elapsed().saturating_add(self.timeout);
+        self.deadline_ms.store(u64::try_from(at.as_millis()).unwrap_or(u64::MAX), Ordering::Release);
+    }
 }
 
 /// The deliveries handed out, each with a copy of what the deadline needs
@@ -123,7 +155,7 @@ impl Consumer {
     fn expire(self: &Arc<Self>, now: Instant) {
         let expired: Vec<(Arc<RawDelivery>, Turnaround, u64)> = {
             let mut watched = self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner());
-            let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline <= now).map(|(id, _)| *id).collect();
+            let due: Vec<u64> = watched.iter().filter(|(_, (w, _))| w.deadline() <= now).map(|(id, _)| *id).collect();
             due.into_iter()
                 .filter_map(|id| watched.remove(&id))
                 .filter(|(w, _)| !w.settled.swap(true, Ordering::AcqRel))

@@ -7,8 +7,7 @@ use super::Consumer;
 use super::deadline::Watched;
 use serde_json::Value;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One delivery being handled: the message, for its handler, and the
 /// [`Settler`] that settles it. [`Delivery::into_parts`] parts them when the
@@ -120,6 +119,24 @@ impl Settler {
     pub fn is_overdue(&self) -> bool {
         self.watch.timed_out.load(Ordering::Acquire)
     }
+
+    /// Count its deadline from now (the consumer's
+    /// [`ConsumeOptions::timeout`](super::ConsumeOptions::timeout) ahead):
+    /// for a delivery the idempotent guard held in place until another
+    /// worker's claim on its key was settled, whose handler only starts now
+    /// (the deadline is there so a handler's own claim is never outlived).
+    /// False, and nothing done, when the deadline has already settled it.
+    /// A push consumer (Rust [`ConsumerHandle`](super::ConsumerHandle))
+    /// reads the deadline once, when its handler starts: this is for
+    /// handlers that call it before they take a delivery's work on (the
+    /// Ruby guard's hold).
+    pub fn restart_deadline(&self) -> bool {
+        if self.watch.settled.load(Ordering::Acquire) {
+            return false;
+        }
+        self.watch.restart();
+        true
+    }
 }
 
 impl From<Delivery> for Settler {
@@ -188,12 +205,7 @@ impl Delivery {
 impl Consumer {
     /// A delivery just taken off the queue, watched by its deadline.
     pub(super) fn hand_out(&self, message: Message, raw: Arc<RawDelivery>) -> Delivery {
-        let watch = Arc::new(Watched {
-            id: self.watchlist.next_id.fetch_add(1, Ordering::Relaxed),
-            deadline: Instant::now() + self.options.timeout,
-            settled: AtomicBool::new(false),
-            timed_out: AtomicBool::new(false),
-        });
+        let watch = Arc::new(Watched::new(self.watchlist.next_id.fetch_add(1, Ordering::Relaxed), self.options.timeout));
         self.watchlist.watched.lock().unwrap_or_else(|p| p.into_inner()).insert(watch.id, (watch.clone(), raw.clone()));
         let span = crate::trace::process_span_from(&self.queue, &raw.exchange, &raw.routing_key, &message, raw.tag);
         let settler = Settler { consumer: self.id, attempt: message.envelope.attempt, raw, watch, span };

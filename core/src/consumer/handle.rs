@@ -57,7 +57,7 @@ impl ConsumerHandle {
                             c.settle_later_guarded(d, unwound(done));
                             continue;
                         }
-                        let deadline = tokio::time::Instant::from_std(d.settler.watch.deadline);
+                        let deadline = tokio::time::Instant::from_std(d.settler.watch.deadline());
                         tokio::select! {
                             biased;
                             done = &mut running => c.settle_later_guarded(d, unwound(done)),

@@ -173,7 +173,7 @@ impl Consumer {
     /// How long the delivery behind `watch` has been out, and whether its
     /// deadline is what settles it.
     pub(super) fn turnaround(&self, watch: &Watched, deadline: bool) -> Turnaround {
-        let out = watch.deadline.checked_sub(self.options.timeout).map_or(Duration::ZERO, |t| t.elapsed());
+        let out = watch.handed_out.elapsed();
         Turnaround { out, deadline, verdict: None }
     }
 

@@ -158,16 +158,29 @@ module AceMQ
           return decision unless lease
 
           limit = Process.clock_gettime(Process::CLOCK_MONOTONIC) + lease + NativeGuard::HOLD_POLL_MAX
+          delivery = message.respond_to?(:native_delivery) ? message.native_delivery : nil
+          delivery = nil unless delivery.respond_to?(:_restart_deadline)
           poll = nil
           first = true
           loop do
             poll = poll ? [poll * 2, NativeGuard::HOLD_POLL_MAX].min : NativeGuard::HOLD_POLL_FIRST
             return decision if Process.clock_gettime(Process::CLOCK_MONOTONIC) + poll > limit
 
+            # Holding is not handling: the handler deadline (there so that a
+            # handler never outlives its own claim) counts from the last
+            # look, and from the claim once there is one. Left counting from
+            # the hand-out, a hold close to the lease would have the deadline
+            # settle the message as a retry, and the subscription's
+            # replacement thread take later messages of the partition
+            # alongside it. The hold itself is bounded by the lease.
+            delivery&._restart_deadline
             sleep poll
             now = @guard._recheck(@store, key, first, message)
             first = false
-            return now unless now.event == :in_progress
+            next if now.event == :in_progress
+
+            delivery&._restart_deadline if now.run?
+            return now
           end
         end
 

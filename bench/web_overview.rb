@@ -70,14 +70,16 @@ module WebOverviewBench
         results["  delayed"] = median_of(n) { mq.delayed }
         results["baseline: Bunny's #{all.size} passive declares"] = median_of(n) { all.each { |q| ch.queue_declare(q, passive: true) } }
       end
-    ensure
-      all&.each { |q| ch.queue_delete(q) rescue nil } # rubocop:disable Style/RescueModifier
+      app.close
+      @all = all
     end
     base = results.find { |k, _| k.start_with?("baseline") }&.last
     results.each do |k, v|
       puts format("%-48s %10s%s", k, ms(v), base ? format("  %.2fx baseline", v / base) : "")
     end
   ensure
+    # After both sides: the second measures the same 300 queues.
+    @all&.each { |q| ch.queue_delete(q) rescue nil } # rubocop:disable Style/RescueModifier
     ch&.close
     bunny&.close
     mq&.close

@@ -21,6 +21,10 @@ const VOLATILE: [&str; 3] = ["x-delivery-count", "x-acquired-count", crate::repl
 /// column keeps the whole value.
 pub(crate) const SHORT: usize = 255;
 
+/// The reason column holds at most this many characters (its index shares
+/// MySQL's 3,072 bytes with the queue and the error class).
+pub(crate) const REASON: usize = 250;
+
 /// A dead letter taken off a DLQ, ready to be inserted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewDeadLetter {
@@ -79,7 +83,7 @@ pub struct StoredDeadLetter {
     pub properties: Map<String, Value>,
     /// The message type.
     pub kind: Option<String>,
-    /// Why.
+    /// Why: its first 250 characters (the headers keep it whole).
     pub reason: Option<String>,
     /// The error class.
     pub error_class: Option<String>,
@@ -230,7 +234,12 @@ pub(crate) fn column_text(s: &str) -> String {
 
 /// At most [`SHORT`] characters of `s`, for a short column.
 pub(crate) fn short(s: &str) -> String {
-    match s.char_indices().nth(SHORT) {
+    cut(s, SHORT)
+}
+
+/// At most `n` characters of `s`, NUL replaced.
+pub(crate) fn cut(s: &str, n: usize) -> String {
+    match s.char_indices().nth(n) {
         Some((i, _)) => column_text(&s[..i]),
         None => column_text(s),
     }

@@ -2,7 +2,7 @@
 //! blocking store runs them on a connection whose statements finish when
 //! called (crate::sql::blocking), the async store on one that waits.
 
-use super::letter::{body_bytes, body_text, column_text, short};
+use super::letter::{body_bytes, body_text, column_text, cut, short, REASON};
 use super::statements::{Statements, INSERT_PARAMS};
 use super::{AuditEntry, Counts, DeadLetterStoreOptions, Filter, NewDeadLetter, Page, Retention, Selection, StoredDeadLetter};
 use crate::error::{Error, Result};
@@ -63,7 +63,7 @@ impl Rules {
                         SqlValue::Text(Value::Object(l.headers.clone()).to_string()),
                         SqlValue::Text(Value::Object(l.properties.clone()).to_string()),
                         opt(&l.kind),
-                        l.reason.as_deref().map(|r| SqlValue::Text(column_text(r))).unwrap_or(SqlValue::Null),
+                        l.reason.as_deref().map(|r| SqlValue::Text(cut(r, REASON))).unwrap_or(SqlValue::Null),
                         opt(&l.error_class),
                         SqlValue::Int(i64::from(l.attempt)),
                         opt(&l.exchange),
@@ -86,11 +86,18 @@ impl Rules {
         if limit == 0 || limit > MAX_PAGE {
             return Err(Error::invalid(format!("a page of dead letters holds 1 to {MAX_PAGE} rows; {limit} was asked")));
         }
-        let (sql, params) = self.st.list(c.dialect(), f, after, limit + 1);
-        let rows = c.query(&sql, &params).await?;
-        let more = rows.len() > limit;
-        let letters = rows.iter().take(limit).map(stored).collect::<Result<Vec<_>>>()?;
-        let next = if more { letters.last().map(|l| l.id) } else { None };
+        let d = c.dialect();
+        let (sql, params) = self.st.page_ids(d, f, after, limit + 1);
+        let ids = c.query(&sql, &params).await?.iter().map(|r| v::int(v::column(r, 0, "id")?, "id")).collect::<Result<Vec<i64>>>()?;
+        let more = ids.len() > limit;
+        let ids = &ids[..ids.len().min(limit)];
+        let letters = if ids.is_empty() {
+            Vec::new()
+        } else {
+            let params: Vec<SqlValue> = ids.iter().map(|i| SqlValue::Int(*i)).collect();
+            c.query(&self.st.rows(d, ids.len()), &params).await?.iter().map(stored).collect::<Result<Vec<_>>>()?
+        };
+        let next = if more { ids.last().copied() } else { None };
         Ok(Page { letters, next })
     }
 
@@ -100,28 +107,29 @@ impl Rules {
     }
 
     pub(crate) async fn counts<C: AsyncSqlConnection + ?Sized>(&self, c: &C, f: &Filter, top: usize) -> Result<Counts> {
-        let d = c.dialect();
-        let (sql, params) = self.st.count(d, f);
-        let total = c.query(&sql, &params).await?.first().and_then(|r| r.first()).map(|x| v::int(x, "COUNT(*)")).transpose()?.unwrap_or(0);
-        let mut out = Counts { total: total.max(0) as u64, ..Counts::default() };
-        if total == 0 {
-            return Ok(out);
+        use std::collections::HashMap;
+        let (sql, params) = self.st.grouped(c.dialect(), f);
+        let (mut queues, mut reasons, mut classes) = (HashMap::new(), HashMap::new(), HashMap::new());
+        let mut total = 0u64;
+        for r in c.query(&sql, &params).await? {
+            let queue = v::text(v::column(&r, 0, "queue")?, "queue")?;
+            let class = v::opt_text(v::column(&r, 1, "error_class")?, "error_class")?;
+            let reason = v::opt_text(v::column(&r, 2, "reason")?, "reason")?;
+            let n = v::int(v::column(&r, 3, "COUNT(*)")?, "COUNT(*)")?.max(0) as u64;
+            total += n;
+            *queues.entry(queue).or_insert(0) += n;
+            *classes.entry(class).or_insert(0) += n;
+            *reasons.entry(reason).or_insert(0) += n;
+        }
+        // Most first, then by name, so the order is the same every time.
+        fn most<K: Ord>(m: HashMap<K, u64>, top: usize) -> Vec<(K, u64)> {
+            let mut v: Vec<(K, u64)> = m.into_iter().collect();
+            v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            v.truncate(top);
+            v
         }
         let top = top.max(1);
-        for column in ["queue", "reason", "error_class"] {
-            let (sql, params) = self.st.grouped(d, f, column, top);
-            let rows = c.query(&sql, &params).await?;
-            for r in rows {
-                let key = v::opt_text(v::column(&r, 0, column)?, column)?;
-                let n = v::int(v::column(&r, 1, "COUNT(*)")?, "COUNT(*)")?.max(0) as u64;
-                match column {
-                    "queue" => out.by_queue.push((key.unwrap_or_default(), n)),
-                    "reason" => out.by_reason.push((key, n)),
-                    _ => out.by_error_class.push((key, n)),
-                }
-            }
-        }
-        Ok(out)
+        Ok(Counts { total, by_queue: most(queues, usize::MAX), by_reason: most(reasons, top), by_error_class: most(classes, top) })
     }
 
     /// The ids a selection names now: a filter's matches at this moment,

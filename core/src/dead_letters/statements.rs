@@ -46,11 +46,14 @@ impl Statements {
         };
         let int = if dialect == Dialect::Sqlite { "INTEGER" } else { "BIGINT" };
         // MySQL indexes a VARCHAR, not a TEXT, whole; 255 characters of
-        // utf8mb4 is 1,020 bytes, and the unique key's three columns fit
-        // InnoDB's 3,072. The store cuts these columns to 255 characters
-        // (the headers keep every value whole).
+        // utf8mb4 is 1,020 bytes, and the unique key's three columns (and
+        // the counts' queue, error class and reason) fit InnoDB's 3,072.
+        // The store cuts these columns to 255 characters, the reason to 250
+        // (1,020 + 1,020 + 1,000 bytes for the counts' index; the headers
+        // keep every value whole).
         let short = if dialect == Dialect::Mysql { "VARCHAR(255)" } else { "TEXT" };
         let hash = if dialect == Dialect::Mysql { "CHAR(32)" } else { "TEXT" };
+        let reason = if dialect == Dialect::Mysql { "VARCHAR(250)" } else { "TEXT" };
         // MySQL's TEXT holds 64 KiB; a body or its headers may be larger.
         let big = if dialect == Dialect::Mysql { "LONGTEXT" } else { "TEXT" };
         // utf8mb4 so any text is stored; a binary collation so that two
@@ -67,6 +70,10 @@ impl Statements {
             ("type", false, "message_type, id"),
             ("msgid", false, "message_id, id"),
             ("failed", false, "failed_at, id"),
+            // The grouped counts read this index alone, in its order; and a
+            // `reason` substring filter reads it instead of the rows (a
+            // tenth of the bytes), then fetches only the rows that match.
+            ("group", false, "queue, error_class, reason"),
         ];
         let inline: String = if dialect == Dialect::Mysql {
             indexes
@@ -87,7 +94,7 @@ impl Statements {
              headers {big} NOT NULL,\n  \
              properties {big} NOT NULL,\n  \
              message_type {short},\n  \
-             reason {big},\n  \
+             reason {reason},\n  \
              error_class {short},\n  \
              attempt {int} NOT NULL,\n  \
              exchange {short},\n  \
@@ -177,36 +184,41 @@ impl Statements {
         }
     }
 
-    /// A page, newest first; params: the filter's, [after id], limit.
-    pub(crate) fn list(&self, dialect: Dialect, f: &Filter, after: Option<i64>, limit: usize) -> (String, Vec<SqlValue>) {
+    /// The ids of a page, newest first; params: the filter's, [after id],
+    /// limit. Ids alone, so that an index holding every column the filter
+    /// reads answers it without touching the rows (see [`Self::rows`]).
+    pub(crate) fn page_ids(&self, dialect: Dialect, f: &Filter, after: Option<i64>, limit: usize) -> (String, Vec<SqlValue>) {
         let extra: &[&str] = if after.is_some() { &["id < ?"] } else { &[] };
         let (w, mut params) = Self::filter(dialect, f, extra);
         if let Some(a) = after {
             params.push(SqlValue::Int(a));
         }
         params.push(SqlValue::Int(limit as i64));
-        (number(dialect, &format!("SELECT {COLUMNS} FROM {}{w} ORDER BY id DESC LIMIT ?", self.table)), params)
+        // A substring of the reason is indexed nowhere, and SQLite reads
+        // the rows backwards by id (no sort, the page found early), where
+        // a rare one reads every wide row. `+id` is not the key's order:
+        // it reads the narrow `group` index, which holds the reason, and
+        // sorts what matched (100,000 rows, 3 matching: 103 ms to 42 ms
+        // here). PostgreSQL's plan was no faster for it, so it is SQLite's.
+        let order = if f.reason.is_some() && dialect == Dialect::Sqlite { "+id" } else { "id" };
+        (number(dialect, &format!("SELECT id FROM {}{w} ORDER BY {order} DESC LIMIT ?", self.table)), params)
+    }
+
+    /// The rows of `n` ids, newest first.
+    pub(crate) fn rows(&self, dialect: Dialect, n: usize) -> String {
+        number(dialect, &format!("SELECT {COLUMNS} FROM {} WHERE id IN ({}) ORDER BY id DESC", self.table, marks(n)))
     }
 
     pub(crate) fn find(&self, dialect: Dialect) -> String {
         number(dialect, &format!("SELECT {COLUMNS} FROM {} WHERE id = ?", self.table))
     }
 
-    /// How many match.
-    pub(crate) fn count(&self, dialect: Dialect, f: &Filter) -> (String, Vec<SqlValue>) {
+    /// Rows matching, per (queue, error class, reason): one pass, which
+    /// the `group` index answers in its own order.
+    pub(crate) fn grouped(&self, dialect: Dialect, f: &Filter) -> (String, Vec<SqlValue>) {
         let (w, params) = Self::filter(dialect, f, &[]);
-        (number(dialect, &format!("SELECT COUNT(*) FROM {}{w}", self.table)), params)
-    }
-
-    /// Counts grouped by `column`, most first, at most `top`.
-    pub(crate) fn grouped(&self, dialect: Dialect, f: &Filter, column: &str, top: usize) -> (String, Vec<SqlValue>) {
-        let (w, mut params) = Self::filter(dialect, f, &[]);
-        params.push(SqlValue::Int(top as i64));
         (
-            number(
-                dialect,
-                &format!("SELECT {column}, COUNT(*) FROM {}{w} GROUP BY {column} ORDER BY COUNT(*) DESC, {column} LIMIT ?", self.table),
-            ),
+            number(dialect, &format!("SELECT queue, error_class, reason, COUNT(*) FROM {}{w} GROUP BY queue, error_class, reason", self.table)),
             params,
         )
     }

@@ -116,11 +116,12 @@ module AceMQ
 
       def cancelled? = @cancelled
 
-      # Counters so far: accepted, retried, dead_lettered.
       # Counters so far: accepted, retried, dead_lettered, waited (round the
       # ladder for another handler's claim, no attempt spent), timed_out
-      # (settled as retries by the handler deadline) and abandoned (results
-      # that came after the deadline, discarded).
+      # (settled as retries by the handler deadline), abandoned (results
+      # that came after the deadline, discarded), expired (requests dropped
+      # past their deadline) and error_replied (failed requests answered
+      # with an error reply; docs/request-reply.md).
       def stats = @native._stats
 
       # Why the broker ended the subscription, if it did.

@@ -10,8 +10,10 @@ module AceMQ
     # runner's and the connection's changes at info. Its logger is
     # AceMQ::Rails.logger (Rails.logger unless configured).
     class LogSubscriber < ActiveSupport::LogSubscriber
-      # Outcomes that mean somebody should look.
-      LOUD = %w[dead_lettered timed_out failed].freeze
+      # Outcomes that mean somebody should look. error_replied is a request's
+      # handler that failed (its requester has the error, nothing is on the
+      # DLQ to say so); expired, a request nobody answered in time.
+      LOUD = %w[dead_lettered timed_out failed error_replied expired].freeze
 
       def process(event)
         p = event.payload

@@ -54,6 +54,18 @@ RSpec.describe "Patterns.idempotent(keep_order: true)" do
     expect(plain.stats[:held]).to eq(0)
   end
 
+  it "is what consume(keep_order: true) turns on in a Patterns.idempotent handler" do
+    mq = AceMQ::AMQP::Connection.open("memory://")
+    AceMQ::AMQP::Topology.new.queue("ledger.p0").apply(mq)
+    plain = AceMQ::AMQP::Patterns.idempotent(store) { |_| AceMQ::AMQP::Ack.accept }
+    other = AceMQ::AMQP::Patterns.idempotent(store) { |_| AceMQ::AMQP::Ack.accept }
+    subs = [mq.consume("ledger.p0", keep_order: true, &plain), mq.consume("ledger.p0", &other)]
+    expect([plain.guard.keep_order?, other.guard.keep_order?]).to eq([true, false])
+  ensure
+    subs&.each(&:cancel)
+    mq&.close
+  end
+
   it "in a batch, holds for another worker's claim but not for a key the batch claimed itself" do
     expect(store.first_time?("other")).to be(true)
     handling = Thread.new { guard.call_many(%w[a a other b].map { |id| message.call(id) }) }

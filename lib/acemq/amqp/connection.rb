@@ -228,7 +228,9 @@ module AceMQ
       # same name shares the store.
       # keep_order: true for a single-active-consumer queue whose order
       # matters (a partition): stopping leaves the broker's consumer in place
-      # until the close gives back what it held, in order (docs/ordering.md).
+      # until the close gives back what it held, in order (docs/ordering.md);
+      # and a Patterns.idempotent handler holds a message whose key another
+      # worker claims in place rather than send it round the ladder.
       def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil,
                   timeout: nil, consumer_timeout: nil, name: nil, circuit_breaker: nil, throttle: nil, keep_order: false,
                   &handler)
@@ -242,6 +244,7 @@ module AceMQ
         AMQP._check_sizes(concurrency, prefetch, batch)
 
         policy = RetryPolicy.from(retries)
+        handler.guard.keep_order! if keep_order && handler.respond_to?(:guard) && handler.guard.respond_to?(:keep_order!)
         claim_timeout = handler.respond_to?(:claim_timeout) ? handler.claim_timeout : nil
         # Only a handler answering call_many is given batches; the engine's
         # default prefetch is two batches per handler thread.

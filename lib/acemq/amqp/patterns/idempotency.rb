@@ -51,6 +51,13 @@ module AceMQ
 
         def keep_order? = @keep_order
 
+        # Hold claimed keys in place from now on: what consume(keep_order:
+        # true) does to the Patterns.idempotent handler it is given.
+        def keep_order!
+          @keep_order = true
+          self
+        end
+
         # The middleware: app is the guarded handler. The engine's guard
         # decides whether it runs (NativeGuard::Decision), and has delivered
         # the idempotency event of a message it does not run by the time it

@@ -19,11 +19,15 @@ module AceMQ
       # the counter worth graphing), :in_progress (answered false for a key
       # only claimed: retried, not dropped), :missing_key, :store_error (first_time? raised; the message
       # is retried), :confirm_failed and :forget_failed (detail[:error] says
-      # why). detail has :key, :message and, for failures, :error.
+      # why), :held (a keep_order guard holds the message in place while
+      # another worker's claim on its key is live) and :taken_over (the
+      # store took over the claim of a worker whose process has exited;
+      # detail[:error] names it). detail has :key, :message and, for
+      # failures, :error.
       #
       # Subscribers run on the consumer's thread, inline: keep them short. One
       # that raises is reported with warn and does not affect the message.
-      EVENTS = %i[duplicate in_progress missing_key store_error confirm_failed forget_failed].freeze
+      EVENTS = %i[duplicate in_progress missing_key store_error confirm_failed forget_failed held taken_over].freeze
 
       @listeners = {}
       @listeners_lock = Mutex.new

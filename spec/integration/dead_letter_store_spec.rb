@@ -174,6 +174,63 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
         second&.stop
       end
 
+      it "loses and doubles nothing when an ingester is killed with kill -9 under a stream of dead letters" do
+        skip "one SQLite and one server database are enough for a process test" unless %i[path pg].include?(kind)
+
+        store # the tables, before the child opens them
+        options = { table: table, audit_table: "#{table}_audit" }
+        child = fork do
+          own = AceMQ::AMQP::Connection.open(AMQP_URL)
+          s = kind == :path ? Store.new(path: File.join(dir, "dead.db"), **options) : Store.new(connection: PG.connect(AceMQSpecHelpers::DATABASE_URL), **options)
+          s.ingest(own, queue, batch: 7, retry_every: 0.2)
+          sleep
+        end
+        total = 1000
+        ids = total.times.map { "kill-#{_1}" }
+        ch = bunny.create_channel
+        ch.confirm_select
+        # The stream goes on while the ingester is killed.
+        publisher = Thread.new do
+          ids.each_with_index do |id, n|
+            ch.default_exchange.publish(%({"n":#{n}}), routing_key: "#{queue}.dlq", message_id: id,
+                                                      headers: failure("r", "E"), persistent: true)
+            ch.wait_for_confirms if (n % 50) == 49
+          end
+          ch.wait_for_confirms
+        end
+        eventually(timeout: 20) { store.counts[:total] >= 60 }
+        Process.kill(:KILL, child)
+        Process.wait(child)
+        child = nil
+        expect(store.counts[:total]).to be < total
+        publisher.join
+        # The broker lets go of the exclusive consumer when the dead process's
+        # connection closes: until then the DLQ is refused.
+        eventually(timeout: 20) do
+          store.ingest_once(mq, queue)
+          store.counts[:total] == total
+        rescue AceMQ::AMQP::AccessRefused
+          false
+        end
+        stored = []
+        cursor = nil
+        loop do
+          page = store.list(queue: queue, after_id: cursor, limit: 1000)
+          stored.concat(page.letters.map(&:message_id))
+          break unless (cursor = page.next_cursor)
+        end
+        expect(stored.size).to eq(total)
+        expect(stored).to match_array(ids)
+        expect(mq.queue_counts("#{queue}.dlq")[:ready]).to eq(0)
+      ensure
+        if child
+          Process.kill(:KILL, child)
+          Process.wait(child)
+        end
+        publisher&.join
+        ch&.close
+      end
+
       it "stores a hostile publisher's headers and bytes losslessly, and never errors" do
         markup = %(<img src=x onerror=alert(2)>"'&)
         shapes = [[5], "a string", { "a" => { "b" => [1, "<b>"] } }, [{ "attempts" => markup, "failed_at" => "yesterday" }]]

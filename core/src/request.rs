@@ -392,7 +392,10 @@ impl Connection {
 }
 
 fn decoded(raw: &RawDelivery, payload: crate::wire::Payload) -> Result<Message> {
-    crate::wire::decode_as(REPLY_TO, raw, payload).map_err(|u| Error::invalid(format!("the reply could not be read: {}", u.reason)))
+    // Encoding, not InvalidArgument: the responder sent it, the caller's
+    // arguments were fine (Ruby raises EncodingError, not ConfigurationError).
+    crate::wire::decode_as(REPLY_TO, raw, payload)
+        .map_err(|u| Error::new(ErrorKind::Encoding, format!("the reply could not be read: {}; it was dropped", u.reason)))
 }
 
 fn answer(
@@ -420,5 +423,71 @@ fn answer(
                 "no reply to the request to '{routing_key}' within {timeout:?}: it may still be handled, and a reply after now is dropped and counted (late_replies); ask again if the request is safe to repeat"
             ),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::wire::Props;
+    use crate::{Ack, ConsumeOptions, Connection, ErrorKind, RequestOptions, Topology, ERROR_TYPE};
+    use serde_json::json;
+    use std::time::Duration;
+
+    /// A responder that is not AceMQ, or not well: replies whose body is not
+    /// JSON, and error replies whose headers are not what AceMQ sends,
+    /// between good replies. Each is a clean error of its own kind
+    /// (Encoding, Remote), and the replies around them are read; on
+    /// memory:// and, with AMQP_URL, RabbitMQ.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bad_reply_between_good_ones_is_a_clean_error() {
+        let mut urls = vec![format!("memory://bad-reply-{}", uuid::Uuid::now_v7().simple())];
+        urls.extend(std::env::var("AMQP_URL").ok());
+        for url in urls {
+            let mq = Connection::open(&url).await.unwrap();
+            let q = format!("bad-reply-{}", uuid::Uuid::now_v7().simple());
+            mq.apply(&Topology::new().queue(&q)).await.unwrap();
+            let server = mq.clone();
+            let handle = mq
+                .consume(&q, ConsumeOptions::default(), move |m: crate::Message| {
+                    let server = server.clone();
+                    async move {
+                        let p = &m.delivery.properties;
+                        let mut props = Props::default();
+                        props.correlation_id = p.correlation_id.clone();
+                        let body: Vec<u8> = match m.payload["kind"].as_str() {
+                            Some("not json") => b"<html>oops</html>".to_vec(),
+                            Some("odd error") => {
+                                props.kind = Some(ERROR_TYPE.into());
+                                let h = props.headers_mut();
+                                h.insert(super::ERROR_HEADER.into(), json!({"class": ["x"], "message": 12}));
+                                h.insert(crate::wire::BACKTRACE_HEADER.into(), json!({"not": "frames"}));
+                                b"{}".to_vec()
+                            }
+                            _ => br#"{"ok":true}"#.to_vec(),
+                        };
+                        props.content_type = Some("application/json".into());
+                        let to = p.reply_to.clone().unwrap();
+                        server.backend().send("", &to, &body, &props).await.unwrap().wait().await.unwrap();
+                        Ack::accept()
+                    }
+                })
+                .await
+                .unwrap();
+            let ask = |kind: &'static str| {
+                let (mq, q) = (mq.clone(), q.clone());
+                async move { mq.request(&json!({ "kind": kind }), &q, RequestOptions { timeout: Duration::from_secs(10), ..Default::default() }).await }
+            };
+            assert_eq!(ask("good").await.unwrap().payload["ok"], true, "{url}");
+            let e = ask("not json").await.unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Encoding, "{url}: {e}");
+            assert_eq!(ask("good").await.unwrap().payload["ok"], true, "{url}");
+            let e = ask("odd error").await.unwrap_err();
+            let remote = e.remote().expect("an error reply, however odd, is a remote error");
+            assert_eq!((remote.class(), remote.backtrace()), (None, None), "{url}");
+            assert!(remote.message().contains("without a readable x-acemq-error"), "{url}: {}", remote.message());
+            assert_eq!(ask("good").await.unwrap().payload["ok"], true, "{url}");
+            handle.cancel().await;
+            mq.close().await;
+        }
     }
 }

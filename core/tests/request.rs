@@ -160,6 +160,7 @@ async fn a_failing_responder_answers_with_an_error_at_once() {
 /// request after it is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_past_its_deadline_is_dropped_unhandled() {
+    acemq::metrics::enable();
     let expired_events = Arc::new(AtomicU32::new(0));
     let counted = expired_events.clone();
     let id = acemq::events::subscribe(move |e: &acemq::events::Event| {
@@ -202,6 +203,9 @@ async fn a_request_past_its_deadline_is_dropped_unhandled() {
         let stats = handle.consumer().stats();
         assert_eq!((stats.retried, stats.dead_lettered, stats.error_replied, stats.accepted), (0, 0, 0, 1), "{stats:?}");
         assert_eq!(expired_events.load(Ordering::Relaxed) - before, 1, "one process event with outcome expired");
+        let metrics = acemq::metrics::render();
+        let line = format!("messaging_destination_name=\"{q}\",outcome=\"expired\"}} 1");
+        assert!(metrics.contains(&line), "{line} not in the metrics:\n{metrics}");
         handle.cancel().await;
         mq.close().await;
     }

@@ -27,6 +27,8 @@ RSpec.describe "AceMQ::Rails::Consumer#reply" do
       idempotent store: guard if idempotent
 
       def call(message)
+        raise ArgumentError, "qty must not be negative" if message.payload["qty"].negative?
+
         reply({ "quote" => message.payload["qty"] * 3 })
         accept
       end
@@ -50,6 +52,22 @@ RSpec.describe "AceMQ::Rails::Consumer#reply" do
     expect(mq.request({ "qty" => 2 }, to: queue, envelope: envelope).payload).to eq("quote" => 6)
     expect { mq.request({ "qty" => 2 }, to: queue, envelope: envelope, timeout: 0.3) }
       .to raise_error(AceMQ::AMQP::TimeoutError)
+  end
+
+  [false, true].each do |idempotent|
+    it "a call that raises is a RemoteError to its requester at once#{' (idempotent: asked again, it runs)' if idempotent}" do
+      klass = quotes(idempotent: idempotent)
+      klass.topology.apply(mq)
+      @sub = klass.subscribe(mq)
+      envelope = AceMQ::AMQP::Envelope.new(id: unique("quote"))
+      started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      expect { mq.request({ "qty" => -1 }, to: queue, envelope: envelope, timeout: 30) }
+        .to raise_error(AceMQ::AMQP::RemoteError, "qty must not be negative") { |e| expect(e.remote_class).to eq("ArgumentError") }
+      expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 5
+      # The guard forgot its claim with the failure: the same request asked
+      # again runs, rather than being taken for a duplicate.
+      expect(mq.request({ "qty" => 2 }, to: queue, envelope: envelope, timeout: 5).payload).to eq("quote" => 6)
+    end
   end
 
   it "needs the request when called outside a subscription, and takes it as to:" do

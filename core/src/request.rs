@@ -226,9 +226,11 @@ impl Connection {
     ///
     /// Errors: [`ErrorKind::Timeout`] when no reply came within
     /// `options.timeout` (the request may still be handled: a reply after
-    /// that is dropped and counted in [`Connection::late_replies`]); what a
-    /// publish fails with when the request cannot be sent (`Unroutable` for
-    /// a queue nobody declared).
+    /// that is dropped and counted in [`Connection::late_replies`]);
+    /// [`ErrorKind::Remote`] when the responder's handler failed on it
+    /// ([`Error::remote`] says how); [`ErrorKind::Encoding`] for a reply
+    /// whose body is not JSON; what a publish fails with when the request
+    /// cannot be sent (`Unroutable` for a queue nobody declared).
     ///
     /// # Cancel safety
     ///

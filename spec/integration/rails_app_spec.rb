@@ -189,6 +189,10 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
                                      "limit: 255, primary_key: true", 'name: "acemq_idempotency_expiry"')
       expect(File.read(migration("create_acemq_outbox").first))
         .to include("class CreateAcemqOutbox < ActiveRecord::Migration[#{version}]", "schema_sql(dialect)")
+      expect(migration("create_acemq_dead_letters").size).to eq(1)
+      expect(File.read(migration("create_acemq_dead_letters").first))
+        .to include("class CreateAcemqDeadLetters < ActiveRecord::Migration[#{version}]", "SQLDeadLetterStore.new",
+                    "schema_sql(dialect)")
       expect(generated("config/initializers/acemq.rb")).to include('c.url = ENV.fetch("AMQP_URL"',
                                                                    "c.shutdown_timeout = 25", "c.health_port =")
       expect(generated("Procfile")).to eq("web: bin/rails server\nacemq: bundle exec acemq run\n")
@@ -214,6 +218,7 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
       expect(out).to match(%r{identical\s+config/initializers/acemq\.rb})
       expect(out).to match(/exist\s+db.migrate.\d+_create_acemq_idempotency\.rb/)
         .and match(/exist\s+db.migrate.\d+_create_acemq_outbox\.rb/)
+        .and match(/exist\s+db.migrate.\d+_create_acemq_dead_letters\.rb/)
       expect(out).to match(/exist\s+Procfile/)
       expect(migration("create_acemq_idempotency").size).to eq(1)
       expect(generated("Procfile").scan("acemq:").size).to eq(1)
@@ -226,7 +231,8 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
       ["PostgreSQL", ->(_) { RailsAppHelpers::Database.postgres("acemq_gen_#{SecureRandom.hex(4)}") }],
       ["MariaDB", ->(_) { RailsAppHelpers::Database.mysql("acemq_gen_#{SecureRandom.hex(4)}") }]
     ].each do |name, open|
-      it "migrates on #{name}: the generated migrations run, and the outbox table is the one the engine's store uses" do
+      it "migrates on #{name}: the generated migrations run, and the outbox and dead-letter tables are the ones " \
+         "the engine's stores use" do
         db = open.call(@tmp)
         # db:migrate, then the shipped ActiveRecord outbox adds a row on the
         # app's connection and reads it back through the engine's SQL, the
@@ -248,9 +254,21 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
           AceMQ::Rails::ActiveRecordIdempotencyStore.new(retention: 0.001).first_time?("old")
           sleep 0.01
           Rake::Task["acemq:purge_idempotency"].invoke
+          # The dead-letter store on the app's pool and the generated tables:
+          # two letters published straight to gen.dlq are ingested, listed
+          # and purged through the engine's statements on them.
+          dead = AceMQ::AMQP::SQLDeadLetterStore.new(connection: ActiveRecord::Base.connection_pool)
+          AceMQ::AMQP::Topology.new.queue("gen").apply(mq)
+          ids = 2.times.map { |n| mq.publish({ "n" => n }, to: "gen.dlq").id.to_s }
+          ingested = dead.ingest_once(mq, "gen", idle: 0.2)
+          listed = dead.list(queue: "gen").letters.map(&:message_id)
+          puts "dead_letters ingested=\#{ingested} rows=\#{dead.counts(queue: "gen")[:total]} " \
+               "same=\#{listed.sort == ids.sort} purged=\#{dead.purge(queue: "gen", actor: "spec")}"
         RUBY
         expect(status).to be_success, out
-        expect(out).to include("CreateAcemqIdempotency: migrated", "CreateAcemqOutbox: migrated")
+        expect(out).to include("CreateAcemqIdempotency: migrated", "CreateAcemqOutbox: migrated",
+                               "CreateAcemqDeadLetters: migrated")
+        expect(out).to include("dead_letters ingested=2 rows=2 same=true purged=2")
         expect(out).to include("backlog=1 first=true,false")
         # Without the guide's own task, the Railtie's purges the shipped
         # store's keys on the generated table.

@@ -6,7 +6,8 @@ require "rails/generators/active_record/migration"
 module AceMQ
   module Generators
     # `bin/rails g acemq:install`: the initializer, the migrations for the
-    # idempotency and outbox tables, and the runner's Procfile line.
+    # idempotency, outbox and dead-letter tables, and the runner's Procfile
+    # line.
     class InstallGenerator < ::Rails::Generators::Base
       include ::ActiveRecord::Generators::Migration
 
@@ -14,10 +15,12 @@ module AceMQ
       namespace "acemq:install"
       source_root File.expand_path("templates", __dir__)
 
-      desc "Adds config/initializers/acemq.rb, the acemq_idempotency and acemq_outbox migrations " \
-           "and a Procfile line for the consumer runner"
+      desc "Adds config/initializers/acemq.rb, the acemq_idempotency, acemq_outbox and acemq_dead_letters " \
+           "migrations and a Procfile line for the consumer runner"
 
       class_option :outbox, type: :boolean, default: true, desc: "Add the acemq_outbox migration"
+      class_option :dead_letters, type: :boolean, default: true,
+                                  desc: "Add the acemq_dead_letters migration (the dead-letter store)"
       class_option :procfile, type: :boolean, default: true, desc: "Add `acemq: bundle exec acemq run` to Procfile"
 
       PROCFILE_LINE = "acemq: bundle exec acemq run"
@@ -32,6 +35,10 @@ module AceMQ
 
       def outbox_migration
         migration "create_acemq_outbox" if options[:outbox]
+      end
+
+      def dead_letters_migration
+        migration "create_acemq_dead_letters" if options[:dead_letters]
       end
 
       def procfile

@@ -261,6 +261,32 @@ async fn publish_and_process_are_spans_with_the_messaging_attributes() {
     }
 }
 
+/// A request whose handler fails is answered with an error reply, and its
+/// process span says so (`error_replied`), not the retry its settlement
+/// would have been.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_requests_span_says_it_was_answered_with_an_error() {
+    let r = recorder();
+    for mq in transports().await {
+        let q = unique("span-rpc");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        let c = mq.consumer(&q, ConsumeOptions::default()).await.unwrap();
+        let (asker, to) = (mq.clone(), q.clone());
+        let asked = tokio::spawn(async move {
+            asker.request(&json!({"n": 1}), &to, acemq::RequestOptions { timeout: Duration::from_secs(30), ..Default::default() }).await
+        });
+        let d = next(&c).await;
+        let id = d.message.envelope.id.clone();
+        c.settle(d, Outcome::Raised { class: "Boom".into(), message: "no".into(), fatal: false }).await.unwrap();
+        let err = asked.await.unwrap().unwrap_err();
+        assert_eq!(err.remote().map(|e| e.class()), Some(Some("Boom")), "{err}");
+        let done = spans_with(r, "process", "messaging.message.id", &id);
+        assert_eq!(done[0].fields.get("acemq.outcome").map(String::as_str), Some("error_replied"), "{done:?}");
+        c.close().await;
+        mq.close().await;
+    }
+}
+
 /// The Ruby extension's path: a delivery fetched and admitted lean carries
 /// no copy of where it came from in its message, and its process span is
 /// still named from the delivery itself.

@@ -117,6 +117,9 @@ impl Consumer {
     /// An error reply that cannot be sent puts the request back on its
     /// queue, as a copy that cannot be made does, and returns the error.
     pub(super) async fn end_request(&self, raw: RawDelivery, fate: Fate, settlement: Settlement, backtrace: Option<&Backtrace>) -> Result<ProcessOutcome> {
+        // The span was named by the settlement (retried, dead_lettered):
+        // it says what became of the request instead.
+        tracing::Span::current().record("acemq.outcome", if fate == Fate::Expired { "expired" } else { "error_replied" });
         if fate == Fate::Expired {
             self.link.ack(raw.tag);
             self.counters.expired.fetch_add(1, Ordering::Relaxed);

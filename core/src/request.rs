@@ -488,6 +488,22 @@ mod tests {
             assert_eq!((remote.class(), remote.backtrace()), (None, None), "{url}");
             assert!(remote.message().contains("without a readable x-acemq-error"), "{url}: {}", remote.message());
             assert_eq!(ask("good").await.unwrap().payload["ok"], true, "{url}");
+            // A request whose own body is not JSON cannot be handled: it is
+            // dead-lettered as any such message, and its requester told at
+            // once rather than after its 30 s.
+            let asked = std::time::Instant::now();
+            let options = RequestOptions { timeout: Duration::from_secs(30), ..Default::default() };
+            let e = mq.send_request(b"<not json>", "", &q, &crate::Envelope::new(), &options).await.unwrap_err();
+            assert!(asked.elapsed() < Duration::from_secs(5), "{url}: waited {:?}", asked.elapsed());
+            let remote = e.remote().expect("an error reply");
+            assert!(remote.message().starts_with("body is not JSON"), "{url}: {}", remote.message());
+            assert_eq!(remote.class(), None, "{url}");
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            while mq.peek_dead_letters(&q, 10).await.unwrap().is_empty() {
+                assert!(std::time::Instant::now() < until, "{url}: the undecodable request was not dead-lettered");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert_eq!(ask("good").await.unwrap().payload["ok"], true, "{url}");
             handle.cancel().await;
             mq.close().await;
         }

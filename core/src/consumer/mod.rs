@@ -424,7 +424,7 @@ impl Consumer {
                     Err(undecodable) => {
                         self.flow_refund();
                         let raw = Arc::unwrap_or_clone(raw);
-                        self.in_background(move |this| async move { this.dead_letter(raw, &undecodable.reason, None, None).await });
+                        self.in_background(move |this| async move { this.refuse_undecodable(raw, &undecodable.reason).await });
                         Taken::Empty
                     }
                 }
@@ -484,7 +484,7 @@ impl Consumer {
         let reason = crate::wire::not_json(why).reason;
         let raw = Arc::unwrap_or_clone(unread.raw);
         self.flow_refund();
-        self.in_background(move |this| async move { this.dead_letter(raw, &reason, None, None).await });
+        self.in_background(move |this| async move { this.refuse_undecodable(raw, &reason).await });
     }
 
     /// Like [`Consumer::next_blocking`] without waiting at all.
@@ -506,7 +506,7 @@ impl Consumer {
         match decode(&self.queue, &raw) {
             Ok(message) => Some(self.hand_out(message, Arc::new(raw))),
             Err(undecodable) => {
-                let _ = self.dead_letter(raw, &undecodable.reason, None, None).await;
+                let _ = self.refuse_undecodable(raw, &undecodable.reason).await;
                 None
             }
         }

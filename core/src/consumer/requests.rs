@@ -87,6 +87,23 @@ impl Consumer {
         true
     }
 
+    /// A delivery that cannot be a message (not JSON, a foreign content
+    /// type), dead-lettered with `reason` as any such delivery is, its bytes
+    /// kept for somebody to read. When it is a request before its deadline
+    /// its requester is told at once, with an error reply giving the reason
+    /// (no class), instead of waiting out its timeout for an answer that
+    /// cannot come. That reply is best effort: the dead letter is what
+    /// must not be lost, and a reply that fails leaves the requester to its
+    /// timeout, as before.
+    pub(super) async fn refuse_undecodable(&self, raw: RawDelivery, reason: &str) -> Result<()> {
+        if !expired(&raw) {
+            if let Some((reply_to, correlation_id)) = request_of(&raw) {
+                let _ = self.conn.send_error_reply(reply_to, correlation_id, None, reason, None).await;
+            }
+        }
+        self.dead_letter(raw, reason, None, None).await
+    }
+
     /// What ends `raw` instead of `settlement`, when it is a request whose
     /// handler failed; None for anything else, which settles as usual. The
     /// guard's verdicts settle as usual too: a duplicate's first delivery

@@ -7,7 +7,7 @@ mod verdict;
 use crate::convert::seconds;
 use crate::errors::IntoRuby;
 use crate::gvl;
-use acemq::runner::{serve_health, HealthServer, Observation, RestartPolicy, RunnerOptions, Supervisor};
+use acemq::runner::{serve_health, HealthServer, IngesterState, Observation, RestartPolicy, RunnerOptions, Supervisor};
 use magnus::{function, method, prelude::*, Error, RModule, Ruby};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -146,6 +146,15 @@ impl RbSupervisor {
         self.inner.status_json()
     }
 
+    /// Where the ingester of `dlq` is: state is an IngesterState's name.
+    fn ingester(ruby: &Ruby, rb_self: &Self, dlq: String, state: String, received: u64, last_error: Option<String>) -> Result<(), Error> {
+        let state = IngesterState::parse(&state).ok_or_else(|| {
+            Error::new(ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS), format!("no ingester state {state:?}"))
+        })?;
+        rb_self.inner.ingester(&dlq, state, received, last_error.as_deref());
+        Ok(())
+    }
+
     /// Serve /live, /ready and /status on host:port; returns the port bound.
     fn serve_health(ruby: &Ruby, rb_self: &Self, host: String, port: u16) -> Result<u16, Error> {
         let addr = format!("{host}:{port}").parse().map_err(|_| {
@@ -202,6 +211,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("live?", method!(RbSupervisor::live, 0))?;
     class.define_method("ready?", method!(RbSupervisor::ready, 0))?;
     class.define_method("status_json", method!(RbSupervisor::status_json, 0))?;
+    class.define_method("_ingester", method!(RbSupervisor::ingester, 4))?;
     class.define_method("_serve_health", method!(RbSupervisor::serve_health, 2))?;
     class.define_method("_close_health", method!(RbSupervisor::close_health, 0))?;
     // Core's restart rules, for `acemq run --processes N`'s parent, which

@@ -157,6 +157,7 @@ module AceMQ
                      "#{d[:idempotent] ? ', idempotent' : ''})")
       end
       start_relay
+      start_dead_letters
       start_health
       @supervisor._running
       @booted&.call(self)
@@ -188,11 +189,16 @@ module AceMQ
         return
       end
       threads = consumers.sum(&:threads)
+      # A dead-letter store on the same pool: each ingester takes a
+      # connection for every batch it commits.
+      ingesters = AceMQ::Rails.config.dead_letter_store == :active_record ? consumers.flat_map(&:consume_queues).uniq.size : 0
+      threads += ingesters
       return if pool.size >= threads
 
       raise AMQP::ConfigurationError,
             "the ActiveRecord pool has #{pool.size} connections and the consumers run #{threads} threads " \
-            "(#{consumers.map { |k| "#{k.name} #{k.threads}" }.join(', ')}): set pool: #{threads} (or more) " \
+            "(#{consumers.map { |k| "#{k.name} #{k.threads}" }.join(', ')}" \
+            "#{ingesters.positive? ? ", #{ingesters} dead-letter ingesters" : ''}): set pool: #{threads} (or more) " \
             "in config/database.yml, e.g. RAILS_MAX_THREADS=#{threads}, or lower a consumer's concurrency"
     end
 
@@ -208,6 +214,63 @@ module AceMQ
       )
       @relay.start
       @logger.info("acemq: outbox relay every #{@config.outbox_interval}s")
+    end
+
+    # One ingester per DLQ of the consumers run here (a partitioned class's
+    # every partition queue has its own), on the consuming connection: it
+    # only consumes and acknowledges, so a memory alarm that blocks
+    # publishers does not stop it. Every runner starts them, each forked
+    # worker of --processes too, and the broker's exclusive consume lets one
+    # have each DLQ: the others stand by and take over when its connection
+    # goes. That is why nothing here elects a leader.
+    def start_dead_letters
+      store = AceMQ::Rails.dead_letter_store
+      return unless store
+
+      retention = { max_age: @config.dead_letter_max_age, max_count: @config.dead_letter_max_count }.compact
+      options = retention.merge(logger: @logger)
+      options[:prune_every] = @config.dead_letter_prune_every if @config.dead_letter_prune_every
+      options[:retry_every] = @config.dead_letter_retry_every if @config.dead_letter_retry_every
+      queues = @consumers.flat_map(&:consume_queues).uniq
+      @ingesters = queues.map do |queue|
+        ingester = store.ingest(@consume, queue, **options)
+        @supervisor._ingester("#{queue}.dlq", "starting", 0, nil)
+        { ingester: ingester, dlq: "#{queue}.dlq", state: "starting" }
+      end
+      kept = retention.empty? ? "kept until discarded" : retention.map { |k, v| "#{k} #{v}" }.join(", ")
+      @logger.info("acemq: dead letters of #{@ingesters.map { _1[:dlq] }.join(', ')} into the store " \
+                   "(one ingester per DLQ across runners, the others stand by; #{kept})")
+    end
+
+    # Each ingester's state into /status, and a line when one starts
+    # ingesting (at boot, or taking over from a runner that went) or stops.
+    def report_dead_letters
+      (@ingesters || []).each do |slot|
+        ing = slot[:ingester]
+        state = if ing.active? then "ingesting"
+                elsif ing.standby? then "standby"
+                elsif ing.last_error then "retrying"
+                else slot[:state] == "stopped" ? "stopped" : "starting"
+                end
+        if state != slot[:state]
+          @logger.info("acemq: ingesting #{slot[:dlq]} into the dead-letter store") if state == "ingesting"
+          slot[:state] = state
+        end
+        @supervisor._ingester(slot[:dlq], state, ing.received, ing.last_error&.message)
+      end
+    end
+
+    # Asked together, then waited for: a batch being inserted is committed
+    # and acknowledged first; what is not yet in one goes back to the DLQ.
+    def stop_dead_letters(deadline)
+      return unless @ingesters
+
+      @ingesters.each { |s| s[:ingester].stop(timeout: 0) }
+      @ingesters.each do |s|
+        s[:ingester].stop(timeout: [deadline - Time.now, 1].max)
+        s[:state] = "stopped"
+        @supervisor._ingester(s[:dlq], "stopped", s[:ingester].received, nil)
+      end
     end
 
     def start_health
@@ -263,6 +326,7 @@ module AceMQ
     def tick
       @supervisor._beat
       touch_health_file
+      report_dead_letters
       @slots.each do |slot|
         if slot[:restart_at]
           restart(slot) if Time.now >= slot[:restart_at]
@@ -344,6 +408,7 @@ module AceMQ
       subs = @slots.map { |s| s[:subscription] }.compact
       subs.each(&:stop_taking)
       @relay&.close
+      stop_dead_letters(deadline)
       unfinished = subs.sum { |s| s.drain(deadline) }
       if unfinished.zero?
         subs.each { |s| close_quietly(s) }

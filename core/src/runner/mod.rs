@@ -141,6 +141,53 @@ impl RunnerState {
     }
 }
 
+/// Where one of the runner's dead-letter ingesters is (the Ruby runner's
+/// `c.dead_letter_store`; a Rust service's [`crate::dead_letters::Ingester`]),
+/// as `/status` shows it. None of them makes the runner unready: a standby
+/// is what every runner but one is, by design.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IngesterState {
+    /// Not yet consuming its DLQ.
+    Starting,
+    /// Consuming its DLQ: this process is the one ingester of it.
+    Ingesting,
+    /// Another ingester, on this host or another, has the DLQ (the broker
+    /// refused a second exclusive consume); this one asks again.
+    Standby,
+    /// It could not consume or write (the broker, the database) and tries
+    /// again; `last_error` says why.
+    Retrying,
+    /// Stopped at shutdown.
+    Stopped,
+}
+
+impl IngesterState {
+    /// The lowercase name used in logs and the health endpoint.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IngesterState::Starting => "starting",
+            IngesterState::Ingesting => "ingesting",
+            IngesterState::Standby => "standby",
+            IngesterState::Retrying => "retrying",
+            IngesterState::Stopped => "stopped",
+        }
+    }
+
+    /// The state named by [`IngesterState::as_str`], if any.
+    pub fn parse(name: &str) -> Option<IngesterState> {
+        [Self::Starting, Self::Ingesting, Self::Standby, Self::Retrying, Self::Stopped].into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+#[derive(Debug)]
+struct IngesterSlot {
+    dlq: String,
+    state: IngesterState,
+    received: u64,
+    last_error: Option<String>,
+}
+
 /// What the runner saw of one consumer on this tick.
 #[derive(Debug, Clone, Default)]
 pub struct Observation {
@@ -194,6 +241,7 @@ struct Inner {
     state: RunnerState,
     failure: Option<String>,
     slots: Vec<Slot>,
+    ingesters: Vec<IngesterSlot>,
     stopping_since: Option<Instant>,
 }
 
@@ -215,7 +263,7 @@ impl Supervisor {
     pub fn new(options: RunnerOptions) -> Self {
         Supervisor {
             options,
-            inner: Mutex::new(Inner { state: RunnerState::Booting, failure: None, slots: Vec::new(), stopping_since: None }),
+            inner: Mutex::new(Inner { state: RunnerState::Booting, failure: None, slots: Vec::new(), ingesters: Vec::new(), stopping_since: None }),
             epoch: Instant::now(),
             beat: AtomicU64::new(0),
             attached: control::Attached::default(),
@@ -412,6 +460,22 @@ impl Supervisor {
         Verdict::Restart { after, reason }
     }
 
+    /// Record where the ingester of `dlq` is, for `/status`: deliveries it
+    /// has received (committed, then acknowledged) and its last error. The
+    /// first report of a DLQ adds it.
+    pub fn ingester(&self, dlq: &str, state: IngesterState, received: u64, last_error: Option<&str>) {
+        let mut inner = self.lock();
+        let last_error = last_error.map(str::to_owned);
+        match inner.ingesters.iter_mut().find(|i| i.dlq == dlq) {
+            Some(slot) => {
+                slot.state = state;
+                slot.received = received;
+                slot.last_error = last_error;
+            }
+            None => inner.ingesters.push(IngesterSlot { dlq: dlq.to_owned(), state, received, last_error }),
+        }
+    }
+
     /// Consumer `index` is subscribed again after a restart.
     pub fn restarted(&self, index: usize) {
         if let Some(slot) = self.lock().slots.get_mut(index) {
@@ -422,7 +486,9 @@ impl Supervisor {
     /// The state as JSON, for the health endpoint's `/status` and for logs:
     /// `{"state","live","ready","failure","consumers":[{"name","queue",
     /// "concurrency","prefetch","up","restarts","last_failure","paused",
-    /// "breaker"}]}` (`breaker`: null, or closed, open, half_open, trying).
+    /// "breaker"}],"dead_letters":[{"dlq","state","received","last_error"}]}`
+    /// (`breaker`: null, or closed, open, half_open, trying; `state`: an
+    /// [`IngesterState`]).
     pub fn status_json(&self) -> String {
         let inner = self.lock();
         let consumers: Vec<serde_json::Value> = inner
@@ -437,10 +503,20 @@ impl Supervisor {
                 })
             })
             .collect();
+        let dead_letters: Vec<serde_json::Value> = inner
+            .ingesters
+            .iter()
+            .map(|i| {
+                serde_json::json!({
+                    "dlq": i.dlq, "state": i.state.as_str(), "received": i.received, "last_error": i.last_error,
+                })
+            })
+            .collect();
         let live = self.live_locked(&inner);
         let ready = live && inner.state == RunnerState::Running && inner.slots.iter().all(|s| s.up);
         serde_json::json!({
             "state": inner.state.as_str(), "live": live, "ready": ready, "failure": inner.failure, "consumers": consumers,
+            "dead_letters": dead_letters,
         })
         .to_string()
     }

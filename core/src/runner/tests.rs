@@ -124,3 +124,24 @@ fn the_health_endpoint_answers_probes() {
         server.close();
     });
 }
+
+#[test]
+fn ingesters_are_in_the_status_and_a_standby_leaves_the_runner_ready() {
+    let s = Supervisor::new(options());
+    s.register("C", "q", 1, 32);
+    s.running();
+    s.ingester("q.dlq", IngesterState::Starting, 0, None);
+    s.ingester("q.dlq", IngesterState::Standby, 0, Some("ACCESS_REFUSED"));
+    s.ingester("r.dlq", IngesterState::Ingesting, 7, None);
+    let status: serde_json::Value = serde_json::from_str(&s.status_json()).unwrap();
+    assert_eq!(
+        status["dead_letters"],
+        serde_json::json!([
+            {"dlq": "q.dlq", "state": "standby", "received": 0, "last_error": "ACCESS_REFUSED"},
+            {"dlq": "r.dlq", "state": "ingesting", "received": 7, "last_error": null},
+        ])
+    );
+    assert!(s.ready(), "a standby ingester is what every runner but one is");
+    assert_eq!(IngesterState::parse("standby"), Some(IngesterState::Standby));
+    assert_eq!(IngesterState::parse("asleep"), None);
+}

@@ -51,6 +51,22 @@ module AceMQ
       # An OutboxRelay run beside the consumers on the publishing
       # connection: a store (or a callable building one), nil for none.
       attr_accessor :outbox, :outbox_interval
+      # The dead-letter store the runner ingests every consumer's DLQ into
+      # (docs/dead-letters.md): an AMQP::SQLDeadLetterStore, a callable
+      # returning one (called in each runner process, after any fork, so a
+      # connection it opens is the process's own), or :active_record for one
+      # on ActiveRecord::Base's pool and the tables `acemq:install`
+      # migrates. nil (the default): no ingester.
+      attr_accessor :dead_letter_store
+      # Retention the ingesters keep per queue: rows that failed more than
+      # dead_letter_max_age seconds ago, and beyond dead_letter_max_count
+      # rows, are pruned (each ingester every dead_letter_prune_every
+      # seconds, default 60). nil (the default): kept until discarded.
+      attr_accessor :dead_letter_max_age, :dead_letter_max_count, :dead_letter_prune_every
+      # Seconds between a standby ingester's asks for its DLQ (the store's
+      # default, 5): at most this long with nobody ingesting after the
+      # runner that had it went.
+      attr_accessor :dead_letter_retry_every
       attr_writer :logger
       # Worker processes `acemq run` forks (default 1: no fork, the runner
       # runs in the process itself). `acemq run --processes N` overrides it.

@@ -16,6 +16,7 @@ require_relative "phases"
 require_relative "database_phases"
 require_relative "swarm"
 require_relative "ordering"
+require_relative "dead_letter_phases"
 
 module Drill
   # How long a dead runner's claim holds its message back. Short, so the
@@ -32,7 +33,7 @@ module Drill
   class Overrun < Exception; end # rubocop:disable Lint/InheritException
   PHASES = { "kill" => KillRunners, "close" => CloseConnections, "restart" => RestartBroker,
              "relays" => KillRelays, "poison" => PoisonFlood, "db" => DatabaseOutage,
-             "swarm" => KillSwarmChild, "order" => PartitionOrder }.freeze
+             "swarm" => KillSwarmChild, "order" => PartitionOrder, "deadletters" => DeadLetterIngest }.freeze
 
   def self.main
     $stdout.sync = true

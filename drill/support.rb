@@ -184,13 +184,13 @@ module Drill
 
   # The drill's database for DATABASE_URL: PostgreSQL, or MySQL/MariaDB
   # for a mysql2:// URL (the phases that use only the charge tables: kill,
-  # close, restart, poison, order; see MYSQL_PHASES).
+  # close, restart, poison, order, deadletters; see MYSQL_PHASES).
   def self.database(url = DATABASE_URL)
     url.start_with?("mysql2:") ? MysqlDatabase.new(url) : Database.new(url)
   end
 
   # The phases whose SQL is only MysqlDatabase's methods.
-  MYSQL_PHASES = %w[kill close restart relays poison order].freeze
+  MYSQL_PHASES = %w[kill close restart relays poison order deadletters].freeze
 
   # MySQL or MariaDB through mysql2: the same tables and answers as
   # Database. The key is VARBINARY, as acemq:install's migration makes it

@@ -73,6 +73,20 @@ RSpec.describe "acemq run with a dead-letter store (processes)" do
     expect(ready_count("#{queue}.dlq")).to eq(0)
   end
 
+  it "takes dead_letter_store = :active_record: the store on ActiveRecord's pool and the migrated tables" do
+    # The default tables, as acemq:install's migration makes them (IF NOT
+    # EXISTS: other runs may share them; this example's rows are its queue's).
+    shared = AceMQ::AMQP::SQLDeadLetterStore.new(connection: pg).tap(&:create_schema)
+    runner = start_runner(env.merge("DEAD_LETTER_STORE" => "active_record"), app: app)
+    eventually(timeout: 20) { state(runner) == "ingesting" }
+    mq.publish({ "n" => 7 }, to: queue)
+    eventually(timeout: 20) { shared.counts(queue: queue)[:total] == 1 }
+    expect(shared.list(queue: queue).letters.map(&:reason)).to eq(["spec: 7 declined"])
+    expect(stored).to be_empty # not the per-example tables the callable would use
+  ensure
+    shared&.purge(queue: queue, actor: "spec")
+  end
+
   it "with --processes 2 has one worker ingest and the other stand by" do
     parent = start_runner(env, app: app, args: %w[--processes 2])
     eventually(timeout: 30) { parent.health_port && parent.text.scan("acemq: running").size == 2 }

@@ -17,7 +17,7 @@ RSpec.describe "acemq run with a dead-letter store (processes)" do
   let(:queue) { unique("runner-dl") }
   let(:table) { "dl_#{SecureRandom.hex(5)}" }
   let(:mq) { AceMQ::AMQP::Connection.open(AMQP_URL, origin: unique("runner-dl-spec")) }
-  let(:pg) { PG.connect(DATABASE_URL) }
+  let(:pg) { PG.connect(DATABASE_URL).tap { |c| c.set_notice_processor { |_| } } }
   let(:store) do
     AceMQ::AMQP::SQLDeadLetterStore.new(connection: pg, table: table, audit_table: "#{table}_audit").tap(&:create_schema)
   end
@@ -85,6 +85,18 @@ RSpec.describe "acemq run with a dead-letter store (processes)" do
     expect(stored).to be_empty # not the per-example tables the callable would use
   ensure
     shared&.purge(queue: queue, actor: "spec")
+  end
+
+  it "keeps the configured retention: dead_letter_max_count rows of the queue, the rest pruned and audited" do
+    runner = start_runner(env.merge("DEAD_LETTER_MAX_COUNT" => "2", "DEAD_LETTER_PRUNE_EVERY" => "0.2"), app: app)
+    eventually(timeout: 20) { state(runner) == "ingesting" }
+    5.times { |n| mq.publish({ "n" => n }, to: queue) }
+    eventually(timeout: 20) { ingesters(runner).first["received"] == 5 }
+    eventually(timeout: 20) { stored.size == 2 }
+    expect(stored.map(&:reason).uniq.size).to eq(2)
+    prunes = store.audit(limit: 50).select { _1[:action] == "prune" }
+    expect(prunes.sum { _1[:count] }).to eq(3)
+    expect(prunes.map { _1[:queue] }.uniq).to eq([queue])
   end
 
   it "with --processes 2 has one worker ingest and the other stand by" do

@@ -68,9 +68,14 @@ pub(crate) fn guarded(ruby: &Ruby, result: Value) -> Result<Guarded, Error> {
             _ => None,
         };
         let kind: Symbol = result.funcall("kind", ())?;
-        let reason: Option<String> = result.funcall("reason", ())?;
-        let error_class: Option<String> = result.funcall("error_class", ())?;
-        let reason = reason.unwrap_or_default();
+        // Read as bytes and made text here: a reason in another encoding
+        // (a binary body's text, "café".b) or with invalid bytes was an
+        // EncodingError that ended the handler thread (issue 49's hostile
+        // run: a reject became three HandlerAborted retries).
+        let reason: Option<RString> = result.funcall("reason", ())?;
+        let error_class: Option<RString> = result.funcall("error_class", ())?;
+        let reason = reason.map(text).unwrap_or_default();
+        let error_class = error_class.map(text);
         let kind = kind.name()?;
         let outcome = match (&*kind, error_class) {
             ("accept", _) => Outcome::Ack(Ack::Accept),
@@ -87,11 +92,9 @@ pub(crate) fn guarded(ruby: &Ruby, result: Value) -> Result<Guarded, Error> {
         return Ok(Guarded::new(outcome, verdict));
     }
     if result.is_kind_of(ruby.exception_standard_error()) {
-        let class: Option<String> = result.class().funcall("name", ())?;
-        let message: RString = result.funcall("message", ())?;
         return Ok(Guarded::from(Outcome::Raised {
-            class: class.unwrap_or_else(|| "StandardError".into()),
-            message: text(message),
+            class: class_name(ruby, result),
+            message: message_of(result),
             fatal: result.is_kind_of(ruby.get_inner(&FATAL_ERROR)),
         })
         .with_backtrace(backtrace(ruby, result)));
@@ -126,6 +129,48 @@ fn backtrace(ruby: &Ruby, exception: Value) -> Option<Backtrace> {
         keep = n;
     }
     Backtrace::from_frames((0..keep).map(bytes))
+}
+
+/// The name of an exception's class as Ruby's own `Module#name` gives it
+/// (an override of `name` that raises, or returns something else, is not
+/// asked), or its nearest named ancestor's for an anonymous class. Never
+/// fails: whatever the class does, the failure keeps a class.
+fn class_name(ruby: &Ruby, exception: Value) -> String {
+    let name = |class: Value| -> Option<String> {
+        let module = ruby.class_module();
+        let unbound: Value = module.funcall("instance_method", (ruby.to_symbol("name"),)).ok()?;
+        let named: Option<RString> = unbound.funcall("bind_call", (class,)).ok()?;
+        named.map(text)
+    };
+    let mut class: Value = exception.class().as_value();
+    for _ in 0..64 {
+        if let Some(n) = name(class) {
+            return n;
+        }
+        match class.funcall::<_, _, Option<Value>>("superclass", ()) {
+            Ok(Some(up)) => class = up,
+            _ => break,
+        }
+    }
+    "StandardError".into()
+}
+
+/// An exception's message as text, whatever `message` does: nil is empty,
+/// a value that is not a String is its `to_s`, and one that raises says so
+/// (it was a TypeError inside the settlement, and the failure then a
+/// HandlerAborted without its class or message).
+fn message_of(exception: Value) -> String {
+    match exception.funcall::<_, _, Value>("message", ()) {
+        Ok(v) if v.is_nil() => String::new(),
+        Ok(v) => match RString::from_value(v) {
+            Some(s) => text(s),
+            None => match v.funcall::<_, _, RString>("to_s", ()) {
+                Ok(s) => text(s),
+                Err(_) => "(its message is not text)".into(),
+            },
+        },
+        Err(_) => "(its message raised)".into(),
+    }
 }
 
 /// A Ruby string's text, copied at once (invalid bytes replaced).

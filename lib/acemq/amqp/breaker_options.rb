@@ -46,6 +46,12 @@ module AceMQ
                                     "(got failures #{failures.inspect}, within #{within.inspect}, pause #{pause.inspect}, " \
                                     "probe #{probe.inspect})"
         end
+        # The engine counts in 32 bits; -1 or 2**70 was a RangeError from
+        # the conversion rather than this class.
+        unless @failures.between?(1, 2**32 - 1) && (!failures.is_a?(Float) || failures == @failures)
+          raise ConfigurationError, "circuit_breaker: failures is how many failures within `within` open it: " \
+                                    "1 to #{2**32 - 1} (got #{failures.inspect})"
+        end
         @on = on.nil? ? nil : matchers(:on, on)
         @ignore = ignore.nil? ? nil : matchers(:ignore, ignore)
         freeze

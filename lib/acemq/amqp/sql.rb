@@ -47,12 +47,18 @@ module AceMQ
       # away and dead-letter them.
       def self.unavailable?(error)
         seen = 0
+        name = Module.instance_method(:name)
         while error && seen < 8
-          return true if error.class.ancestors.any? { |a| UNAVAILABLE.include?(a.name) }
+          # The class's own name, not what an override of `name` says (one
+          # that raised made this raise, and the handler's failure a
+          # HandlerAborted without its class or message).
+          return true if error.class.ancestors.any? { |a| UNAVAILABLE.include?(name.bind_call(a)) }
 
           error = error.cause
           seen += 1
         end
+        false
+      rescue StandardError
         false
       end
 

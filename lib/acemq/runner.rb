@@ -256,7 +256,8 @@ module AceMQ
           @logger.info("acemq: ingesting #{slot[:dlq]} into the dead-letter store") if state == "ingesting"
           slot[:state] = state
         end
-        @supervisor._ingester(slot[:dlq], state, ing.received, ing.last_error&.message)
+        # An error it has since got past is not news.
+        @supervisor._ingester(slot[:dlq], state, ing.received, state == "ingesting" ? nil : ing.last_error&.message)
       end
     end
 

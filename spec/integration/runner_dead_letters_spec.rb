@@ -60,6 +60,7 @@ RSpec.describe "acemq run with a dead-letter store (processes)" do
     eventually(timeout: 10) { ingesters(first).first["received"] == 2 }
     expect(ingesters(first).first).to include("dlq" => "#{queue}.dlq", "state" => "ingesting", "last_error" => nil)
     expect(ingesters(second).first).to include("state" => "standby", "received" => 0)
+    expect(ingesters(second).first["last_error"]).to match(/ACCESS_REFUSED|exclusive/i)
 
     first.signal("TERM")
     expect(first.wait(20)).to eq(0), first.text
@@ -70,6 +71,7 @@ RSpec.describe "acemq run with a dead-letter store (processes)" do
     eventually(timeout: 20) { stored.size == 3 }
     expect(stored.map(&:reason)).to match_array(["spec: 1 declined", "spec: 2 declined", "spec: 3 declined"])
     eventually(timeout: 10) { ingesters(second).first["received"] == 1 }
+    expect(ingesters(second).first["last_error"]).to be_nil
     expect(ready_count("#{queue}.dlq")).to eq(0)
   end
 

@@ -22,4 +22,11 @@ AceMQ::Rails.configure do |c|
   # /status (JSON). Off unless ACEMQ_HEALTH_PORT is set, because two runners
   # on one machine (development, a second process type) cannot share a port.
   c.health_port = ENV["ACEMQ_HEALTH_PORT"]&.then { |port| Integer(port) }
+
+  # Dead letters as data: the runner ingests each consumer's {queue}.dlq
+  # into the acemq_dead_letters table (the create_acemq_dead_letters
+  # migration makes it), one ingester per DLQ however many runners there
+  # are, and the operator browses and replays rows, not a queue
+  # (docs/dead-letters.md in the gem). Off until uncommented.
+  # c.dead_letter_store = :active_record
 end

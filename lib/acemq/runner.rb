@@ -218,8 +218,8 @@ module AceMQ
 
     # One ingester per DLQ of the consumers run here (a partitioned class's
     # every partition queue has its own), on the consuming connection: it
-    # only consumes and acknowledges, so a memory alarm that blocks
-    # publishers does not stop it. Every runner starts them, each forked
+    # publishes nothing, and the exclusive consume that makes it the one
+    # ingester is let go with that connection. Every runner starts them, each forked
     # worker of --processes too, and the broker's exclusive consume lets one
     # have each DLQ: the others stand by and take over when its connection
     # goes. That is why nothing here elects a leader.

@@ -243,7 +243,8 @@ module AceMQ
     end
 
     # Each ingester's state into /status, and a line when one starts
-    # ingesting (at boot, or taking over from a runner that went) or stops.
+    # ingesting (at boot, or taking over from a runner that went). Standing
+    # by and failing are the ingester's own lines (its logger:), once each.
     def report_dead_letters
       (@ingesters || []).each do |slot|
         ing = slot[:ingester]

@@ -244,7 +244,7 @@ module AceMQ
 
     # Each ingester's state into /status, and a line when one starts
     # ingesting (at boot, or taking over from a runner that went). Standing
-    # by and failing are the ingester's own lines (its logger:), once each.
+    # by (once) and each failure are the ingester's own lines (its logger:).
     def report_dead_letters
       (@ingesters || []).each do |slot|
         ing = slot[:ingester]

@@ -183,6 +183,9 @@ module SQLConnectionSourcesSpec
         o.puts(child.equal?(parent) ? "inherited" : "own")
         st = Patterns::SQLIdempotencyStore.new(connection: src)
         o.puts(st.first_time?("from-child"))
+        # Confirmed, as a handler does: an exited child's bare claim would be
+        # a dead worker's, taken over by the next to ask.
+        st.confirm("from-child")
       end
       expect(read_line(out)).to eq("own")
       expect(read_line(out)).to eq("true")

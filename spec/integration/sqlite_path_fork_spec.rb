@@ -33,8 +33,13 @@ RSpec.describe "a SQLite store opened by path, across fork" do
         pid = fork do
           rd.close
           inherited = handles_on(path)
+          # What a child wins it confirms, as a handler does: a claim left
+          # by a child that has exited is a dead worker's on this host, and
+          # the next to ask takes it over (docs/ordering.md).
           shared = store.first_time?("shared")
+          store.confirm("shared") if shared
           own = store.first_time?("child-#{i}")
+          store.confirm("child-#{i}") if own
           wr.write([inherited, handles_on(path), shared, own].join(" "))
           wr.close
           exit!(0)

@@ -42,7 +42,6 @@ mod replay;
 pub(crate) mod rules;
 mod statements;
 mod store;
-mod values;
 
 pub use async_store::AsyncSqlDeadLetterStore;
 pub use feed::{Batch, DeadLetterFeed};

@@ -6,7 +6,10 @@ use super::letter::{body_bytes, body_text, column_text, cut, short, REASON};
 use super::statements::{Statements, INSERT_PARAMS};
 use super::{AuditEntry, Counts, DeadLetterStoreOptions, Filter, NewDeadLetter, Page, Retention, Selection, StoredDeadLetter};
 use crate::error::{Error, Result};
-use super::values as v;
+use crate::sql::values::Columns;
+
+/// The dead-letter table's column readers.
+const V: Columns = Columns("dead-letter");
 use crate::sql::placeholders::MAX_PARAMS;
 use crate::sql::{begin, finish, AsyncSqlConnection, Row, SqlValue};
 use serde_json::Value;
@@ -88,7 +91,7 @@ impl Rules {
         }
         let d = c.dialect();
         let (sql, params) = self.st.page_ids(d, f, after, limit + 1);
-        let ids = c.query(&sql, &params).await?.iter().map(|r| v::int(v::column(r, 0, "id")?, "id")).collect::<Result<Vec<i64>>>()?;
+        let ids = c.query(&sql, &params).await?.iter().map(|r| V.int(V.column(r, 0, "id")?, "id")).collect::<Result<Vec<i64>>>()?;
         let more = ids.len() > limit;
         let ids = &ids[..ids.len().min(limit)];
         let letters = if ids.is_empty() {
@@ -112,10 +115,10 @@ impl Rules {
         let (mut queues, mut reasons, mut classes) = (HashMap::new(), HashMap::new(), HashMap::new());
         let mut total = 0u64;
         for r in c.query(&sql, &params).await? {
-            let queue = v::text(v::column(&r, 0, "queue")?, "queue")?;
-            let class = v::opt_text(v::column(&r, 1, "error_class")?, "error_class")?;
-            let reason = v::opt_text(v::column(&r, 2, "reason")?, "reason")?;
-            let n = v::int(v::column(&r, 3, "COUNT(*)")?, "COUNT(*)")?.max(0) as u64;
+            let queue = V.text(V.column(&r, 0, "queue")?, "queue")?;
+            let class = V.opt_text(V.column(&r, 1, "error_class")?, "error_class")?;
+            let reason = V.opt_text(V.column(&r, 2, "reason")?, "reason")?;
+            let n = V.int(V.column(&r, 3, "COUNT(*)")?, "COUNT(*)")?.max(0) as u64;
             total += n;
             *queues.entry(queue).or_insert(0) += n;
             *classes.entry(class).or_insert(0) += n;
@@ -144,7 +147,7 @@ impl Rules {
             }
             Selection::Filter(f) => {
                 let (sql, params) = self.st.ids(c.dialect(), f);
-                c.query(&sql, &params).await?.iter().map(|r| v::int(v::column(r, 0, "id")?, "id")).collect()
+                c.query(&sql, &params).await?.iter().map(|r| V.int(V.column(r, 0, "id")?, "id")).collect()
             }
         }
     }
@@ -200,7 +203,7 @@ impl Rules {
                 params.push(SqlValue::Int(i64::try_from(max).unwrap_or(i64::MAX)));
                 let rows = c.query(&self.st.nth_newest(d, queue.is_some()), &params).await?;
                 if let Some(r) = rows.first() {
-                    let through = v::int(v::column(r, 0, "id")?, "id")?;
+                    let through = V.int(V.column(r, 0, "id")?, "id")?;
                     let mut params = q.clone();
                     params.push(SqlValue::Int(through));
                     n += c.execute(&self.st.delete_through(d, queue.is_some()), &params).await?;
@@ -283,15 +286,15 @@ impl Rules {
         let rows = c.query(&self.st.audit_list(c.dialect()), &[SqlValue::Int(limit.min(MAX_PAGE) as i64)]).await?;
         rows.iter()
             .map(|r| {
-                let detail = v::text(v::column(r, 5, "detail")?, "detail")?;
+                let detail = V.text(V.column(r, 5, "detail")?, "detail")?;
                 Ok(AuditEntry {
-                    id: v::int(v::column(r, 0, "id")?, "id")?,
-                    at: v::int(v::column(r, 1, "created_at")?, "created_at")?,
-                    actor: v::text(v::column(r, 2, "actor")?, "actor")?,
-                    action: v::text(v::column(r, 3, "action")?, "action")?,
-                    queue: v::opt_text(v::column(r, 4, "queue")?, "queue")?,
+                    id: V.int(V.column(r, 0, "id")?, "id")?,
+                    at: V.int(V.column(r, 1, "created_at")?, "created_at")?,
+                    actor: V.text(V.column(r, 2, "actor")?, "actor")?,
+                    action: V.text(V.column(r, 3, "action")?, "action")?,
+                    queue: V.opt_text(V.column(r, 4, "queue")?, "queue")?,
                     detail: serde_json::from_str(&detail).unwrap_or(Value::String(detail)),
-                    count: v::int(v::column(r, 6, "affected")?, "affected")?.max(0) as u64,
+                    count: V.int(V.column(r, 6, "affected")?, "affected")?.max(0) as u64,
                 })
             })
             .collect()
@@ -317,9 +320,9 @@ fn object(text: String) -> serde_json::Map<String, Value> {
 
 /// A row of [`COLUMNS`](super::statements::COLUMNS).
 pub(crate) fn stored(r: &Row) -> Result<StoredDeadLetter> {
-    let t = |i: usize, name: &str| v::text(v::column(r, i, name)?, name);
-    let o = |i: usize, name: &str| v::opt_text(v::column(r, i, name)?, name);
-    let int = |i: usize, name: &str| v::int(v::column(r, i, name)?, name);
+    let t = |i: usize, name: &str| V.text(V.column(r, i, name)?, name);
+    let o = |i: usize, name: &str| V.opt_text(V.column(r, i, name)?, name);
+    let int = |i: usize, name: &str| V.int(V.column(r, i, name)?, name);
     Ok(StoredDeadLetter {
         id: int(0, "id")?,
         queue: t(1, "queue")?,

@@ -45,7 +45,6 @@ mod rules;
 mod statements;
 mod store;
 mod sweep;
-mod values;
 mod wake;
 
 #[cfg(test)]

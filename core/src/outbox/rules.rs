@@ -8,7 +8,10 @@
 
 use super::statements::Statements;
 use super::wake::LocalWake;
-use super::values::{column, int, opt_int, opt_str, opt_text, text};
+use crate::sql::values::{opt_str, Columns};
+
+/// The outbox table's column readers.
+const O: Columns = Columns("outbox");
 use super::{Backlog, Completion, OutboxRecord, OutboxStoreOptions, StuckRecord};
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
@@ -140,7 +143,7 @@ impl Rules {
             }
         };
         let row = rows.first().ok_or_else(|| Error::store("outbox insert returned no id"))?;
-        int(column(row, 0, "id")?, "id")
+        O.int(O.column(row, 0, "id")?, "id")
     }
 
     /// Lease up to `batch_size` due rows to this worker, oldest first, on
@@ -182,7 +185,7 @@ impl Rules {
         }
         let mut params = vec![SqlValue::Text(self.worker_id.current()), SqlValue::Int(millis(self.options.lease))];
         for row in &rows {
-            params.push(SqlValue::Int(int(column(row, 0, "id")?, "id")?));
+            params.push(SqlValue::Int(O.int(O.column(row, 0, "id")?, "id")?));
         }
         conn.execute(&self.statements.lease_mysql(rows.len()), &params).await?;
         Ok(rows)
@@ -197,8 +200,8 @@ impl Rules {
             match record_from_row(row) {
                 Ok(record) => records.push(record),
                 Err(e) => {
-                    let id = int(column(row, 0, "id")?, "id")?;
-                    let attempts = int(column(row, 9, "attempts")?, "attempts")?;
+                    let id = O.int(O.column(row, 0, "id")?, "id")?;
+                    let attempts = O.int(O.column(row, 9, "attempts")?, "attempts")?;
                     unreadable.push((id, attempts, e));
                 }
             }
@@ -329,7 +332,7 @@ impl Rules {
             let rows = conn.query(&self.statements.select_attempts_owned(dialect, chunk.len()), &params).await?;
             let mut attempts = HashMap::with_capacity(rows.len());
             for row in &rows {
-                attempts.insert(int(column(row, 0, "id")?, "id")?, int(column(row, 1, "attempts")?, "attempts")?);
+                attempts.insert(O.int(O.column(row, 0, "id")?, "id")?, O.int(O.column(row, 1, "attempts")?, "attempts")?);
             }
             for (id, error) in chunk {
                 // Absent: no longer leased by us, so no longer ours to fail.
@@ -344,10 +347,10 @@ impl Rules {
     pub(crate) async fn backlog<C: AsyncSqlConnection>(&self, conn: &C) -> Result<Backlog> {
         let rows = conn.query(&self.statements.backlog(conn.dialect()), &[]).await?;
         let row = rows.first().ok_or_else(|| Error::store("outbox backlog query returned no row"))?;
-        let count = int(column(row, 0, "count")?, "count")?;
-        let oldest = opt_int(column(row, 1, "created_at")?, "created_at")?;
-        let stuck = int(column(row, 2, "stuck")?, "stuck")?;
-        let now = int(column(row, 3, "now")?, "now")?;
+        let count = O.int(O.column(row, 0, "count")?, "count")?;
+        let oldest = O.opt_int(O.column(row, 1, "created_at")?, "created_at")?;
+        let stuck = O.int(O.column(row, 2, "stuck")?, "stuck")?;
+        let now = O.int(O.column(row, 3, "now")?, "now")?;
         Ok(Backlog {
             count: count.max(0) as u64,
             oldest_age: oldest.map(|t| Duration::from_millis(now.saturating_sub(t).max(0) as u64)),
@@ -361,14 +364,14 @@ impl Rules {
         rows.iter()
             .map(|row| {
                 Ok(StuckRecord {
-                    id: int(column(row, 0, "id")?, "id")?,
-                    exchange: text(column(row, 1, "exchange")?, "exchange")?,
-                    routing_key: text(column(row, 2, "routing_key")?, "routing_key")?,
-                    message_id: text(column(row, 3, "message_id")?, "message_id")?,
-                    attempts: u32::try_from(int(column(row, 4, "attempts")?, "attempts")?).unwrap_or(u32::MAX),
-                    last_error: opt_text(column(row, 5, "last_error")?, "last_error")?,
-                    next_attempt_at: int(column(row, 6, "next_attempt_at")?, "next_attempt_at")?,
-                    created_at: int(column(row, 7, "created_at")?, "created_at")?,
+                    id: O.int(O.column(row, 0, "id")?, "id")?,
+                    exchange: O.text(O.column(row, 1, "exchange")?, "exchange")?,
+                    routing_key: O.text(O.column(row, 2, "routing_key")?, "routing_key")?,
+                    message_id: O.text(O.column(row, 3, "message_id")?, "message_id")?,
+                    attempts: u32::try_from(O.int(O.column(row, 4, "attempts")?, "attempts")?).unwrap_or(u32::MAX),
+                    last_error: O.opt_text(O.column(row, 5, "last_error")?, "last_error")?,
+                    next_attempt_at: O.int(O.column(row, 6, "next_attempt_at")?, "next_attempt_at")?,
+                    created_at: O.int(O.column(row, 7, "created_at")?, "created_at")?,
                 })
             })
             .collect()
@@ -422,19 +425,19 @@ fn confirmed(completions: &[Completion]) -> Vec<i64> {
 
 /// Build a record from a row of [`super::statements::RECORD_COLUMNS`].
 fn record_from_row(row: &[SqlValue]) -> Result<OutboxRecord> {
-    let headers_text = text(column(row, 8, "headers")?, "headers")?;
+    let headers_text = O.text(O.column(row, 8, "headers")?, "headers")?;
     let headers: Headers = serde_json::from_str(&headers_text)
         .map_err(|e| Error::store(format!("outbox headers are not a JSON object ({e}); fix or delete the row")))?;
-    let timestamp = int(column(row, 7, "timestamp")?, "timestamp")?;
+    let timestamp = O.int(O.column(row, 7, "timestamp")?, "timestamp")?;
     Ok(OutboxRecord {
-        id: Some(int(column(row, 0, "id")?, "id")?),
-        exchange: text(column(row, 1, "exchange")?, "exchange")?,
-        routing_key: text(column(row, 2, "routing_key")?, "routing_key")?,
-        body: text(column(row, 3, "body")?, "body")?,
+        id: Some(O.int(O.column(row, 0, "id")?, "id")?),
+        exchange: O.text(O.column(row, 1, "exchange")?, "exchange")?,
+        routing_key: O.text(O.column(row, 2, "routing_key")?, "routing_key")?,
+        body: O.text(O.column(row, 3, "body")?, "body")?,
         envelope: Envelope {
-            id: text(column(row, 4, "message_id")?, "message_id")?,
-            kind: opt_text(column(row, 5, "message_type")?, "message_type")?,
-            origin: opt_text(column(row, 6, "origin")?, "origin")?,
+            id: O.text(O.column(row, 4, "message_id")?, "message_id")?,
+            kind: O.opt_text(O.column(row, 5, "message_type")?, "message_type")?,
+            origin: O.opt_text(O.column(row, 6, "origin")?, "origin")?,
             timestamp: u64::try_from(timestamp).ok(),
             attempt: 1,
             headers,

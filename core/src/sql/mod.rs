@@ -95,6 +95,7 @@ pub use identifier::MAX_TABLE_NAME;
 pub(crate) use identifier::{qualified_table_name, table_name};
 pub(crate) mod placeholders;
 pub(crate) mod time;
+pub(crate) mod values;
 mod transaction;
 pub(crate) use transaction::{begin, finish, lock_conflict};
 mod worker;

@@ -288,8 +288,9 @@ pub const REPLAYED_AT_HEADER: &str = "x-acemq-replayed-at";
 /// stamps its own.
 pub const REPLAYED_BY_HEADER: &str = "x-acemq-replayed-by";
 
-/// The reason a dead letter shows: AceMQ's, else the broker's own.
-fn reason_of(h: &crate::headers::Headers) -> Option<String> {
+/// The reason a dead letter shows: AceMQ's, else the broker's own. The
+/// dead-letter store's reason column is this too.
+pub(crate) fn reason_of(h: &crate::headers::Headers) -> Option<String> {
     h.get(REASON_HEADER).and_then(Value::as_str).map(str::to_owned).or_else(|| broker_reason(h))
 }
 
@@ -313,8 +314,9 @@ fn matches(raw: &RawDelivery, options: &ReplayOptions) -> bool {
 }
 
 /// Where the dead letter was first published: AceMQ's headers, else the
-/// broker's newest `x-death` entry.
-fn original_route(h: &crate::headers::Headers) -> (Option<String>, Option<String>) {
+/// broker's newest `x-death` entry. The dead-letter store's exchange and
+/// routing key columns are this too.
+pub(crate) fn original_route(h: &crate::headers::Headers) -> (Option<String>, Option<String>) {
     let text = |k: &str| h.get(k).and_then(Value::as_str).map(str::to_owned);
     let death = h.get("x-death").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_object);
     let exchange = text(crate::wire::ORIGINAL_EXCHANGE_HEADER)

@@ -3,7 +3,8 @@
 
 use super::hash::content_hash;
 use crate::headers::Headers;
-use crate::wire::{envelope_of, Props, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, HISTORY_HEADER, REASON_HEADER};
+use crate::replay::{original_route, reason_of};
+use crate::wire::{envelope_of, Props, RawDelivery, ERROR_CLASS_HEADER, FAILED_AT_HEADER, HISTORY_HEADER};
 use serde_json::{Map, Value};
 
 /// The header the failure's first frames travel in: frames joined by "\n".
@@ -187,39 +188,6 @@ pub(crate) fn props_from(m: &Map<String, Value>) -> Props {
     p.app_id = s("app_id");
     p.cluster_id = s("cluster_id");
     p
-}
-
-/// Where the dead letter was first published: AceMQ's headers, else the
-/// broker's newest `x-death` entry (as replay.rs reads it).
-fn original_route(h: &Headers) -> (Option<String>, Option<String>) {
-    let text = |k: &str| h.get(k).and_then(Value::as_str).map(str::to_owned);
-    let death = h.get("x-death").and_then(Value::as_array).and_then(|a| a.first()).and_then(Value::as_object);
-    let exchange = text(crate::wire::ORIGINAL_EXCHANGE_HEADER)
-        .or_else(|| death.and_then(|d| d.get("exchange")?.as_str().map(str::to_owned)));
-    let key = text(crate::wire::ORIGINAL_ROUTING_KEY_HEADER)
-        .or_else(|| death.and_then(|d| d.get("routing-keys")?.as_array()?.first()?.as_str().map(str::to_owned)));
-    (exchange, key)
-}
-
-/// The reason: AceMQ's, else the broker's own (its newest `x-death`, else
-/// 4.x's `x-last-death-*`), as replay.rs shows it.
-fn reason_of(h: &Headers) -> Option<String> {
-    if let Some(r) = h.get(REASON_HEADER).and_then(Value::as_str) {
-        return Some(r.to_owned());
-    }
-    let from_x_death = || {
-        let death = h.get("x-death")?.as_array()?.first()?.as_object()?;
-        let reason = death.get("reason")?.as_str()?;
-        let queue = death.get("queue").and_then(Value::as_str).unwrap_or("?");
-        let count = death.get("count").and_then(Value::as_u64).unwrap_or(1);
-        Some(format!("dead-lettered by the broker: {reason} on {queue} (x-death count {count})"))
-    };
-    let from_pair = |which: &str| {
-        let reason = h.get(&format!("x-{which}-death-reason"))?.as_str()?;
-        let queue = h.get(&format!("x-{which}-death-queue")).and_then(Value::as_str).unwrap_or("?");
-        Some(format!("dead-lettered by the broker: {reason} on {queue}"))
-    };
-    from_x_death().or_else(|| from_pair("last")).or_else(|| from_pair("first"))
 }
 
 /// Text as a column can hold it: NUL (which PostgreSQL's TEXT refuses) as

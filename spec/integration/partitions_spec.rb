@@ -38,7 +38,20 @@ RSpec.describe "partitioned queues" do
     expected = (keys + ["acct-1"]).map { |k| AceMQ::AMQP.partition_queue(queue, k, 4) }.tally
     eventually { klass.consume_queues.to_h { |q| [q, mq.queue_counts(q)[:ready]] } == klass.consume_queues.to_h { |q| [q, expected[q].to_i] } }
     expect(expected.size).to be > 1 # the keys spread
-    expect { mq.publish({}, to: queue, partition_key: "k") }.to raise_error(AceMQ::AMQP::ConfigurationError, /go together/)
+    expect { mq.publish({}, to: queue, partition_key: "k") }.to raise_error(AceMQ::AMQP::ConfigurationError, /partitions: is missing/)
+    # What the break-it run found: counts a RangeError or truncated, keys
+    # whose to_s changes per object, an empty key. Each refused, nothing sent.
+    { -1 => /whole number/, 2**70 => /whole number/, 8.9 => /whole number/, Rational(17, 2) => /whole number/,
+      0 => /between 1 and 1024/ }.each do |count, words|
+      expect { mq.publish({}, to: queue, partition_key: "k", partitions: count) }.to raise_error(AceMQ::AMQP::ConfigurationError, words)
+    end
+    expect { mq.publish({}, to: queue, partition_key: Object.new, partitions: 4) }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /String, Symbol or Integer/)
+    expect { mq.publish({}, to: queue, partition_key: "", partitions: 4) }.to raise_error(AceMQ::AMQP::PartitionKeyMissing, /empty/)
+    expect { mq.publish({}, to: queue, partition_key: nil, partitions: 4) }.to raise_error(AceMQ::AMQP::PartitionKeyMissing, /is nil/)
+    expect { klass.publish({ "account_id" => "" }) }.to raise_error(AceMQ::AMQP::PartitionKeyMissing, /returned ""/)
+    # An Integer key and its text are one key.
+    expect(AceMQ::AMQP::Connection.partition(7, 4)).to eq(AceMQ::AMQP::Connection.partition("7", 4))
   ensure
     AceMQ::Rails.publisher = nil
   end
@@ -51,7 +64,7 @@ RSpec.describe "partitioned queues" do
     keys = (1..8).map { |n| "acct-#{n}" }
     mq.batch { |b| keys.each { |k| b.publish({ "account_id" => k }, to: queue, partition_key: k, partitions: 4) } }
     mq.batch(stream: true) { |b| keys.each { |k| b.publish({ "account_id" => k }, to: queue, partition_key: k, partitions: 4) } }
-    expect { mq.batch { |b| b.publish({}, to: queue, partitions: 4) } }.to raise_error(AceMQ::AMQP::ConfigurationError, /go together/)
+    expect { mq.batch { |b| b.publish({}, to: queue, partitions: 4) } }.to raise_error(AceMQ::AMQP::PartitionKeyMissing, /is nil/)
     records = keys.map { |k| AceMQ::AMQP::Patterns.record(mq, { "account_id" => k }, to: queue, partition_key: k, partitions: 4) }
     expect(records.map(&:routing_key)).to eq(keys.map { |k| AceMQ::AMQP.partition_queue(queue, k, 4) })
     expected = keys.map { |k| AceMQ::AMQP.partition_queue(queue, k, 4) }.tally.transform_values { |n| n * 2 }

@@ -265,16 +265,29 @@ module AceMQ
       end
 
       # [key, count] as the engine takes it, or nil.
+      # The key is a String, Symbol or Integer, never empty: their text is
+      # stable, where another object's to_s (`#<Object:0x…>`) would send one
+      # key to a different partition each time, and "" is no key at all
+      # (as the idempotent consumer reads it). The count is an Integer in
+      # the engine's range, never a Float truncated (8.9 went to 8) nor a
+      # RangeError from the conversion (-1, 2**70).
       def self.partition(key, count)
         return nil if key.nil? && count.nil?
-        if key.nil? || count.nil?
-          raise ConfigurationError, "partition_key: and partitions: go together (the key, and the count the consumers declared)"
+        raise ConfigurationError, "partitions: is missing: give the count the consumers declared with partition_key:" if count.nil?
+        raise PartitionKeyMissing, "partition_key: is nil: give the message's key (an order's id, an account)" if key.nil?
+        unless key.is_a?(String) || key.is_a?(Symbol) || key.is_a?(Integer)
+          raise ConfigurationError, "partition_key: must be a String, Symbol or Integer (got a #{key.class}): its text picks the partition"
         end
 
-        n = Integer(count, exception: false)
-        raise ConfigurationError, "partitions: must be a whole number (got #{count.inspect})" unless n
+        text = text(:partition_key, key.to_s)
+        raise PartitionKeyMissing, "partition_key: is empty: give the message's key (an order's id, an account)" if text.empty?
 
-        [key.to_s, n]
+        n = count.is_a?(Float) || count.is_a?(Rational) ? nil : Integer(count, exception: false)
+        unless n&.between?(0, 65_535) # the engine says what range it takes
+          raise ConfigurationError, "partitions: must be a whole number, the count the consumers declared (got #{count.inspect})"
+        end
+
+        [text, n]
       end
 
       # { limit:, per: } as the engine takes it.

@@ -172,9 +172,11 @@ module AceMQ
           return AceMQ::Rails.publisher.publish(payload, to: queue_name, **options) unless p
 
           key = p[:by].call(Outgoing.new(payload, options[:type], options[:headers]))
-          raise AMQP::PartitionKeyMissing, "#{self}: partitions by: returned nil for #{payload.inspect[0, 200]}" if key.nil?
+          if key.nil? || key == ""
+            raise AMQP::PartitionKeyMissing, "#{self}: partitions by: returned #{key.inspect} for #{payload.inspect[0, 200]}"
+          end
 
-          AceMQ::Rails.publisher.publish(payload, to: queue_name, partition_key: key.to_s, partitions: p[:count], **options)
+          AceMQ::Rails.publisher.publish(payload, to: queue_name, partition_key: key, partitions: p[:count], **options)
         end
 
         # Pause when a downstream is down, rather than send valid messages

@@ -276,6 +276,27 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
         expect { Store.new(path: File.join(dir, "x.db"), connection: Object.new) }.to raise_error(bad, /exactly one/)
         expect { Store.new(path: File.join(dir, "t.db"), table: "x; DROP") }.to raise_error(bad, /plain identifier/)
         expect(store.schema_sql("mysql").first).to include("CREATE TABLE IF NOT EXISTS #{table}")
+
+        # The break-it run: a blank reason (a form's empty field) purged
+        # every queue's rows, and so did since: "garbage" and all: "no".
+        2.times { dead_letter(queue, "{}", headers: failure("r9", "E")) }
+        store.ingest_once(mq, queue)
+        [{ reason: "" }, { reason: "  " }, { queue: "" }, { all: "no" }].each do |f|
+          expect { store.purge(actor: "bob", **f) }.to raise_error(bad, /all: true/)
+        end
+        expect { store.purge(actor: "bob", since: "garbage") }.to raise_error(bad, /since: takes a Time/)
+        expect(store.counts[:total]).to eq(2)
+        # Numbers that are not numbers: a ConfigurationError naming them,
+        # not Ruby's RangeError, TypeError or ArgumentError.
+        [-1, nil, "abc", 2**70, 1.5].each { |v| expect { store.list(limit: v) }.to raise_error(bad, /limit: must be a whole number/) }
+        expect { store.find("abc") }.to raise_error(bad, /id: must be/)
+        expect { store.discard([2**70], actor: "a") }.to raise_error(bad, /ids: must be/)
+        expect { store.counts(top: nil) }.to raise_error(bad, /top: must be/)
+        expect { store.prune(max_count: -1) }.to raise_error(bad, /max_count: must be/)
+        expect { store.replay(mq, ids: ["x"], actor: "a") }.to raise_error(bad, /ids: must be/)
+        expect { store.list(reason: "\xFF".b.force_encoding(Encoding::UTF_8)) }.to raise_error(bad, /reason: must be UTF-8/)
+        expect { store.ingest(mq, queue, retry_every: 0) }.to raise_error(bad, /retry_every: must be/)
+        expect(store.counts[:total]).to eq(2)
       end
     end
   end

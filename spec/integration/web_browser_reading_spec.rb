@@ -117,7 +117,7 @@ RSpec.describe "AceMQ::Web reading DLQs in Chromium", skip: browser_missing do
     read = gave_up.text[/read ([\d,]+) of/, 1].delete(",").to_i
     expect(read).to be_between(1, READING_DEEP - 1)
     expect(took).to be < 60 # it stopped: the filter's bound is 5 s
-    expect(alice).to have_css("#empty", text: "None match.")
+    expect(alice).to have_css("#empty", text: "None match among the #{gave_up.text[/read ([\d,]+) of/, 1]} read of 100,000: the rest were not read.")
     bob.visit(dlq_path(@deep))
     expect(bob).to have_css("article.letter", count: 25)
     # None lost, none doubled: ready + what a read still holds.

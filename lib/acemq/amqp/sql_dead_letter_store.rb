@@ -65,11 +65,11 @@ module AceMQ
       # for idle: seconds; the number of deliveries committed and
       # acknowledged. Raises AccessRefused while an ingester has the DLQ.
       def ingest_once(mq, queue, prefetch: 200, batch: 100, idle: 0.5)
-        feed = self.class._open_feed(mq, queue.to_s, Integer(prefetch))
+        feed = self.class._open_feed(mq, queue.to_s, whole(:prefetch, prefetch, 1, 65_535))
         total = 0
         begin
           loop do
-            n = _ingest_batch(feed, Integer(batch), 0.02, Float(idle))
+            n = _ingest_batch(feed, whole(:batch, batch, 1, 10_000), 0.02, seconds(:idle, idle))
             break if n.zero?
 
             total += n
@@ -84,20 +84,20 @@ module AceMQ
       # after_id: (the previous page's next_cursor). Rows that arrive
       # meanwhile never shift a page.
       def list(after_id: nil, limit: 50, **filter)
-        letters, cursor = _list(filter_args(filter), after_id&.then { Integer(_1) }, Integer(limit))
+        letters, cursor = _list(filter_args(filter), after_id&.then { row_id(:after_id, _1) }, whole(:limit, limit, 1, 1_000))
         Page.new(letters.map { |h| Letter.new(**h) }, cursor)
       end
 
       # One Letter, or nil.
       def find(id)
-        h = _find(Integer(id))
+        h = _find(row_id(:id, id))
         h && Letter.new(**h)
       end
 
       # How many match, grouped: { total:, by_queue: { "payments" => 3 },
       # by_reason: { "declined" => 2, nil => 1 }, by_error_class: {...} },
       # each group most first, the top: largest.
-      def counts(top: 20, **filter) = _counts(filter_args(filter), Integer(top))
+      def counts(top: 20, **filter) = _counts(filter_args(filter), whole(:top, top, 1, 1_000))
 
       # Replay ids: (row ids) or, without ids:, every row the filter
       # matches at this moment: each sent to its work queue (route:
@@ -111,35 +111,40 @@ module AceMQ
           raise ConfigurationError, "replay route: is :queue (the default: the work queue) or :original (the exchange first published to)"
         end
 
-        ids = ids&.map { Integer(_1) }
-        _replay(mq, ids, filter_args(filter), [rate&.then { Float(_1) }, route.to_sym == :original, lease&.then { Float(_1) }], actor.to_s)
+        ids = ids&.then { |list| Array(list).map { row_id(:ids, _1) } }
+        _replay(mq, ids, filter_args(filter), [rate&.then { seconds(:rate, _1) }, route.to_sym == :original, lease&.then { seconds(:lease, _1) }],
+                actor.to_s)
       end
 
       # Delete these rows; the number deleted. Audited as actor:'s.
-      def discard(ids, actor:) = _discard(Array(ids).map { Integer(_1) }, actor.to_s)
+      def discard(ids, actor:) = _discard(Array(ids).map { row_id(:ids, _1) }, actor.to_s)
 
       # Delete every row the filter matches; the number deleted. A purge of
       # everything says so: all: true.
+      # A filter whose values are all blank is no filter (a form's empty
+      # reason field purged every queue's rows), and all: must be true
+      # itself, not any truthy value.
       def purge(actor:, all: false, **filter)
-        if filter.compact.empty? && !all
+        args = filter_args(filter)
+        if args.compact.empty? && !all.equal?(true)
           raise ConfigurationError, "purge without a filter would delete every dead letter of every queue: " \
                                     "name one (queue: \"payments\") or say all: true"
         end
 
-        _purge(filter_args(filter), actor.to_s)
+        _purge(args, actor.to_s)
       end
 
       # Delete rows that failed more than max_age: seconds ago, and beyond
       # max_count: rows (of queue:, else of all), oldest first; the number
       # deleted, audited when any.
       def prune(max_age: nil, max_count: nil, queue: nil, actor: "acemq retention")
-        _prune(queue&.to_s, max_age&.then { Float(_1) }, max_count&.then { Integer(_1) }, actor.to_s)
+        _prune(queue&.to_s, max_age&.then { seconds(:max_age, _1) }, max_count&.then { whole(:max_count, _1, 0, 2**62) }, actor.to_s)
       end
 
       # The newest limit: audit rows, newest first: Hashes with id, at
       # (seconds since the epoch), actor, action (replay, discard, purge,
       # prune), queue, detail (what was asked) and count.
-      def audit(limit: 50) = _audit(Integer(limit))
+      def audit(limit: 50) = _audit(whole(:limit, limit, 1, 10_000))
 
       private
 
@@ -150,9 +155,39 @@ module AceMQ
                                     "filter by #{FILTER_KEYS.map { "#{_1}:" }.join(' ')}"
         end
 
-        time = ->(k) { filter[k]&.then { _1.respond_to?(:to_i) ? _1.to_i : raise(ConfigurationError, "#{k}: takes a Time") } }
-        [filter[:queue]&.to_s, filter[:reason]&.to_s, filter[:error_class]&.to_s, filter[:type]&.to_s,
-         filter[:id]&.to_s, time.(:since), time.(:before)]
+        # Blank text is no filter; since:/before: are Times (or seconds
+        # since the epoch), never a String read as 0.
+        text = ->(k) { filter[k].nil? ? nil : Connection.text(k, filter[k].to_s).then { _1.strip.empty? ? nil : _1 } }
+        time = lambda do |k|
+          v = filter[k]
+          next nil if v.nil?
+          next v.to_i if v.is_a?(Time) || v.is_a?(Integer) || (v.is_a?(Float) && v.finite?)
+
+          raise ConfigurationError, "#{k}: takes a Time (got #{v.inspect[0, 80]})"
+        end
+        [text.(:queue), text.(:reason), text.(:error_class), text.(:type), text.(:id), time.(:since), time.(:before)]
+      end
+
+      def whole(...) = self.class.whole(...)
+      def row_id(name, value) = self.class.whole(name, value, -2**63, 2**63 - 1)
+      def seconds(...) = self.class.seconds(...)
+
+      # A whole number in lo..hi, or a ConfigurationError naming it (not
+      # Ruby's RangeError, TypeError or ArgumentError from the conversion).
+      # The store's and its ingester's options are read with these.
+      def self.whole(name, value, lo, hi)
+        n = value.is_a?(Float) ? nil : Integer(value, exception: false)
+        return n if n&.between?(lo, hi)
+
+        raise ConfigurationError, "#{name}: must be a whole number from #{lo} to #{hi} (got #{value.inspect[0, 80]})"
+      end
+
+      # Seconds (or a rate): a finite number, min or more.
+      def self.seconds(name, value, min: 0)
+        f = value.is_a?(Numeric) ? value.to_f : nil
+        return f if f&.finite? && f >= min
+
+        raise ConfigurationError, "#{name}: must be a number, #{min} or more (got #{value.inspect[0, 80]})"
       end
     end
   end

@@ -21,12 +21,14 @@ module AceMQ
           @store = store
           @mq = mq
           @queue = queue
-          @prefetch = Integer(prefetch)
-          @batch = Integer(batch)
-          @linger = Float(linger)
-          @retry = Float(retry_every)
+          @prefetch = SQLDeadLetterStore.whole(:prefetch, prefetch, 1, 65_535)
+          @batch = SQLDeadLetterStore.whole(:batch, batch, 1, 10_000)
+          @linger = SQLDeadLetterStore.seconds(:linger, linger)
+          # A standby asking again at once, for ever, is a busy loop on the
+          # broker: at least 10 ms.
+          @retry = SQLDeadLetterStore.seconds(:retry_every, retry_every, min: 0.01)
           @retention = (max_age || max_count) ? { max_age: max_age, max_count: max_count } : nil
-          @prune_every = Float(prune_every)
+          @prune_every = SQLDeadLetterStore.seconds(:prune_every, prune_every, min: 0.01)
           @logger = logger
           @received = 0
           @active = false

@@ -1,6 +1,11 @@
-//! A delivery that is a request (`reply_to` and `correlation_id` set, as
-//! [`Connection::request`](crate::Connection::request) sends): what its
-//! failure becomes, and what becomes of it once its deadline has passed.
+//! A delivery that is a request ([`Connection::request`](crate::Connection::request)'s:
+//! `reply_to`, `correlation_id` and its deadline, `x-acemq-deadline`): what
+//! its failure becomes, and what becomes of it once its deadline has passed.
+//! A message from another client that only carries `reply_to` and a
+//! `correlation_id` (properties any publisher may set, for its own reasons)
+//! is not one: its failures take the ladder as any message's (pika's
+//! retried message went back to "replies" as an error reply instead, in a
+//! full CI run).
 //!
 //! - Its deadline has passed (`x-acemq-deadline`): it is acknowledged and
 //!   counted as `expired`, on arrival unhandled, or when its handler fails,
@@ -40,18 +45,23 @@ pub(super) enum Fate {
     ErrorReply,
 }
 
-/// Its reply-to and correlation id, when `raw` is a request.
+/// Its reply-to and correlation id, when `raw` is a request: both set, and
+/// a deadline it can be read by.
 fn request_of(raw: &RawDelivery) -> Option<(&str, &str)> {
+    deadline_of(raw)?;
     let reply_to = raw.props.reply_to.as_deref().filter(|r| !r.is_empty())?;
     let correlation_id = raw.props.correlation_id.as_deref().filter(|c| !c.is_empty())?;
     Some((reply_to, correlation_id))
 }
 
 /// Its deadline in milliseconds since the epoch, when it carries one that
-/// can be read (a number; anything else is no deadline).
+/// can be read (a number; anything else is no deadline). A negative one has
+/// passed (it was taken as none, and such a request was handled).
 fn deadline_of(raw: &RawDelivery) -> Option<u64> {
     let v = raw.props.header(DEADLINE_HEADER)?;
-    v.as_u64().or_else(|| v.as_f64().filter(|f| f.is_finite() && *f >= 0.0).map(|f| f as u64))
+    v.as_u64()
+        .or_else(|| v.as_i64().map(|i| i.max(0) as u64))
+        .or_else(|| v.as_f64().filter(|f| f.is_finite()).map(|f| f.max(0.0) as u64))
 }
 
 /// Whether `raw` is a request whose deadline has passed.
@@ -164,5 +174,41 @@ impl Consumer {
                 Err(Error::new(e.kind().clone(), format!("could not send the error reply to a failed request ({e}); it was put back on {}", self.queue)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Props;
+
+    fn delivery(reply_to: Option<&str>, deadline: Option<Value>) -> RawDelivery {
+        let mut props = Props::default();
+        props.reply_to = reply_to.map(Into::into);
+        props.correlation_id = Some("c-1".into());
+        if let Some(d) = deadline {
+            props.headers_mut().insert(DEADLINE_HEADER.into(), d);
+        }
+        RawDelivery { tag: 1, exchange: String::new(), routing_key: "q".into(), redelivered: false, body: b"{}".to_vec(), props }
+    }
+
+    #[test]
+    fn a_request_carries_its_deadline() {
+        let far = Value::from(crate::request::now_millis() + 60_000);
+        assert!(request_of(&delivery(Some("amq.rabbitmq.reply-to"), Some(far.clone()))).is_some());
+        // Another client's message with reply_to and a correlation id only
+        // (pika's, in the interop spec) is an ordinary message.
+        assert!(request_of(&delivery(Some("replies"), None)).is_none());
+        assert!(request_of(&delivery(None, Some(far))).is_none());
+        assert!(request_of(&delivery(Some("r"), Some(Value::from("soon")))).is_none());
+    }
+
+    #[test]
+    fn a_negative_or_past_deadline_has_passed() {
+        // The break-it run: -1 and -(2^40) were taken as no deadline and handled.
+        for d in [Value::from(-1), Value::from(-(1i64 << 40)), Value::from(-1.5), Value::from(0), Value::from(1)] {
+            assert!(expired(&delivery(Some("r"), Some(d.clone()))), "{d}");
+        }
+        assert!(!expired(&delivery(Some("r"), Some(Value::from(crate::request::now_millis() + 60_000)))));
     }
 }

@@ -79,7 +79,12 @@ module SQLConnectionSourcesSpec
       expect(ids.sort).to eq(envelopes.map(&:id).sort)
       expect(Array.new(threads.size) { threads.pop }.uniq.size).to eq(concurrency)
       expect(sub.stats[:dead_lettered]).to eq(0)
-      expect(guarded.stats[:store_errors]).to eq(0)
+      # On SQLite through ActiveRecord the sqlite3 gem waits for the file's
+      # lock holding the GVL, so the thread that holds the lock may not run
+      # until the wait gives up: a store error now and then (1 of 4 threads
+      # once in a full CI run under load). The message is then retried, and
+      # the checks above (each charged once, none dead-lettered) still hold.
+      expect(guarded.stats[:store_errors]).to eq(0) unless respond_to?(:sqlite?) && sqlite?
       after_consuming if respond_to?(:after_consuming) # while the consumer threads are alive
       sub.cancel
     end

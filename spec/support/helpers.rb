@@ -22,6 +22,13 @@ module AceMQSpecHelpers
     end
   end
 
+  # A backtrace frame "LOCATION:in `METH'" as Ruby before 3.4 writes it, or
+  # "LOCATION:in 'Owner#METH'" as 3.4 does: a regexp matching the line's start.
+  def frame(location, meth)
+    prefix = location ? "\\A#{Regexp.escape(location)}:" : ""
+    /#{prefix}in [`'](?:[^' ]*[#.])?#{Regexp.escape(meth)}'/
+  end
+
   # Every name `unique` handed out this run: the queues named from them
   # (and their .dlq and .retry.* rungs) are deleted after the suite.
   NAMED = Queue.new

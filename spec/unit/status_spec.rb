@@ -93,7 +93,7 @@ RSpec.describe AceMQ::Status do
     line = File.readlines(__FILE__).index { |l| l.include?("# STATUS" + " RAISES") } + 1
     newest = snapshot[:consumers].first[:dlq][:newest]
     expect(newest.size).to eq(2)
-    newest.each { |d| expect(d[:backtrace].lines.first).to start_with("#{__FILE__}:#{line}:in `declines'") }
+    newest.each { |d| expect(d[:backtrace].lines.first).to match(frame("#{__FILE__}:#{line}", "declines")) }
     expect(described_class.render(snapshot)).not_to include(__FILE__)
   end
 

@@ -100,6 +100,11 @@ module AceMQ
         o.on("--read-within SECONDS", Float, "A DLQ filter gives up after this long, saying how far it read (default 5)") do |s|
           options[:read_within] = s
         end
+        o.on("--dead-letter-store PATH_OR_URL",
+             "Store mode: the DLQ pages read this dead-letter store (a SQLite file, or a postgres:// or mysql2:// URL)") do |s|
+          options[:dead_letter_store] = s
+        end
+        o.on("--replay-rate N", Float, "Store mode: messages a second a replay sends (default 50)") { |r| options[:replay_rate] = r }
         o.separator ""
         o.on("-v", "--version", "Print the version") do
           @out.puts("acemq #{AceMQ::VERSION}")
@@ -150,11 +155,19 @@ module AceMQ
       require "acemq/web"
       require "acemq/web/server"
       settings = { url: options[:url], runners: options[:runners], read_only: options[:read_only],
-                   management_url: options[:management], rungs: options[:rungs], read_within: options[:read_within] }.compact
+                   management_url: options[:management], rungs: options[:rungs], read_within: options[:read_within],
+                   dead_letter_store: options[:dead_letter_store], replay_rate: options[:replay_rate] }.compact
       # "none" turns it off, as for acemq status; any other command is run.
       settings[:rabbitmqctl] = options[:rabbitmqctl] if options[:rabbitmqctl] && options[:rabbitmqctl] != "none"
       settings[:queues] = options[:queues] unless options[:queues].empty?
       app = AceMQ::Web.new(**settings)
+      # A store that cannot be opened is said now, not on the first page.
+      begin
+        app.source.dead_letter_store
+      rescue AceMQ::Web::Source::StoreUnavailable => e
+        @err.puts("acemq: --dead-letter-store: #{e.message}")
+        return 64
+      end
       server = AceMQ::Web::Server.new(app, host: options[:host] || "127.0.0.1", port: options[:port] || 9395, log: @err)
       stop_r, stop_w = IO.pipe
       %w[INT TERM].each { |sig| trap(sig) { stop_w.write_nonblock(".", exception: false) } }

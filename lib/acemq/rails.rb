@@ -106,20 +106,12 @@ module AceMQ
         outbox.respond_to?(:relay) && outbox.respond_to?(:store) ? outbox.store : outbox
       end
 
-      # The store the runner's dead-letter ingesters write to:
-      # config.dead_letter_store resolved (a callable called, :active_record
-      # built on ActiveRecord::Base's pool), or nil when none is configured.
-      def dead_letter_store
-        store = config.dead_letter_store
-        return nil if store.nil?
-        return AMQP::SQLDeadLetterStore.new(connection: ::ActiveRecord::Base.connection_pool) if store == :active_record
-
-        store = store.call if store.respond_to?(:call) && !store.respond_to?(:ingest)
-        return store if store.respond_to?(:ingest)
-
-        raise AMQP::ConfigurationError, "dead_letter_store is an AceMQ::AMQP::SQLDeadLetterStore, a callable returning one, " \
-                                        "or :active_record; got #{store.inspect[0, 80]}"
-      end
+      # The store the runner's dead-letter ingesters write to (and the
+      # dashboard reads, unless it is given another): config.dead_letter_store
+      # resolved by SQLDeadLetterStore.resolve (a callable called,
+      # :active_record built on ActiveRecord::Base's pool), or nil when none
+      # is configured.
+      def dead_letter_store = AMQP::SQLDeadLetterStore.resolve(config.dead_letter_store)
 
       def eager_load!
         ::Rails.application.eager_load! if defined?(::Rails.application) && ::Rails.application

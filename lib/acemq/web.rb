@@ -46,8 +46,16 @@ module AceMQ
     # Hash by queue); without it they are read from the management API, or
     # not shown. read_within: seconds a DLQ filter reads before it gives up
     # and says how far it read (5).
+    # dead_letter_store: store mode (docs/web.md): a SQLDeadLetterStore,
+    # :active_record, a callable returning one, or a database URL or
+    # SQLite path (default: AceMQ::Rails.config.dead_letter_store; false
+    # for none); the DLQ pages then read it, not the queue. actor: a
+    # callable given the Rack env, naming who acts for the audit (default
+    # REMOTE_USER, else "web"). replay_rate: messages a second a replay
+    # from the store sends (default the store's, 50).
     Config = Struct.new(:url, :connection, :queues, :runners, :outbox, :read_only, :page_size, :rabbitmqctl,
-                        :control_token, :management_url, :rungs, :read_within, keyword_init: true)
+                        :control_token, :management_url, :rungs, :read_within, :dead_letter_store, :actor,
+                        :replay_rate, keyword_init: true)
 
     READ_ONLY_ENV = "acemq.web.read_only"
     CSRF_COOKIE = "acemq_csrf"

@@ -48,6 +48,45 @@ module AceMQ
         _new(path&.to_s, (SQL.connect(connection) unless path), table&.to_s, audit_table&.to_s)
       end
 
+      # The store a setting names (the runner's c.dead_letter_store, the
+      # dashboard's, `acemq web --dead-letter-store`): one as it is;
+      # :active_record for one on ActiveRecord::Base's pool (the tables
+      # `acemq:install` migrates); a callable, called (by the runner in each
+      # process, after any fork); a String, a postgres:// or mysql2:// URL
+      # (a connection per thread, SQL.open_url) or a SQLite file's path. nil
+      # for nil.
+      def self.resolve(setting)
+        return nil if setting.nil?
+        return setting if store?(setting)
+        return open(setting) if setting.is_a?(String)
+        if setting == :active_record
+          unless defined?(::ActiveRecord::Base)
+            raise ConfigurationError, "dead_letter_store :active_record needs ActiveRecord loaded (the Rails app's environment)"
+          end
+
+          return new(connection: ::ActiveRecord::Base.connection_pool)
+        end
+
+        store = setting.respond_to?(:call) ? setting.call : setting
+        return store if store?(store)
+
+        raise ConfigurationError, "dead_letter_store is an AceMQ::AMQP::SQLDeadLetterStore, a callable returning one, " \
+                                  ":active_record, or a database URL or SQLite path; got #{store.inspect[0, 80]}"
+      end
+
+      # A store on a postgres:// or mysql2:// URL (a connection per thread
+      # that uses it: a web server's request threads), or on a SQLite file.
+      def self.open(path_or_url, **options)
+        if SQL.url?(path_or_url)
+          url = path_or_url.to_s
+          new(connection: SQL.per_thread { SQL.open_url(url) }, **options)
+        else
+          new(path: path_or_url.to_s.delete_prefix("sqlite://"), **options)
+        end
+      end
+
+      def self.store?(value) = value.respond_to?(:ingest) && value.respond_to?(:list)
+
       # The DDL for "sqlite", "postgres" or "mysql", one statement per
       # element: what a migration runs. Idempotent (IF NOT EXISTS).
       def schema_sql(dialect) = _schema_sql(dialect.to_s)

@@ -49,10 +49,14 @@ module AceMQ
         end
       end
 
+      # The dead-letter store could not be built (its setting, its database).
+      class StoreUnavailable < StandardError; end
+
       attr_reader :config
 
       def initialize(config)
         @config = config
+        @store_lock = Mutex.new
         @lock = Mutex.new
         @samples = Hash.new { |h, k| h[k] = [] }
         @ctl_lock = Mutex.new
@@ -88,6 +92,33 @@ module AceMQ
             raise BrokerDown.new(shown_url, @down.last)
           end
         end
+      end
+
+      # Store mode: the dashboard's dead_letter_store setting, else the Rails
+      # app's (AceMQ::Rails.config.dead_letter_store, the runner's); false
+      # turns it off where the app has one.
+      def store_setting
+        given = @config.dead_letter_store
+        return nil if given == false
+        return given unless given.nil?
+
+        defined?(AceMQ::Rails) && AceMQ::Rails.respond_to?(:config) ? AceMQ::Rails.config.dead_letter_store : nil
+      end
+
+      def store_configured? = !store_setting.nil?
+
+      # The store, built once per dashboard on first use by the one
+      # resolution the runner uses (SQLDeadLetterStore.resolve: a store, a
+      # callable, :active_record, a URL or a SQLite path), or nil.
+      def dead_letter_store
+        @store_lock.synchronize do
+          return @store if defined?(@store)
+
+          setting = store_setting
+          @store = setting.nil? ? nil : AMQP::SQLDeadLetterStore.resolve(setting)
+        end
+      rescue AMQP::ConfigurationError, AMQP::Error, LoadError => e
+        raise StoreUnavailable, "#{e.class.name.split('::').last}: #{e.message}"
       end
 
       # The AMQP URL without its password, to show.

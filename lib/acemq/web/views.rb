@@ -3,6 +3,7 @@
 require "erb"
 require "json"
 require "time"
+require "acemq/web/store_pages"
 
 module AceMQ
   class Web
@@ -18,6 +19,7 @@ module AceMQ
     # is a string shown with its angle brackets, never script.
     class Views
       include ERB::Util
+      include StorePages
 
       # A String that is HTML already: markup built here, or text escaped
       # once. `<%= %>` prints it as it is (as Rails' SafeBuffer). Anything
@@ -85,6 +87,13 @@ module AceMQ
 
       def respond
         route
+      rescue StorePages::BadRequest, AMQP::ConfigurationError => e
+        # A form's value the page or the store cannot take (a cursor that
+        # is no number, an unknown filter, bytes that are not UTF-8): say
+        # what, change nothing.
+        bad_request(e.message)
+      rescue Source::StoreUnavailable, AMQP::StoreError => e
+        refuse(503, "Dead-letter store unavailable", "The dead-letter store did not answer: #{e.message}. Nothing was changed.")
       rescue Source::BrokerDown, AMQP::ConnectionError, AMQP::TimeoutError => e
         down(e)
       rescue AMQP::BrokerError => e
@@ -103,8 +112,21 @@ module AceMQ
         page(:down, status: 503)
       end
 
+      def bad_request(message)
+        return [400, headers("application/json"), [JSON.generate(error: Views.text(message))]] if @req.path.start_with?("/api/")
+
+        refuse(400, "Bad request", message)
+      end
+
       def route
         path = @req.path
+        if %w[/audit /api/audit].include?(path) && !@source.store_configured?
+          return refuse(404, "No dead-letter store", "The audit is the dead-letter store's, and this dashboard has none " \
+                                                     "(docs/web.md, Store mode).")
+        end
+        if @source.store_configured? && (found = store_route(path))
+          return found
+        end
         if @req.get?
           return overview if ["/", ""].include?(path)
           return json(overview_values) if path == "/overview.json"
@@ -112,10 +134,10 @@ module AceMQ
             return with_queue(m[1]) { |t| queue_page(t) }
           end
           if (m = %r{\A/queues/([^/]+)/dlq\z}.match(path))
-            return with_queue(m[1]) { |t| dlq_page(t) }
+            return with_queue(m[1]) { |t| store ? store_dlq_page(t) : dlq_page(t) }
           end
         elsif @req.post? && (m = %r{\A/queues/([^/]+)/dlq/(replay|discard|purge)\z}.match(path))
-          return with_queue(m[1]) { |t| act(t, m[2]) }
+          return with_queue(m[1]) { |t| store ? store_act(t, m[2]) : act(t, m[2]) }
         elsif @req.post? && (m = %r{\A/runners/(pause|resume)\z}.match(path))
           return control(m[1])
         end
@@ -127,6 +149,7 @@ module AceMQ
       def overview
         @title = "Overview"
         @snap = @source.overview
+        store_totals(@snap)
         page(:overview)
       end
 
@@ -135,6 +158,7 @@ module AceMQ
       # puts in place every 2 s.
       def overview_values
         @snap = @source.overview
+        store_totals(@snap)
         values = {}
         @snap[:consumers].each do |c|
           q = c[:queue]
@@ -145,7 +169,8 @@ module AceMQ
           values["#{k}:change"] = rate(q[:ready_change_per_s])
           values["#{k}:done"] = rate(q[:done_per_s])
           values["#{k}:rungs"] = num(rungs_ready(c))
-          values["#{k}:dlq"] = num(c[:dlq][:total])
+          values["#{k}:dlq"] = num(c[:dlq].key?(:stored) ? c[:dlq][:stored] : c[:dlq][:total])
+          values["#{k}:dlq-waiting"] = dlq_waiting_text(c[:dlq]) if c[:dlq].key?(:stored)
           values["#{k}:total"] = num(q[:total])
           values["#{k}:oldest"] = age(q[:head_at])
         end
@@ -164,14 +189,20 @@ module AceMQ
 
         @title = target.queue
         @counts = ([target.queue] + target.rungs + [target.dlq]).to_h { |n| [n, @source.counts(n)] }
-        @newest = begin
-          @counts[target.dlq]&.dig(:ready).to_i.positive? ? @source.newest(target.queue, 10) : nil
-        rescue AMQP::BrokerError => e
-          raise unless Source.busy?(e)
-
-          { busy: true }
-        end
+        @newest = if store
+                    { store: true, dead_letters: store.list(queue: target.queue, limit: 10).letters.map { |l| store_letter_view(l) } }
+                  else
+                    queue_newest(target)
+                  end
         page(:queue)
+      end
+
+      def queue_newest(target)
+        @counts[target.dlq]&.dig(:ready).to_i.positive? ? @source.newest(target.queue, 10) : nil
+      rescue AMQP::BrokerError => e
+        raise unless Source.busy?(e)
+
+        { busy: true }
       end
 
       def dlq_page(target)

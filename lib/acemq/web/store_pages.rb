@@ -83,7 +83,9 @@ module AceMQ
         rows = store.audit(limit: audit_limit).map do |a|
           a.merge(at_iso8601: Time.at(a[:at]).utc.iso8601)
         end
-        json({ audit: rows })
+        # <, > and & escaped as in the page's script JSON: the same JSON,
+        # and nothing in it reads as markup if it is ever shown as HTML.
+        [200, headers("application/json"), [Views.script_json({ audit: rows })]]
       end
 
       # The overview's DLQ column in store mode: each queue's rows in the
@@ -187,6 +189,10 @@ module AceMQ
       def filter_text(filter) = filter.map { |k, v| "#{k.tr('_', ' ')} #{v.inspect}" }.join(", ")
 
       def letter_path(queue, id) = qpath(queue, "/dlq/letters/#{id}")
+
+      # An audit row's detail (what was asked: ids, a filter, a replay's id
+      # and rate) as its JSON.
+      def detail_text(detail) = Source.text_of(detail)
 
       def utf8?(bytes) = bytes.dup.force_encoding(Encoding::UTF_8).valid_encoding?
 

@@ -300,4 +300,55 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
       end
     end
   end
+
+  # A reason filter is a substring: on PostgreSQL a trigram index answers it
+  # (3 in 100,000 rows: under 1 ms, from 80-100 ms by a scan;
+  # bench/dead_letters.rb). Where the role may not create the extension, the
+  # schema is made all the same and the filter scans.
+  context "on PostgreSQL, the reason's trigram index" do
+    let(:admin) { PG.connect(AceMQSpecHelpers::DATABASE_URL).tap { |c| c.set_notice_processor { |_| } } }
+
+    after { admin.close }
+
+    it "is made by create_schema and answers a reason filter" do
+      store = Store.new(connection: admin, table: table, audit_table: "#{table}_audit")
+      2.times { store.create_schema } # IF NOT EXISTS, the block too
+      expect(admin.exec_params("SELECT indexdef FROM pg_indexes WHERE indexname = $1", ["#{table}_reason"]).values.flatten)
+        .to eq(["CREATE INDEX #{table}_reason ON public.#{table} USING gin (reason gin_trgm_ops)"])
+      plan = admin.transaction do |c|
+        c.exec("SET LOCAL enable_seqscan = off")
+        c.exec_params("EXPLAIN SELECT id FROM #{table} WHERE reason ILIKE $1 ESCAPE '!'", ["%declined%"]).values.flatten.join("\n")
+      end
+      expect(plan).to include("Bitmap Index Scan on #{table}_reason")
+    ensure
+      [table, "#{table}_audit"].each { admin.exec("DROP TABLE IF EXISTS #{_1}") }
+    end
+
+    it "is left out where the role may not create the extension, and the filter still answers" do
+      db = "acemq_spec_notrgm_#{SecureRandom.hex(3)}"
+      role = "acemq_spec_low_#{SecureRandom.hex(3)}"
+      admin.exec("CREATE ROLE #{role} LOGIN")
+      admin.exec("CREATE DATABASE #{db}")
+      PG.connect(AceMQSpecHelpers::DATABASE_URL.sub(%r{/[^/]*\z}, "/#{db}")).tap do |c|
+        c.exec("REVOKE CREATE ON DATABASE #{db} FROM PUBLIC")
+        c.exec("CREATE SCHEMA app AUTHORIZATION #{role}")
+      end.close
+      url = AceMQSpecHelpers::DATABASE_URL.sub(%r{/[^/]*\z}, "/#{db}").sub(%r{//[^@/]*@}, "//#{role}@")
+      low = PG.connect(url)
+      notices = []
+      low.set_notice_processor { notices << _1 }
+      low.exec("SET search_path = app")
+      store = Store.new(connection: low)
+      store.create_schema
+      expect(notices.join).to include("no trigram index on acemq_dead_letters.reason")
+      expect(low.exec("SELECT indexname FROM pg_indexes WHERE indexname LIKE '%_reason'").ntuples).to eq(0)
+      low.exec("INSERT INTO acemq_dead_letters (queue, message_id, content_hash, body, body_encoding, headers, properties, " \
+               "reason, attempt, failed_at, ingested_at) VALUES ('q', 'm1', 'h', '', 'utf8', '{}', '{}', 'Card DECLINED', 1, 0, 0)")
+      expect(store.list(reason: "declined").letters.map(&:message_id)).to eq(["m1"])
+      low.close
+    ensure
+      admin.exec("DROP DATABASE IF EXISTS #{db}")
+      admin.exec("DROP ROLE IF EXISTS #{role}")
+    end
+  end
 end

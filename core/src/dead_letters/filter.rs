@@ -9,7 +9,9 @@ use super::StoredDeadLetter;
 pub struct Filter {
     /// The work queue (not its `.dlq`).
     pub queue: Option<String>,
-    /// The reason contains this text (case-insensitive for ASCII letters).
+    /// The reason contains this text, case-blind: for ASCII letters on
+    /// SQLite; on PostgreSQL (`ILIKE`) as its locale folds case; on MySQL
+    /// and MariaDB in `utf8mb4_general_ci`, which also takes `e` for `é`.
     pub reason: Option<String>,
     /// The error class is this one.
     pub error_class: Option<String>,

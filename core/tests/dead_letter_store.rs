@@ -540,7 +540,18 @@ async fn browse_filter_page_count_discard_purge_prune_and_audit() {
         let first = store.list(&m1, None, 1).await.unwrap().letters.remove(0);
         assert_eq!(store.discard(&[first.id, -1], "alice").await.unwrap(), 1);
         assert!(store.find(first.id).await.unwrap().is_none());
-        assert_eq!(store.purge(&Filter::queue("emails"), "bob").await.unwrap(), 10);
+        // A purge names what it deletes: an empty filter, or one whose
+        // every text is blank (an empty form field), is refused and
+        // deletes nothing; a blank text beside a real one is no filter.
+        let blank = Filter { reason: Some("  ".into()), queue: Some(String::new()), ..Default::default() };
+        for f in [Filter::default(), blank] {
+            let e = store.purge(&f, "bob").await.unwrap_err();
+            assert!(e.to_string().contains("purge_all"), "{}: {e}", db.name());
+        }
+        assert_eq!(store.counts(&Filter::default(), 10).await.unwrap().total, 30, "{}", db.name());
+        let emails_blank_reason = Filter { reason: Some(String::new()), ..Filter::queue("emails") };
+        assert_eq!(store.list(&emails_blank_reason, None, 100).await.unwrap().letters.len(), 10);
+        assert_eq!(store.purge(&emails_blank_reason, "bob").await.unwrap(), 10);
         let kept = Retention { max_count: Some(5), max_age: None };
         assert_eq!(store.prune(Some("payments"), &kept, "retention").await.unwrap(), 15);
         let left = store.list(&Filter::default(), None, 100).await.unwrap().letters;

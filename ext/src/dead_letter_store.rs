@@ -160,9 +160,11 @@ impl RbDeadLetterStore {
         rb_self.0.call(ruby, |s| s.discard(&ids, &actor))
     }
 
-    fn purge(ruby: &Ruby, rb_self: &Self, f: FilterArgs, actor: String) -> Result<u64, Error> {
+    /// `all`: an empty filter means every row (`all: true`); a filter
+    /// that sets something is that filter, whatever `all` says.
+    fn purge(ruby: &Ruby, rb_self: &Self, f: FilterArgs, all: bool, actor: String) -> Result<u64, Error> {
         let f = filter(f);
-        rb_self.0.call(ruby, |s| s.purge(&f, &actor))
+        rb_self.0.call(ruby, |s| if all && f.is_empty() { s.purge_all(&actor) } else { s.purge(&f, &actor) })
     }
 
     fn prune(ruby: &Ruby, rb_self: &Self, queue: Option<String>, max_age: Option<f64>, max_count: Option<u64>, actor: String) -> Result<u64, Error> {
@@ -277,7 +279,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_find", method!(RbDeadLetterStore::find, 1))?;
     class.define_private_method("_counts", method!(RbDeadLetterStore::counts, 2))?;
     class.define_private_method("_discard", method!(RbDeadLetterStore::discard, 2))?;
-    class.define_private_method("_purge", method!(RbDeadLetterStore::purge, 2))?;
+    class.define_private_method("_purge", method!(RbDeadLetterStore::purge, 3))?;
     class.define_private_method("_prune", method!(RbDeadLetterStore::prune, 4))?;
     class.define_private_method("_audit", method!(RbDeadLetterStore::audit, 1))?;
     class.define_private_method("_replay", method!(RbDeadLetterStore::replay, 5))?;

@@ -286,6 +286,15 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
         end
         expect { store.purge(actor: "bob", since: "garbage") }.to raise_error(bad, /since: takes a Time/)
         expect(store.counts[:total]).to eq(2)
+        # all: true beside a filter is that filter, not everything.
+        dead_letter(queue, "{}", headers: failure("kept", "E"))
+        store.ingest_once(mq, queue)
+        expect(store.purge(actor: "bob", all: true, reason: "r9")).to eq(2)
+        expect(store.list.letters.map(&:reason)).to eq(["kept"])
+        expect(store.purge(actor: "bob", all: true)).to eq(1)
+        expect(store.counts[:total]).to eq(0)
+        2.times { dead_letter(queue, "{}", headers: failure("r9", "E")) }
+        store.ingest_once(mq, queue)
         # Numbers that are not numbers: a ConfigurationError naming them,
         # not Ruby's RangeError, TypeError or ArgumentError.
         [-1, nil, "abc", 2**70, 1.5].each { |v| expect { store.list(limit: v) }.to raise_error(bad, /limit: must be a whole number/) }

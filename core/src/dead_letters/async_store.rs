@@ -5,7 +5,7 @@
 
 use super::replay::{Replay, StoreReplayReport};
 use super::rules::Rules;
-use super::store::check_actor;
+use super::store::{check_actor, check_purge_filter};
 use super::{AuditEntry, Counts, DeadLetterStoreOptions, Filter, NewDeadLetter, Page, Retention, Selection, StoreReplayOptions, StoredDeadLetter};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
@@ -96,11 +96,21 @@ impl<S: AsyncConnectionSource> AsyncSqlDeadLetterStore<S> {
         self.rules.discard(&c, ids, actor).await
     }
 
-    /// Delete what `filter` matches now, recorded as `actor`'s.
+    /// Delete what `filter` matches now, recorded as `actor`'s. A filter
+    /// that sets nothing (blank texts count as unset) is refused: deleting
+    /// every dead letter of every queue is [`Self::purge_all`].
     pub async fn purge(&self, filter: &Filter, actor: &str) -> Result<u64> {
         check_actor(actor)?;
+        check_purge_filter(filter)?;
         let c = self.connection().await?;
         self.rules.purge(&c, filter, actor).await
+    }
+
+    /// Delete every row of every queue, recorded as `actor`'s.
+    pub async fn purge_all(&self, actor: &str) -> Result<u64> {
+        check_actor(actor)?;
+        let c = self.connection().await?;
+        self.rules.purge(&c, &Filter::default(), actor).await
     }
 
     /// Delete rows past `retention`, recorded as `actor`'s when any went.

@@ -31,9 +31,27 @@ impl Filter {
         Filter { queue: Some(queue.into()), ..Filter::default() }
     }
 
-    /// Whether nothing is set (it matches every row).
+    /// Whether nothing is set (it matches every row). A text that is
+    /// blank counts as not set.
     pub fn is_empty(&self) -> bool {
-        *self == Filter::default()
+        self.normalized() == Filter::default()
+    }
+
+    /// The filter with every blank text (empty, or whitespace alone) taken
+    /// as not set: what an empty form field sends means "any", never "a
+    /// reason containing nothing", which is every row. Every read and
+    /// action of the store applies it.
+    pub fn normalized(&self) -> Filter {
+        let text = |v: &Option<String>| v.as_ref().filter(|t| !t.trim().is_empty()).cloned();
+        Filter {
+            queue: text(&self.queue),
+            reason: text(&self.reason),
+            error_class: text(&self.error_class),
+            kind: text(&self.kind),
+            message_id: text(&self.message_id),
+            since: self.since,
+            before: self.before,
+        }
     }
 
     /// The filter as JSON, for the audit table.

@@ -159,6 +159,7 @@ impl Statements {
     /// `WHERE` text (with a leading ` WHERE ` when anything is set, the
     /// extra conditions anded on) and its parameters.
     pub(crate) fn filter(dialect: Dialect, f: &Filter, extra: &[&str]) -> (String, Vec<SqlValue>) {
+        let f = &f.normalized();
         let mut conds: Vec<String> = Vec::new();
         let mut params = Vec::new();
         let mut eq = |col: &str, v: &Option<String>| {

@@ -93,10 +93,19 @@ impl<S: ConnectionSource> SqlDeadLetterStore<S> {
         self.with(|c| run(self.rules.discard(&c, ids, actor)))
     }
 
-    /// Delete every row `filter` matches now; recorded as `actor`'s.
+    /// Delete every row `filter` matches now; recorded as `actor`'s. A
+    /// filter that sets nothing (blank texts count as unset) is refused:
+    /// deleting every dead letter of every queue is [`Self::purge_all`].
     pub fn purge(&self, filter: &Filter, actor: &str) -> Result<u64> {
         check_actor(actor)?;
+        check_purge_filter(filter)?;
         self.with(|c| run(self.rules.purge(&c, filter, actor)))
+    }
+
+    /// Delete every row of every queue; recorded as `actor`'s.
+    pub fn purge_all(&self, actor: &str) -> Result<u64> {
+        check_actor(actor)?;
+        self.with(|c| run(self.rules.purge(&c, &Filter::default(), actor)))
     }
 
     /// Delete rows past `retention` (of `queue`, or of every queue);
@@ -134,6 +143,17 @@ impl<S: ConnectionSource> SqlDeadLetterStore<S> {
     fn with<R>(&self, f: impl FnOnce(Blocking<'_>) -> Result<R>) -> Result<R> {
         lend(&self.source, "use the dead-letter store", |c| f(Blocking(c)))
     }
+}
+
+/// A purge names what it deletes: an empty filter is [`purge_all`]'s.
+pub(crate) fn check_purge_filter(filter: &Filter) -> Result<()> {
+    if filter.is_empty() {
+        return Err(crate::error::Error::invalid(
+            "purge without a filter would delete every dead letter of every queue: name one (a queue, a reason, ...) \
+             or purge everything with purge_all (Ruby: all: true)",
+        ));
+    }
+    Ok(())
 }
 
 pub(crate) fn check_actor(actor: &str) -> Result<()> {

@@ -159,19 +159,10 @@ module AceMQ
       def discard(ids, actor:) = _discard(Array(ids).map { row_id(:ids, _1) }, actor.to_s)
 
       # Delete every row the filter matches; the number deleted. A purge of
-      # everything says so: all: true.
-      # A filter whose values are all blank is no filter (a form's empty
-      # reason field purged every queue's rows), and all: must be true
-      # itself, not any truthy value.
-      def purge(actor:, all: false, **filter)
-        args = filter_args(filter)
-        if args.compact.empty? && !all.equal?(true)
-          raise ConfigurationError, "purge without a filter would delete every dead letter of every queue: " \
-                                    "name one (queue: \"payments\") or say all: true"
-        end
-
-        _purge(args, actor.to_s)
-      end
+      # everything says so: all: true (true itself, not any truthy value).
+      # Core refuses a filter that sets nothing, blank values counting as
+      # unset (a form's empty reason field once purged every queue's rows).
+      def purge(actor:, all: false, **filter) = _purge(filter_args(filter), all.equal?(true), actor.to_s)
 
       # Delete rows that failed more than max_age: seconds ago, and beyond
       # max_count: rows (of queue:, else of all), oldest first; the number
@@ -194,9 +185,10 @@ module AceMQ
                                     "filter by #{FILTER_KEYS.map { "#{_1}:" }.join(' ')}"
         end
 
-        # Blank text is no filter; since:/before: are Times (or seconds
-        # since the epoch), never a String read as 0.
-        text = ->(k) { filter[k].nil? ? nil : Connection.text(k, filter[k].to_s).then { _1.strip.empty? ? nil : _1 } }
+        # Blank text is no filter (core's Filter::normalized); since: and
+        # before: are Times (or seconds since the epoch), never a String
+        # read as 0.
+        text = ->(k) { filter[k].nil? ? nil : Connection.text(k, filter[k].to_s) }
         time = lambda do |k|
           v = filter[k]
           next nil if v.nil?

@@ -11,8 +11,8 @@ require "acemq/web"
 
 # AceMQ::Web in store mode at the Rack level (docs/web.md, "Store mode"):
 # the DLQ pages read a SQLDeadLetterStore, on SQLite (a file the library
-# opens) and PostgreSQL (a connection per thread, as a web server's request
-# threads need), with the real broker: its pages, filters, counts, a
+# opens), PostgreSQL and MariaDB (a connection per thread, as a web server's
+# request threads need), with the real broker: its pages, filters, counts, a
 # letter's page, the actions with their confirmation, CSRF, read-only, the
 # actor and the audit, the overview's column, and a form's bad input.
 RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
@@ -58,6 +58,10 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
     "PostgreSQL" => lambda do |_dir, table|
       AceMQ::AMQP::SQLDeadLetterStore.new(connection: AceMQ::AMQP::SQL.per_thread { AceMQ::AMQP::SQL.open_url(DATABASE_URL) },
                                           table: table, audit_table: "#{table}_audit")
+    end,
+    "MariaDB" => lambda do |_dir, table|
+      AceMQ::AMQP::SQLDeadLetterStore.new(connection: AceMQ::AMQP::SQL.per_thread { AceMQ::AMQP::SQL.open_url(AceMQSpecHelpers::MYSQL_URL) },
+                                          table: table, audit_table: "#{table}_audit")
     end
   }.freeze
 
@@ -79,6 +83,11 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         if kind == "PostgreSQL"
           PG.connect(DATABASE_URL).tap { |c| c.set_notice_processor { |_| } }.then do |c|
             c.exec("DROP TABLE IF EXISTS #{table}, #{table}_audit")
+            c.close
+          end
+        elsif kind == "MariaDB"
+          AceMQ::AMQP::SQL.open_url(AceMQSpecHelpers::MYSQL_URL).then do |c|
+            c.query("DROP TABLE IF EXISTS #{table}, #{table}_audit")
             c.close
           end
         end

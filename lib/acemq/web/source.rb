@@ -13,9 +13,10 @@ module AceMQ
     # keeps the samples the overview takes (ten minutes of them), from which
     # the rates and the queue page's chart are drawn.
     #
-    # The pages ask this class for everything they show and do, and nothing
-    # else: a source that reads a dead-letter store instead of the DLQ
-    # (browse, newest, replay, discard, purge, counts) slots in here.
+    # The pages ask this class for everything they show and do in queue
+    # mode. In store mode (a dead-letter store configured) the DLQ pages
+    # call the store itself (StorePages), which this class resolves and
+    # keeps (dead_letter_store): its rules are the store's, shared with Rust.
     class Source
       KEEP = 600 # seconds of samples
       # The queue page's newest dead letters are the last of this many read

@@ -375,10 +375,10 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
   end
 
   context "where the store comes from" do
-    after { AceMQ::Rails.config.dead_letter_store = nil if defined?(AceMQ::Rails) }
+    before { require "acemq/rails" }
+    after { AceMQ::Rails.config.dead_letter_store = nil }
 
     it "defaults to AceMQ::Rails.config.dead_letter_store (the runner's), resolved the runner's way; false turns it off" do
-      require "acemq/rails"
       dir = Dir.mktmpdir("acemq-web-store")
       path = File.join(dir, "dead.db")
       AceMQ::AMQP::SQLDeadLetterStore.new(path: path).create_schema
@@ -400,6 +400,37 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
     ensure
       @mq.teardown(AceMQ::AMQP::Topology.new.queue(queue), force: true) if queue
       FileUtils.rm_rf(dir) if dir
+    end
+
+    it "takes :active_record from the Rails config: the store on ActiveRecord::Base's pool, read and acted on" do
+      extend ActiveRecordSpecHelpers
+      # PostgreSQL where bin/test sets DATABASE_URL, else SQLite.
+      kind = ActiveRecordSpecHelpers.postgres? ? :postgres : :sqlite
+      establish_active_record(kind)
+      AceMQ::AMQP::SQLDeadLetterStore.new(connection: ActiveRecord::Base.connection_pool).then do |s|
+        s.schema_sql(kind.to_s).each { |sql| ActiveRecord::Base.connection.execute(sql) }
+      end
+      AceMQ::Rails.config.dead_letter_store = :active_record
+      queue = unique("web-store-ar")
+      AceMQ::AMQP::Topology.new.queue(queue).apply(@mq)
+      2.times { |n| dead_letter(queue, reason: "ar #{n}") }
+      eventually(timeout: 10) { @mq.queue_counts("#{queue}.dlq")[:ready] == 2 }
+      app = AceMQ::Web.new(connection: @mq, queues: [queue], runners: [])
+      app.source.dead_letter_store.ingest_once(@mq, queue)
+      http = Rack::MockRequest.new(app)
+      page = http.get("/queues/#{queue}/dlq").body
+      expect(page).to include("2 dead letters</strong> of #{queue} in the store", "ar 0", "ar 1")
+      row = page[/<tr id="row-(\d+)"/, 1]
+      token = "d" * 64
+      done = http.post("/queues/#{queue}/dlq/discard", input: "ids[]=#{row}&confirmed=yes&_csrf=#{token}",
+                                                         "CONTENT_TYPE" => "application/x-www-form-urlencoded",
+                                                         "HTTP_COOKIE" => "acemq_csrf=#{token}")
+      expect(done.body).to include("Discarded 1 dead letter")
+      expect(ActiveRecord::Base.connection.select_value("SELECT count(*) FROM acemq_dead_letters").to_i).to eq(1)
+      expect(ActiveRecord::Base.connection.select_value("SELECT actor FROM acemq_dead_letter_audit")).to eq("web")
+    ensure
+      @mq.teardown(AceMQ::AMQP::Topology.new.queue(queue), force: true) if queue
+      teardown_active_record
     end
 
     it "acemq web --dead-letter-store opens a SQLite file or a postgres:// URL, and refuses one it cannot open" do

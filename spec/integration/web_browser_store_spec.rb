@@ -82,7 +82,7 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
 
   # A browser of its own (its own cookies: another operator), whose
   # "operator" cookie is what the fixture's c.actor reads.
-  def browser(name)
+  def browser(name, operator: name)
     driver = :"acemq_store_#{name}"
     profile = Dir.mktmpdir("acemq-chromium")
     @profiles << profile
@@ -100,7 +100,7 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     session = Capybara::Session.new(driver)
     @sessions << session
     session.visit("#{@base}/audit")
-    session.driver.browser.manage.add_cookie(name: "operator", value: name.to_s)
+    session.driver.browser.manage.add_cookie(name: "operator", value: operator.to_s)
     session
   end
 
@@ -158,10 +158,10 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     # Bob, unfiltered, on his first page.
     bob.visit(dlq_path(q))
     expect(rows_on(bob).size).to eq(10)
-    # Bob, on a page of his own, discards two rows Alice has not reached
-    # yet and replays one from its page; new dead letters arrive, newer than
-    # both cursors.
-    bob_tab = browser(:bob2)
+    # Bob, in a second tab (a browser of its own, signed in as him),
+    # discards two rows Alice has not reached yet and replays one from its
+    # page; new dead letters arrive, newer than both cursors.
+    bob_tab = browser(:bob_tab, operator: "bob")
     bob_tab.visit(dlq_path(q, "error_class" => "Shop::Declined", "after_id" => declined[9]))
     gone = declined[10, 2] + [declined[25]]
     gone.first(2).each { |id| bob_tab.check("Select row #{id}") }
@@ -190,6 +190,8 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     expect(alice_seen).to eq(alice_seen.uniq)
     expect(alice_seen).to eq(declined - gone)
     expect(alice_pages.map(&:size)).to eq([10, 10, 7])
+    bobs = @store.audit(limit: 100).select { |a| a[:actor] == "bob" }.map { |a| [a[:action], a[:count]] }
+    expect(bobs).to eq([["replay", 1], ["discard", 2]])
   end
 
   # Anyone who may publish to a queue chooses every header and the body of

@@ -392,6 +392,7 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
       off = Rack::MockRequest.new(AceMQ::Web.new(connection: @mq, queues: [queue], runners: [], dead_letter_store: false))
       expect(off.get("/queues/#{queue}/dlq").body).to include("is empty", "from the head of")
       expect(off.get("/audit").status).to eq(404)
+      expect(JSON.parse(off.get("/api/audit").body)["error"]).to include("has none")
       AceMQ::Rails.config.dead_letter_store = :no_such_thing
       broken = Rack::MockRequest.new(AceMQ::Web.new(connection: @mq, queues: [queue], runners: []))
       res = broken.get("/queues/#{queue}/dlq")

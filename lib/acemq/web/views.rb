@@ -121,8 +121,10 @@ module AceMQ
       def route
         path = @req.path
         if %w[/audit /api/audit].include?(path) && !@source.store_configured?
-          return refuse(404, "No dead-letter store", "The audit is the dead-letter store's, and this dashboard has none " \
-                                                     "(docs/web.md, Store mode).")
+          said = "The audit is the dead-letter store's, and this dashboard has none (docs/web.md, Store mode)."
+          return [404, headers("application/json"), [JSON.generate(error: said)]] if path.start_with?("/api/")
+
+          return refuse(404, "No dead-letter store", said)
         end
         if @source.store_configured? && (found = store_route(path))
           return found

@@ -346,6 +346,24 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         expect(store.audit(limit: 10)).to eq([])
       end
 
+      it "reads the store with the broker down, saying what waits is unknown; a replay then says the broker is down" do
+        dead_letter(queue, reason: "while the broker is away")
+        ingest(1)
+        row = store.list(queue: queue).letters.first.id
+        away = Rack::MockRequest.new(AceMQ::Web.new(**settings, connection: nil, url: "amqp://guest:guest@127.0.0.1:1"))
+        page = away.get("/queues/#{queue}/dlq")
+        expect(page.status).to eq(200)
+        expect(page.body).to include("1 dead letter</strong>", "while the broker is away", "waits in #{queue}.dlq is unknown")
+        expect(away.get("/queues/#{queue}/dlq/letters/#{row}").status).to eq(200)
+        token = "e" * 64
+        replay = away.post("/queues/#{queue}/dlq/replay", input: "ids[]=#{row}&confirmed=yes&_csrf=#{token}",
+                                                           "CONTENT_TYPE" => "application/x-www-form-urlencoded",
+                                                           "HTTP_COOKIE" => "acemq_csrf=#{token}")
+        expect(replay.status).to eq(503)
+        expect(replay.body).to include("Broker unreachable")
+        expect(store.find(row)).not_to be_nil
+      end
+
       it "shows the store's total per queue on the overview from one grouped counts call, and what waits un-ingested" do
         other = unique("web-store-b")
         AceMQ::AMQP::Topology.new.queue(other).apply(@mq)

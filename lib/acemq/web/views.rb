@@ -375,6 +375,24 @@ module AceMQ
         text.empty? ? nil : Views.text(text).byteslice(0, 4096).scrub
       end
 
+      # One x-acemq-history entry, as Source.history_entry reads it, the way
+      # both DLQ browsers print it: an entry that was no table as its text,
+      # else its reason (error class), attempts and when, each escaped.
+      def history_item(entry)
+        return h(entry[:text]) if entry[:text]
+
+        out = +""
+        out << h(entry[:reason] || "—")
+        out << " (" << h(entry[:error_class]) << ")" if entry[:error_class]
+        out << ", " << h(entry[:attempts]) << " attempts" if entry[:attempts]
+        if entry[:failed_at]
+          out << ", " << ago(entry[:failed_at])
+        elsif entry[:failed_at_text]
+          out << ", failed at " << h(entry[:failed_at_text])
+        end
+        raw(out)
+      end
+
       def pretty_headers(headers)
         JSON.pretty_generate(headers.reject { |k, _| k == "x-acemq-history" })
       rescue JSON::JSONError, EncodingError

@@ -245,12 +245,16 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         expect(confirm.body).to include("Replay every dead letter of #{queue} in the store matching reason &quot;odd&quot;",
                                         "2 dead letters match now")
         expect(confirm.body).to include(%(<input type="hidden" name="reason" value="odd">))
+        # The snapshot is taken at submit (docs/web.md): one that arrives
+        # between the confirmation and the click is replayed too.
+        dead_letter(queue, reason: "odd late")
+        ingest(1)
         done = form.call("/queues/#{queue}/dlq/replay", "scope" => "filter", "reason" => "odd", "confirmed" => "yes")
-        expect(done.body).to include("Replayed 2 dead letters")
-        eventually { @mq.queue_counts(queue)[:ready] == 3 }
+        expect(done.body).to include("Replayed 3 dead letters")
+        eventually { @mq.queue_counts(queue)[:ready] == 4 }
         expect(store.counts(queue: queue)[:total]).to eq(1)
         replays = store.audit(limit: 10).select { |a| a[:action] == "replay" }
-        expect(replays.map { |a| [a[:actor], a[:count]] }).to eq([["alice via sso", 2], ["alice via sso", 1]])
+        expect(replays.map { |a| [a[:actor], a[:count]] }).to eq([["alice via sso", 3], ["alice via sso", 1]])
         expect(replays.first[:detail]).to include("rate" => 500.0)
         expect(replays.first[:detail]["filter"]).to include("reason" => "odd", "queue" => queue)
         expect(replays.last[:detail]).to include("ids" => [rows[0]])

@@ -161,13 +161,16 @@ module AceMQ
       settings[:rabbitmqctl] = options[:rabbitmqctl] if options[:rabbitmqctl] && options[:rabbitmqctl] != "none"
       settings[:queues] = options[:queues] unless options[:queues].empty?
       app = AceMQ::Web.new(**settings)
-      # A store that cannot be opened (or has no tables) is said now, not
-      # on the first page.
-      begin
-        app.source.dead_letter_store&.audit(limit: 1)
-      rescue StandardError => e
-        @err.puts("acemq: the dead-letter store: #{e.message}")
-        return 64
+      # A store given here that cannot be opened (a mistyped URL, no tables)
+      # is said now, not on the first page. The app's own (config's) is not
+      # asked: with its database down the rest of the dashboard still serves.
+      if options[:dead_letter_store]
+        begin
+          app.source.dead_letter_store.audit(limit: 1)
+        rescue StandardError => e
+          @err.puts("acemq: --dead-letter-store: #{e.message}")
+          return 64
+        end
       end
       server = AceMQ::Web::Server.new(app, host: options[:host] || "127.0.0.1", port: options[:port] || 9395, log: @err)
       stop_r, stop_w = IO.pipe

@@ -494,7 +494,7 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
       err = IO.popen([{ "RUBYLIB" => File.join(root, "lib") }, RbConfig.ruby, File.join(root, "exe", "acemq"), "web", "--queue", queue,
                       "--dead-letter-store", "postgres://nobody@127.0.0.1:1/none", "--port", "0", err: [:child, :out]], &:read)
       expect($?.exitstatus).to eq(64)
-      expect(err).to include("the dead-letter store")
+      expect(err).to include("--dead-letter-store")
     ensure
       pg&.exec("DROP SCHEMA IF EXISTS #{schema} CASCADE")
       pg&.close

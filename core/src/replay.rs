@@ -576,10 +576,8 @@ impl<'a> Keeper<'a> {
     /// held, and an original already copied must not go back too.
     async fn finish(mut self) {
         let _ = self.flush().await;
-        if let (Some(tag), true) = (self.held, self.holding > 0) {
-            self.reader.give_back(tag).await;
-        }
-        self.reader.close().await;
+        let held = self.held.filter(|_| self.holding > 0).map(|tag| (tag, self.holding));
+        self.reader.finish(held).await;
     }
 }
 

@@ -33,6 +33,9 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
   WEB_STORE_ROOT = File.expand_path("../..", __dir__)
   WEB_STORE_DEEP = 100_000
   WEB_STORE_PAGE = 10
+  # Screenshots: tmp/web-screenshots, or (ACEMQ_WEB_SCREENSHOTS=docs/web)
+  # the ones docs/web.md shows.
+  WEB_STORE_SHOTS = File.expand_path(ENV.fetch("ACEMQ_WEB_SCREENSHOTS", "tmp/web-screenshots"), WEB_STORE_ROOT)
 
   before(:all) do
     @mq = AceMQ::AMQP::Connection.open(AMQP_URL)
@@ -104,6 +107,11 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     session
   end
 
+  def shot(session, name)
+    FileUtils.mkdir_p(WEB_STORE_SHOTS)
+    session.save_screenshot(File.join(WEB_STORE_SHOTS, "#{name}.png"))
+  end
+
   def alice = (@alice ||= browser(:alice))
   def bob = (@bob ||= browser(:bob))
 
@@ -155,6 +163,7 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     alice.click_link("Shop::Declined")
     expect(alice).to have_css("#total", text: "30 dead letters of #{q} in the store matching error class")
     expect(rows_on(alice)).to eq(declined.first(10))
+    shot(alice, "store-dlq")
     # Bob, unfiltered, on his first page.
     bob.visit(dlq_path(q))
     expect(rows_on(bob).size).to eq(10)
@@ -350,7 +359,7 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
       expect(widths[0]).to be <= widths[1], "#{name}: scrollWidth #{widths[0]} > clientWidth #{widths[1]} at 375 px"
     end
     alice.current_window.resize_to(1280, 800)
-    { "store-dlq" => dlq_path(q), "store-letter" => "#{@base}/queues/#{q}/dlq/letters/#{row}" }.each do |name, url|
+    { "store-dlq-wide" => dlq_path(q), "store-letter-wide" => "#{@base}/queues/#{q}/dlq/letters/#{row}" }.each do |name, url|
       alice.visit(url)
       alice.save_screenshot(File.join(shots, "#{name}.png"))
       widths = alice.evaluate_script("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
@@ -386,6 +395,7 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     carol.visit(@base)
     carol.find("#audit-link").click
     expect(carol).to have_css("h1", text: "Audit"), carol.text[0, 600]
+    shot(carol, "store-audit")
     mine = carol.all("tr.audit-row").select { |tr| tr.find("td.actor").text == "carol" }
     expect(mine.map { |tr| [tr.find("td.action").text, tr.find("td.count").text] }).to eq([%w[purge 2], %w[discard 2], %w[replay 1]])
     expect(mine.first).to have_text(q)

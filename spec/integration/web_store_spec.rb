@@ -120,7 +120,12 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         expect(third.body).to include(%(id="newest"))
         seen = rows_of(first.body) + rows_of(second.body) + rows_of(third.body)
         expect(seen).to eq(all)
-        expect(http.get("/queues/#{queue}/dlq").body).to include("8 dead letters</strong> of #{queue} in the store")
+        top = http.get("/queues/#{queue}/dlq").body
+        expect(top).to include("8 dead letters</strong> of #{queue} in the store")
+        # 8 reasons: the largest 5 drawn, the other 3 folded.
+        by_reason = top[%r{<section[^>]*id="by-reason".*?</section>}m]
+        expect(by_reason.scan("<li>").size).to eq(8)
+        expect(by_reason).to include("<summary>3 more</summary>")
       end
 
       it "filters by reason, error class, type, message id and time, and counts by reason and error class as links" do

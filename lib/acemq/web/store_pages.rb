@@ -20,6 +20,11 @@ module AceMQ
       AUDIT_MAX = 1_000
       # The most groups one counts call returns (the store's own bound).
       STORE_TOP = 1_000
+      # The DLQ page's groups by reason and by error class: the largest
+      # GROUPS_TOP asked, the first GROUPS_SHOWN drawn and the rest folded,
+      # so the rows stay near the top of the page.
+      GROUPS_TOP = 20
+      GROUPS_SHOWN = 5
 
       # A request the store pages cannot read: a 400 page saying what.
       class BadRequest < StandardError; end
@@ -49,7 +54,7 @@ module AceMQ
         query = store_query(@filter)
         t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         @page = store.list(queue: target.queue, after_id: @after_id, limit: size, **query)
-        @store_counts = store.counts(queue: target.queue, **query)
+        @store_counts = store.counts(queue: target.queue, top: GROUPS_TOP, **query)
         @ms = ((Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0) * 1000).round(1)
         @letters = @page.letters.map { |l| store_letter_view(l) }
         @waiting = waiting_in(target)
@@ -187,6 +192,12 @@ module AceMQ
       def store_mode? = !store.nil?
 
       def filter_text(filter) = filter.map { |k, v| "#{k.tr('_', ' ')} #{v.inspect}" }.join(", ")
+
+      # [drawn, folded, whether the store cut the list at GROUPS_TOP].
+      def split_groups(groups)
+        list = groups.to_a
+        [list.first(GROUPS_SHOWN), list.drop(GROUPS_SHOWN), list.size >= GROUPS_TOP]
+      end
 
       def letter_path(queue, id) = qpath(queue, "/dlq/letters/#{id}")
 

@@ -251,17 +251,17 @@ async fn ingest_is_idempotent_and_a_kill_between_commit_and_ack_doubles_nothing(
             assert_eq!(rows(&store).await, 5, "{}: none doubled", db.name());
             assert_eq!(mq.queue_counts(&dlq_name(&q)).await.unwrap().unwrap().ready, 0, "the DLQ is empty: acknowledged after the commit");
             let page = store.list(&Filter::queue(&q), None, 10).await.unwrap();
-            let mut stored: Vec<String> = page.letters.iter().map(|l| l.message_id.clone()).collect();
+            let mut stored: Vec<String> = page.letters.iter().map(|l| l.letter.message_id.clone()).collect();
             stored.sort();
             ids.sort();
             assert_eq!(stored, ids, "every one, once");
             let one = &page.letters[0];
-            assert_eq!(one.reason.as_deref(), Some("card declined"));
-            assert_eq!(one.error_class.as_deref(), Some("Payments::Declined"));
-            assert_eq!(one.kind.as_deref(), Some("order.placed.v1"));
-            assert_eq!(one.failed_at, 1_700_000_000);
-            assert_eq!(one.backtrace.as_deref(), Some("app/handler.rb:12:in `call'\napp/worker.rb:3"));
-            assert_eq!(one.properties["type"], json!("order.placed.v1"));
+            assert_eq!(one.letter.reason.as_deref(), Some("card declined"));
+            assert_eq!(one.letter.error_class.as_deref(), Some("Payments::Declined"));
+            assert_eq!(one.letter.kind.as_deref(), Some("order.placed.v1"));
+            assert_eq!(one.letter.failed_at, 1_700_000_000);
+            assert_eq!(one.letter.backtrace.as_deref(), Some("app/handler.rb:12:in `call'\napp/worker.rb:3"));
+            assert_eq!(one.letter.properties["type"], json!("order.placed.v1"));
             teardown(&mq, &q).await;
         }
     }
@@ -342,8 +342,8 @@ async fn replay_of_letters_whose_handler_still_fails_replays_each_exactly_once()
             assert_eq!(rows(&store).await, N as u64);
             let page = store.list(&Filter::queue(&q), None, 100).await.unwrap();
             for l in &page.letters {
-                assert_eq!(l.headers["x-acemq-replayed-by"], json!(report.id), "the new row shows the replay");
-                assert_eq!(l.history.as_ref().unwrap().as_array().unwrap().len(), 1, "{:?}", l.history);
+                assert_eq!(l.letter.headers["x-acemq-replayed-by"], json!(report.id), "the new row shows the replay");
+                assert_eq!(l.letter.history.as_ref().unwrap().as_array().unwrap().len(), 1, "{:?}", l.letter.history);
             }
             let audit = store.audit(10).await.unwrap();
             assert_eq!(audit[0].action, "replay");
@@ -412,17 +412,17 @@ async fn hostile_headers_are_stored_losslessly_and_never_error() {
             let page = store.list(&Filter::queue(&q), None, 10).await.unwrap();
             assert_eq!(page.letters.len(), 4);
             for (id, body, h) in &sent {
-                let l = page.letters.iter().find(|l| &l.message_id == id).unwrap_or_else(|| panic!("{id} stored"));
-                assert_eq!(&l.body, body, "{}: body byte for byte", db.name());
+                let l = page.letters.iter().find(|l| &l.letter.message_id == id).unwrap_or_else(|| panic!("{id} stored"));
+                assert_eq!(&l.letter.body, body, "{}: body byte for byte", db.name());
                 for (k, v) in h {
-                    assert_eq!(&l.headers[k], v, "{}: header {k}", db.name());
+                    assert_eq!(&l.letter.headers[k], v, "{}: header {k}", db.name());
                 }
-                assert_eq!(l.history.as_ref(), h.get("x-acemq-history"), "history kept in its shape");
-                assert_eq!(l.reason.as_deref(), Some(markup));
-                assert_eq!(l.error_class.as_deref(), Some(markup));
-                assert_eq!(l.kind.as_deref(), Some(markup));
-                assert_eq!(l.backtrace.as_deref(), Some(json!([markup, 1]).to_string().as_str()), "a backtrace that is not text is kept as its JSON");
-                assert!(l.failed_at > 1_700_000_000, "an unreadable failed-at is the ingest time");
+                assert_eq!(l.letter.history.as_ref(), h.get("x-acemq-history"), "history kept in its shape");
+                assert_eq!(l.letter.reason.as_deref(), Some(markup));
+                assert_eq!(l.letter.error_class.as_deref(), Some(markup));
+                assert_eq!(l.letter.kind.as_deref(), Some(markup));
+                assert_eq!(l.letter.backtrace.as_deref(), Some(json!([markup, 1]).to_string().as_str()), "a backtrace that is not text is kept as its JSON");
+                assert!(l.letter.failed_at > 1_700_000_000, "an unreadable failed-at is the ingest time");
                 let found = store.find(l.id).await.unwrap().unwrap();
                 assert_eq!(&found, l);
             }
@@ -432,7 +432,7 @@ async fn hostile_headers_are_stored_losslessly_and_never_error() {
             let counts = store.counts(&Filter::queue(&q), 10).await.unwrap();
             assert_eq!(counts.by_reason, vec![(Some(markup.to_owned()), 4)]);
             // Replayed, the bytes go back as they came.
-            let non_utf8 = page.letters.iter().find(|l| l.body == sent[0].1).unwrap().id;
+            let non_utf8 = page.letters.iter().find(|l| l.letter.body == sent[0].1).unwrap().id;
             store.replay(&mq, &Selection::Ids(vec![non_utf8]), StoreReplayOptions { actor: "t".into(), ..Default::default() }).await.unwrap();
             // The consumer cannot read it (not JSON) and dead-letters it
             // again; ingested, the new row holds the same bytes.
@@ -450,13 +450,13 @@ async fn hostile_headers_are_stored_losslessly_and_never_error() {
                 let (mq, store, q) = (mq.clone(), again.clone(), q.clone());
                 async move {
                     ingest_once(&mq, &store, &q, &fast()).await.unwrap();
-                    store.list(&Filter::queue(&q), None, 10).await.unwrap().letters.iter().any(|l| l.headers.contains_key("x-acemq-replayed-by"))
+                    store.list(&Filter::queue(&q), None, 10).await.unwrap().letters.iter().any(|l| l.letter.headers.contains_key("x-acemq-replayed-by"))
                 }
             })
             .await;
-            let back = store.list(&Filter::queue(&q), None, 10).await.unwrap().letters.into_iter().find(|l| l.headers.contains_key("x-acemq-replayed-by")).unwrap();
-            assert_eq!(back.body, sent[0].1, "{}: replayed and stored again, byte for byte", db.name());
-            assert_eq!(back.message_id, sent[0].0);
+            let back = store.list(&Filter::queue(&q), None, 10).await.unwrap().letters.into_iter().find(|l| l.letter.headers.contains_key("x-acemq-replayed-by")).unwrap();
+            assert_eq!(back.letter.body, sent[0].1, "{}: replayed and stored again, byte for byte", db.name());
+            assert_eq!(back.letter.message_id, sent[0].0);
             assert_eq!(handled.load(Ordering::SeqCst), 0, "never handed to a handler");
             c.cancel().await;
             teardown(&mq, &q).await;
@@ -556,7 +556,7 @@ async fn browse_filter_page_count_discard_purge_prune_and_audit() {
         assert_eq!(store.prune(Some("payments"), &kept, "retention").await.unwrap(), 15);
         let left = store.list(&Filter::default(), None, 100).await.unwrap().letters;
         assert_eq!(left.len(), 5);
-        assert!(left.iter().any(|l| l.message_id == "m-99"), "the newest kept");
+        assert!(left.iter().any(|l| l.letter.message_id == "m-99"), "the newest kept");
         let old = Retention { max_age: Some(Duration::from_secs(60)), max_count: None };
         assert_eq!(store.prune(None, &old, "retention").await.unwrap(), 5, "failed_at 1970: past any age");
         assert_eq!(store.prune(None, &old, "retention").await.unwrap(), 0);

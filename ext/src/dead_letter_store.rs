@@ -46,10 +46,12 @@ fn filter((queue, reason, error_class, kind, message_id, since, before): FilterA
     Filter { queue, reason, error_class, kind, message_id, since, before }
 }
 
-fn letter_to_ruby(ruby: &Ruby, l: &StoredDeadLetter) -> Result<RHash, Error> {
+fn letter_to_ruby(ruby: &Ruby, row: &StoredDeadLetter) -> Result<RHash, Error> {
+    let l = &row.letter;
     let h = ruby.hash_new();
     let sym = |k: &str| ruby.to_symbol(k);
-    h.aset(sym("id"), l.id)?;
+    h.aset(sym("id"), row.id)?;
+    h.aset(sym("ingested_at"), row.ingested_at)?;
     h.aset(sym("queue"), l.queue.as_str())?;
     h.aset(sym("message_id"), l.message_id.as_str())?;
     h.aset(sym("content_hash"), l.content_hash.as_str())?;
@@ -64,7 +66,6 @@ fn letter_to_ruby(ruby: &Ruby, l: &StoredDeadLetter) -> Result<RHash, Error> {
     h.aset(sym("exchange"), l.exchange.clone())?;
     h.aset(sym("routing_key"), l.routing_key.clone())?;
     h.aset(sym("failed_at"), l.failed_at)?;
-    h.aset(sym("ingested_at"), l.ingested_at)?;
     let history = match &l.history {
         Some(v) => crate::json::to_ruby(ruby, v)?,
         None => ruby.qnil().as_value(),

@@ -65,43 +65,17 @@ pub struct NewDeadLetter {
     pub backtrace: Option<String>,
 }
 
-/// A dead letter in the store.
+/// A dead letter in the store: the letter as ingested, its row id and
+/// when it was ingested. What a row holds cut to its column (the reason's
+/// first 250 characters, the short texts' 255) the headers keep whole.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredDeadLetter {
     /// The row id: newest rows have the highest.
     pub id: i64,
-    /// The work queue.
-    pub queue: String,
-    /// The message id.
-    pub message_id: String,
-    /// See [`NewDeadLetter::content_hash`].
-    pub content_hash: String,
-    /// The body, byte for byte.
-    pub body: Vec<u8>,
-    /// Every header (see [`NewDeadLetter::headers`]).
-    pub headers: Headers,
-    /// The AMQP properties that were set.
-    pub properties: Map<String, Value>,
-    /// The message type.
-    pub kind: Option<String>,
-    /// Why: its first 250 characters (the headers keep it whole).
-    pub reason: Option<String>,
-    /// The error class.
-    pub error_class: Option<String>,
-    /// Attempts made.
-    pub attempt: u32,
-    /// First-published exchange.
-    pub exchange: Option<String>,
-    /// First-published routing key.
-    pub routing_key: Option<String>,
-    /// When it failed, seconds since the epoch.
-    pub failed_at: i64,
     /// When it was ingested, seconds since the epoch.
     pub ingested_at: i64,
-    /// `x-acemq-history`, whatever its shape.
-    pub history: Option<Value>,
-    /// The failure's first frames.
-    pub backtrace: Option<String>,
+    /// The dead letter.
+    pub letter: NewDeadLetter,
 }
 
 impl NewDeadLetter {

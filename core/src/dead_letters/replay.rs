@@ -11,7 +11,7 @@
 //! Ruby thread.
 
 use super::letter::{props_from, BACKTRACE_HEADER};
-use super::{StoreReplayOptions, ReplayRoute, StoredDeadLetter};
+use super::{NewDeadLetter, ReplayRoute, StoreReplayOptions, StoredDeadLetter};
 use crate::connection::Connection;
 use crate::envelope::ATTEMPT_HEADER;
 use crate::error::{Error, Result};
@@ -159,7 +159,7 @@ impl Replay {
                             "replay {} stopped at dead letter {} of queue '{}': {}; the rows not sent are still in the store",
                             self.report.id,
                             row.id,
-                            row.queue,
+                            row.letter.queue,
                             e.message()
                         ),
                     ));
@@ -171,19 +171,20 @@ impl Replay {
     }
 
     async fn send_one(&self, mq: &Connection, row: &StoredDeadLetter) -> Result<()> {
-        let (exchange, key) = match (self.options.route, &row.exchange, &row.routing_key) {
+        let letter = &row.letter;
+        let (exchange, key) = match (self.options.route, &letter.exchange, &letter.routing_key) {
             (ReplayRoute::Original, Some(x), Some(k)) => (x.as_str(), k.as_str()),
-            _ => ("", row.queue.as_str()),
+            _ => ("", letter.queue.as_str()),
         };
-        let props = copy_of(row, &self.report.id);
-        mq.backend().send(exchange, key, &row.body, &props).await?.wait().await
+        let props = copy_of(letter, &self.report.id);
+        mq.backend().send(exchange, key, &letter.body, &props).await?.wait().await
     }
 }
 
 /// The properties of `row`'s copy: every property it had, its headers but
 /// for this failure, which moves into `x-acemq-history` (oldest first, the
 /// newest [`MAX_HISTORY`]), attempt 1 again, and the replay's marks.
-fn copy_of(row: &StoredDeadLetter, run: &str) -> crate::wire::Props {
+fn copy_of(row: &NewDeadLetter, run: &str) -> crate::wire::Props {
     let mut h = row.headers.clone();
     let mut entry = Map::new();
     for (key, name) in [(REASON_HEADER, "reason"), (ERROR_CLASS_HEADER, "error_class"), (FAILED_AT_HEADER, "failed_at"), (QUEUE_HEADER, "queue")] {

@@ -19,7 +19,8 @@ module Drill
     KILLS = 4
     # Dead letters a second until the last kill, then the rest at once.
     RATE = 250
-    APP = File.join(__dir__, "dead_letter_app.rb")
+    # The runner the specs run too (runner_dead_letters_spec.rb).
+    APP = File.expand_path("../spec/fixtures/runner_dead_letters_app.rb", __dir__)
 
     def run
       queue = "drill-#{tag}-dls"

@@ -10,14 +10,14 @@ use acemq::dead_letters::{
     ingest_once, AsyncSqlDeadLetterStore, DeadLetterFeed, DeadLetterStoreOptions, Filter, IngestOptions, Ingester, NewDeadLetter,
     Retention, Selection, StoreReplayOptions,
 };
-use acemq::sql::{AsyncConnectionSource, AsyncSqlConnection, AsyncSqliteConnection, Dialect, Row, SqlValue};
+use acemq::sql::{AsyncSqliteConnection, Dialect};
 use acemq::{dlq_name, Ack, ConsumeOptions, Connection, Envelope, Message, RetryPolicy, Topology};
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::sql::Source;
 use support::{eventually, transports, unique};
 
 // ---------------------------------------------------------------------------
@@ -130,71 +130,6 @@ impl Drop for Db {
     }
 }
 
-#[allow(clippy::large_enum_variant)] // one per test; what sql_stores.rs has too
-enum Source {
-    Sqlite(AsyncSqliteConnection),
-    #[cfg(feature = "postgres")]
-    Pg(acemq::sql::PgConnection),
-    #[cfg(feature = "mysql")]
-    My(acemq::sql::MysqlConnection),
-}
-
-enum Session<'a> {
-    Sqlite(acemq::sql::AsyncSqliteSession<'a>),
-    #[cfg(feature = "postgres")]
-    Pg(acemq::sql::PgSession<'a>),
-    #[cfg(feature = "mysql")]
-    My(acemq::sql::MysqlSession<'a>),
-}
-
-impl AsyncConnectionSource for Source {
-    type Connection<'a> = Session<'a>;
-
-    async fn connection(&self) -> acemq::Result<Session<'_>> {
-        Ok(match self {
-            Source::Sqlite(s) => Session::Sqlite(s.connection().await?),
-            #[cfg(feature = "postgres")]
-            Source::Pg(s) => Session::Pg(s.connection().await?),
-            #[cfg(feature = "mysql")]
-            Source::My(s) => Session::My(s.connection().await?),
-        })
-    }
-}
-
-#[allow(clippy::manual_async_fn)] // the trait's own signature
-impl AsyncSqlConnection for Session<'_> {
-    fn dialect(&self) -> Dialect {
-        match self {
-            Session::Sqlite(s) => s.dialect(),
-            #[cfg(feature = "postgres")]
-            Session::Pg(s) => s.dialect(),
-            #[cfg(feature = "mysql")]
-            Session::My(s) => s.dialect(),
-        }
-    }
-    fn execute<'a>(&'a self, sql: &'a str, params: &'a [SqlValue]) -> impl Future<Output = acemq::Result<u64>> + Send + 'a {
-        async move {
-            match self {
-                Session::Sqlite(s) => s.execute(sql, params).await,
-                #[cfg(feature = "postgres")]
-                Session::Pg(s) => s.execute(sql, params).await,
-                #[cfg(feature = "mysql")]
-                Session::My(s) => s.execute(sql, params).await,
-            }
-        }
-    }
-    fn query<'a>(&'a self, sql: &'a str, params: &'a [SqlValue]) -> impl Future<Output = acemq::Result<Vec<Row>>> + Send + 'a {
-        async move {
-            match self {
-                Session::Sqlite(s) => s.query(sql, params).await,
-                #[cfg(feature = "postgres")]
-                Session::Pg(s) => s.query(sql, params).await,
-                #[cfg(feature = "mysql")]
-                Session::My(s) => s.query(sql, params).await,
-            }
-        }
-    }
-}
 
 async fn rows(store: &AsyncSqlDeadLetterStore<Source>) -> u64 {
     store.counts(&Filter::default(), 10).await.unwrap().total

@@ -3,6 +3,8 @@
 //! bounded wait for the next delivery.
 #![allow(dead_code)] // each test crate uses its own part of it
 
+pub mod sql;
+
 use acemq::{Connection, Consumer};
 use std::time::Duration;
 

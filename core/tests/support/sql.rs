@@ -7,6 +7,7 @@ use std::future::Future;
 
 /// Either database behind one type, so each scenario is written once: what
 /// a service with its own pool or driver writes to plug it into the stores.
+#[allow(clippy::large_enum_variant)] // one per test
 pub enum Source {
     Sqlite(AsyncSqliteConnection),
     #[cfg(feature = "postgres")]

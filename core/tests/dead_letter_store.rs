@@ -314,6 +314,9 @@ async fn a_replay_sends_only_its_snapshot_and_a_row_once_across_two_replays() {
     assert_eq!(a.skipped + b.skipped, 2, "the overlap skipped by one of them: {a:?} {b:?}");
     assert_eq!(mq.queue_counts(&q).await.unwrap().unwrap().ready, 6, "six copies, not eight");
     assert_eq!(rows(&store).await, 0);
+    // Ids of one queue: the audit names it, as a filter's does.
+    let audit = store.audit(2).await.unwrap();
+    assert_eq!(audit.iter().map(|a| a.queue.as_deref()).collect::<Vec<_>>(), vec![Some(q.as_str()); 2]);
     teardown(&mq, &q).await;
 }
 
@@ -500,6 +503,7 @@ async fn browse_filter_page_count_discard_purge_prune_and_audit() {
         assert_eq!(actions, vec![("prune", "retention", 5), ("prune", "retention", 15), ("purge", "bob", 10), ("discard", "alice", 1)], "{}", db.name());
         assert_eq!(audit[2].queue.as_deref(), Some("emails"));
         assert_eq!(audit[3].detail["ids"], json!([first.id, -1]));
+        assert_eq!(audit[3].queue.as_deref(), Some(first.letter.queue.as_str()), "a discard of one queue's ids names it");
         // Bad input says what to do.
         let e = store.list(&Filter::default(), None, 0).await.unwrap_err();
         assert!(e.is_invalid_argument() && e.message().contains("1 to 1000"), "{e}");

@@ -232,7 +232,7 @@ impl RbDeadLetterStore {
         }
         let detail = run.detail(&selection);
         let replayed = run.report().replayed as u64;
-        store.call(ruby, |s| s.record(&actor, "replay", selection.queue(), detail, replayed))?;
+        store.call(ruby, |s| s.record(&actor, "replay", run.queue(&selection), detail, replayed))?;
         if let Some(e) = failure {
             return Err(crate::errors::to_ruby(ruby, e));
         }

@@ -292,6 +292,8 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         actions = store.audit(limit: 10).map { |a| [a[:action], a[:actor]] }
         expect(actions.map(&:last).uniq).to eq(["web"])
         expect(actions.map(&:first).sort).to eq(%w[discard discard purge purge])
+        # Selected ids are one queue's: the audit names it, as a filter's.
+        expect(store.audit(limit: 10).map { _1[:queue] }.uniq).to eq([queue])
       end
 
       it "lists the audit on /audit and as JSON, escaped, with REMOTE_USER as the default actor" do

@@ -161,7 +161,7 @@ impl<S: AsyncConnectionSource> AsyncSqlDeadLetterStore<S> {
             }
         }
         let c = self.connection().await?;
-        self.rules.record(&c, &actor, "replay", selection.queue(), run.detail(selection), run.report().replayed as u64).await?;
+        self.rules.record(&c, &actor, "replay", run.queue(selection), run.detail(selection), run.report().replayed as u64).await?;
         match failure {
             Some(e) => Err(e),
             None => Ok(run.report().clone()),

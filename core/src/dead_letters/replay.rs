@@ -58,6 +58,8 @@ pub struct Replay {
     interval: Duration,
     started: Option<Instant>,
     sent: u64,
+    /// The queues of the rows it was given (see [`Replay::queue`]).
+    queues: std::collections::BTreeSet<String>,
 }
 
 impl Replay {
@@ -74,7 +76,7 @@ impl Replay {
         }
         let interval = Duration::from_secs_f64(1.0 / options.rate);
         let report = StoreReplayReport { id: crate::envelope::new_id(), selected: ids.len(), ..Default::default() };
-        Ok(Replay { report, ids, next: 0, options, interval, started: None, sent: 0 })
+        Ok(Replay { report, ids, next: 0, options, interval, started: None, sent: 0, queues: Default::default() })
     }
 
     /// The replay's id.
@@ -119,6 +121,15 @@ impl Replay {
         &self.report
     }
 
+    /// The queue the audit row names: the filter's, else the one queue of
+    /// every row it sent (ids picked on one DLQ's page), else none.
+    pub fn queue<'a>(&'a self, selection: &'a super::Selection) -> Option<&'a str> {
+        selection.queue().or_else(|| match self.queues.len() {
+            1 => self.queues.first().map(String::as_str),
+            _ => None,
+        })
+    }
+
     /// The audit row's detail.
     pub fn detail(&self, selection: &super::Selection) -> Value {
         let mut d = selection.summary();
@@ -142,6 +153,7 @@ impl Replay {
     /// in flight may have been published and still be in the store.
     pub async fn send(&mut self, mq: &Connection, rows: &[StoredDeadLetter]) -> Sent {
         let mut out = Sent::default();
+        self.queues.extend(rows.iter().map(|r| r.letter.queue.clone()));
         let started = *self.started.get_or_insert_with(Instant::now);
         for (i, row) in rows.iter().enumerate() {
             let due = started + self.interval.saturating_mul(u32::try_from(self.sent).unwrap_or(u32::MAX));

@@ -157,11 +157,18 @@ impl Rules {
         begin(c).await?;
         let result = async {
             let mut n = 0;
+            // The audit names the queue when every row is of one (ids
+            // picked on one DLQ's page).
+            let mut queues = std::collections::BTreeSet::new();
             for chunk in ids.chunks(IDS_PER_STATEMENT) {
                 let params: Vec<SqlValue> = chunk.iter().map(|i| SqlValue::Int(*i)).collect();
+                for row in c.query(&self.st.queues_of_ids(c.dialect(), chunk.len()), &params).await? {
+                    queues.insert(V.text(V.column(&row, 0, "queue")?, "queue")?);
+                }
                 n += c.execute(&self.st.delete_ids(c.dialect(), chunk.len()), &params).await?;
             }
-            self.record(c, actor, "discard", None, serde_json::json!({ "ids": ids }), n).await?;
+            let queue = if queues.len() == 1 { queues.first().map(String::as_str) } else { None };
+            self.record(c, actor, "discard", queue, serde_json::json!({ "ids": ids }), n).await?;
             Ok(n)
         }
         .await;

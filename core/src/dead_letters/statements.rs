@@ -251,6 +251,11 @@ impl Statements {
         (number(dialect, &format!("SELECT id FROM {}{w} ORDER BY id", self.table)), params)
     }
 
+    /// The distinct queues of `n` ids.
+    pub(crate) fn queues_of_ids(&self, dialect: Dialect, n: usize) -> String {
+        number(dialect, &format!("SELECT DISTINCT queue FROM {} WHERE id IN ({})", self.table, marks(n)))
+    }
+
     pub(crate) fn delete_ids(&self, dialect: Dialect, n: usize) -> String {
         number(dialect, &format!("DELETE FROM {} WHERE id IN ({})", self.table, marks(n)))
     }

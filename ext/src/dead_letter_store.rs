@@ -284,6 +284,8 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_prune", method!(RbDeadLetterStore::prune, 4))?;
     class.define_private_method("_audit", method!(RbDeadLetterStore::audit, 1))?;
     class.define_private_method("_replay", method!(RbDeadLetterStore::replay, 5))?;
+    // Messages a second a replay sends when no rate: is given (core's).
+    class.const_set("DEFAULT_REPLAY_RATE", StoreReplayOptions::default().rate)?;
     class.define_private_method("_ingest_batch", method!(RbDeadLetterStore::ingest_batch, 4))?;
     let feed = class.define_class("Feed", ruby.class_object())?;
     feed.define_method("close", method!(RbFeed::close, 0))?;

@@ -265,6 +265,30 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         expect(replays.last[:detail]).to include("ids" => [rows[0]])
       end
 
+      it "runs a replay longer than 5 s at its rate in the background, listed on /audit, each row sent once" do
+        12.times { |n| dead_letter(queue, reason: "slow #{n}") }
+        ingest(12)
+        slow = Rack::MockRequest.new(AceMQ::Web.new(**settings, replay_rate: 2)) # 12 at 2 a second: 6 s
+        token = "c" * 64
+        done = slow.post("/queues/#{queue}/dlq/replay", input: URI.encode_www_form("scope" => "filter", "reason" => "slow",
+                                                                                  "confirmed" => "yes", "_csrf" => token),
+                                                       "CONTENT_TYPE" => "application/x-www-form-urlencoded",
+                                                       "HTTP_COOKIE" => "acemq_csrf=#{token}")
+        expect(done.status).to eq(200)
+        expect(done.body).to include("Replaying 12 dead letters of #{queue} from the store to #{queue} in the background, 2 a second: about 6 s")
+        running = slow.get("/audit").body
+        expect(running[%r{<table id="background-replays".*?</table>}m]).to include("<td data-label=\"Queue\">#{queue}</td>", ">running<")
+        eventually(timeout: 30) { store.counts(queue: queue)[:total].zero? }
+        eventually(timeout: 10) { slow.get("/audit").body.include?("done: 12 replayed") }
+        expect(@mq.queue_counts(queue)[:ready]).to eq(12) # each once
+        expect(store.audit(limit: 1).first).to include(action: "replay", actor: "web", count: 12, queue: queue)
+        # A short one answers in the request, as before.
+        dead_letter(queue, reason: "quick")
+        ingest(1)
+        quick = post("/queues/#{queue}/dlq/replay", "scope" => "filter", "reason" => "quick", "confirmed" => "yes")
+        expect(quick.body).to include("Replayed 1 dead letter")
+      end
+
       it "discards the selected, purges the matching, and a purge without a filter only with all=yes" do
         5.times { |n| dead_letter(queue, reason: n < 2 ? "spam #{n}" : "keep #{n}") }
         ingest(5)

@@ -65,7 +65,35 @@ module AceMQ
         @ctl_at = nil
         @reading = {}
         @down = nil
+        @replays_lock = Mutex.new
+        @replays = []
       end
+
+      # A store replay the page started in the background, and how it ended.
+      BackgroundReplay = Struct.new(:queue, :actor, :selected, :rate, :started_at, :thread, :report, :error, keyword_init: true) do
+        def running? = thread.alive?
+      end
+
+      # Run a store replay in a thread of its own (the block, given the
+      # connection), so a page does not wait minutes for a paced replay.
+      # Listed by #replays while it runs, and for an hour after.
+      def replay_in_background(queue:, actor:, selected:, rate:)
+        entry = BackgroundReplay.new(queue: queue, actor: actor, selected: selected, rate: rate, started_at: Time.now)
+        @replays_lock.synchronize do
+          @replays.reject! { |r| !r.running? && r.started_at < Time.now - 3600 }
+          entry.thread = Thread.new do
+            Thread.current.report_on_exception = false
+            entry.report = yield(connection)
+          rescue StandardError => e
+            entry.error = "#{e.class}: #{e.message}"
+          end
+          @replays << entry
+        end
+        entry
+      end
+
+      # This process's background replays, newest first.
+      def replays = @replays_lock.synchronize { @replays.reverse }
 
       def close
         @lock.synchronize do

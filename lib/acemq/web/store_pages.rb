@@ -25,6 +25,9 @@ module AceMQ
       # so the rows stay near the top of the page.
       GROUPS_TOP = 20
       GROUPS_SHOWN = 5
+      # A replay that would take longer than this many seconds at its rate
+      # runs in the background, not in the request.
+      BACKGROUND_AFTER = 5
 
       # A request the store pages cannot read: a 400 page saying what.
       class BadRequest < StandardError; end
@@ -79,6 +82,7 @@ module AceMQ
         @title = "Audit"
         @limit = audit_limit
         @audit = store.audit(limit: @limit)
+        @replays = @source.replays
         page(:audit)
       end
 
@@ -166,6 +170,9 @@ module AceMQ
         case @action
         when "replay"
           mine, gone = own_ids(@ids)
+          background = background_replay(q, who, mine)
+          return background if background
+
           r = if @scope == :ids
                 mine.empty? ? { replayed: 0, selected: 0, skipped: 0 } : store.replay(@source.connection, ids: mine, actor: who, rate: replay_rate)
               else
@@ -232,6 +239,29 @@ module AceMQ
       def replay_rate
         rate = @source.config.replay_rate
         rate.nil? ? nil : Float(rate)
+      end
+
+      # A replay that would keep the page waiting longer than
+      # BACKGROUND_AFTER seconds at its rate runs in the background (a
+      # proxy gives up on a request long before a paced replay of
+      # thousands ends); what it says, or nil to replay in the request.
+      # Its snapshot is still the store's, taken as it starts.
+      def background_replay(queue, who, mine)
+        rate = replay_rate || AMQP::SQLDeadLetterStore::DEFAULT_REPLAY_RATE
+        selected = @scope == :ids ? mine.size : store.counts(queue: queue, top: 1, **@query)[:total]
+        return nil if selected.zero? || selected / rate <= BACKGROUND_AFTER
+
+        args = @scope == :ids ? { ids: mine } : { queue: queue, **@query }
+        @source.replay_in_background(queue: queue, actor: who, selected: selected, rate: rate) do |mq|
+          store.replay(mq, actor: who, rate: rate, **args)
+        end
+        "Replaying #{plural(selected, 'dead letter')} of #{queue} from the store to #{queue} in the background, " \
+          "#{num(rate.round)} a second: about #{duration_text(selected / rate)}. The audit page shows it while it runs " \
+          "and records it when it ends. One that fails again comes back as a new row, its history showing this replay."
+      end
+
+      def duration_text(seconds)
+        seconds < 120 ? "#{seconds.ceil} s" : "#{(seconds / 60).ceil} min"
       end
 
       # What waits in the DLQ itself (not yet ingested), and whether an

@@ -14,6 +14,7 @@ Gem::Specification.new do |s|
   s.required_ruby_version = ">= 3.1"
   s.files = Dir["lib/**/*.rb", "lib/**/*.erb", "lib/**/*.rake", "lib/generators/**/*.tt", "exe/*", "ext/extconf.rb", "ext/Cargo.toml", "ext/src/**/*.rs", "core/Cargo.toml",
                 "core/src/**/*.rs", "vendor/lapin/**/*", "Cargo.toml", "Cargo.lock", "README.md", "docs/**/*.md"]
+            .select { |f| File.file?(f) } # vendor/lapin/**/* names its directories too
   s.extensions = ["ext/extconf.rb"]
   s.require_paths = ["lib"]
   s.bindir = "exe"

@@ -37,7 +37,7 @@ module PlatformGem
   GLIBC_MAX = "2.34"
 
   # What the source gem has that a precompiled one does not need.
-  SOURCE_ONLY = %r{\A(ext/|core/|Cargo\.(toml|lock)\z)}
+  SOURCE_ONLY = %r{\A(ext/|core/|vendor/|Cargo\.(toml|lock)\z)}
 
   # A patch number no minor of Ruby 3 will reach (3.0 ended at 3.0.7): the
   # releases of a minor with no build are excluded one by one, because a

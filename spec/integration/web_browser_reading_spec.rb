@@ -10,21 +10,7 @@ require "tmpdir"
 # it read, a replay whose handler still fails (each letter once), a hostile
 # publisher's every header and property, and no sideways scroll at 375 px
 # on any page. Skipped where web_browser_spec.rb is (no Chromium).
-browser_missing =
-  if ENV["ACEMQ_BROWSER_SPECS"] == "skip"
-    "ACEMQ_BROWSER_SPECS=skip (see web_browser_spec.rb)"
-  elsif !File.executable?("/usr/bin/chromium") || !File.executable?("/usr/bin/chromedriver")
-    "no Chromium here (see web_browser_spec.rb)"
-  else
-    begin
-      require "capybara"
-      require "capybara/dsl"
-      require "selenium-webdriver"
-      nil
-    rescue LoadError => e
-      "no Capybara or selenium-webdriver (#{e.message})"
-    end
-  end
+browser_missing = WebHelpers.browser_missing
 
 RSpec.describe "AceMQ::Web reading DLQs in Chromium", skip: browser_missing do
   READING_DEEP = 100_000
@@ -59,18 +45,7 @@ RSpec.describe "AceMQ::Web reading DLQs in Chromium", skip: browser_missing do
     driver = :"acemq_reading_#{name}"
     profile = Dir.mktmpdir("acemq-chromium")
     @profiles << profile
-    Capybara.register_driver(driver) do |app|
-      options = Selenium::WebDriver::Chrome::Options.new
-      %w[--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
-         --disable-component-update --disable-sync --window-size=1280,800].each { |a| options.add_argument(a) }
-      options.add_argument("--user-data-dir=#{profile}")
-      options.binary = "/usr/bin/chromium"
-      Capybara::Selenium::Driver.new(app, browser: :chrome, options: options,
-                                          service: Selenium::WebDriver::Service.chrome(path: "/usr/bin/chromedriver"))
-    end
-    Capybara.default_max_wait_time = 5
-    Capybara.enable_aria_label = true
-    session = Capybara::Session.new(driver)
+    session = WebHelpers.chromium(driver, profile)
     @sessions << session
     session.visit("#{@base}/login/admin")
     session

@@ -9,25 +9,7 @@ require "tmpdir"
 # child process, and the real broker. One browser for the whole group.
 # Screenshots go to tmp/web-screenshots (ACEMQ_WEB_SCREENSHOTS=docs/web
 # writes the ones docs/web.md shows).
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-browser_missing =
-  if ENV["ACEMQ_BROWSER_SPECS"] == "skip"
-    "ACEMQ_BROWSER_SPECS=skip: the RabbitMQ 4.0 stage of .ci/run leaves the browser to the Debian 12 stage " \
-      "(what a browser sees does not change with the broker; spec/integration/web_spec.rb reads the DLQs on 4.0)"
-  elsif !File.executable?(CHROMIUM) || !File.executable?(CHROMEDRIVER)
-    "no Chromium here (Debian's chromium and chromium-driver): the Debian 12 stage of .ci/run runs these; " \
-      "spec/integration/web_spec.rb covers the dashboard at the Rack level on every stage"
-  else
-    begin
-      require "capybara"
-      require "capybara/dsl"
-      require "selenium-webdriver"
-      nil
-    rescue LoadError => e
-      "no Capybara or selenium-webdriver (#{e.message}): bin/setup installs ruby-capybara and ruby-selenium-webdriver"
-    end
-  end
+browser_missing = WebHelpers.browser_missing
 
 RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
   include RunnerHelpers
@@ -60,19 +42,8 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     @pid, @base = WebHelpers.start_dummy(queues: [@queue, @other, @receipts],
                                          runners: ["http://127.0.0.1:#{@runner.health_port}"])
 
-    options = Selenium::WebDriver::Chrome::Options.new
-    %w[--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
-       --disable-component-update --disable-sync --window-size=1280,800].each { |a| options.add_argument(a) }
     @profile = Dir.mktmpdir("acemq-chromium")
-    options.add_argument("--user-data-dir=#{@profile}")
-    options.binary = CHROMIUM
-    service = Selenium::WebDriver::Service.chrome(path: CHROMEDRIVER)
-    Capybara.register_driver(:acemq_chromium) do |app|
-      Capybara::Selenium::Driver.new(app, browser: :chrome, options: options, service: service)
-    end
-    Capybara.default_max_wait_time = 5
-    Capybara.enable_aria_label = true
-    @browser = Capybara::Session.new(:acemq_chromium)
+    @browser = WebHelpers.chromium(:acemq_chromium, @profile)
     FileUtils.mkdir_p(SHOTS)
   end
 

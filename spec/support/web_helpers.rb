@@ -7,6 +7,45 @@ require "uri"
 # Rails, as an application runs it), and plain HTTP against it.
 module WebHelpers
   ROOT = File.expand_path("../..", __dir__)
+  CHROMIUM = "/usr/bin/chromium"
+  CHROMEDRIVER = "/usr/bin/chromedriver"
+
+  # Why the Chromium specs cannot run here, or nil (having loaded Capybara
+  # and selenium-webdriver): ACEMQ_BROWSER_SPECS=skip (what a browser sees
+  # does not change with the broker, so .ci/stage-rabbitmq40 sets it), no
+  # Chromium, or no Capybara. web_spec.rb covers the dashboard at the Rack
+  # level everywhere.
+  def self.browser_missing
+    return "ACEMQ_BROWSER_SPECS=skip (spec/integration/web_spec.rb covers the dashboard at the Rack level)" if ENV["ACEMQ_BROWSER_SPECS"] == "skip"
+    unless File.executable?(CHROMIUM) && File.executable?(CHROMEDRIVER)
+      return "no Chromium here (Debian's chromium and chromium-driver): the Debian 12 stage of .ci/run runs these; " \
+             "spec/integration/web_spec.rb covers the dashboard at the Rack level on every stage"
+    end
+
+    require "capybara"
+    require "capybara/dsl"
+    require "selenium-webdriver"
+    nil
+  rescue LoadError => e
+    "no Capybara or selenium-webdriver (#{e.message}): bin/setup installs ruby-capybara and ruby-selenium-webdriver"
+  end
+
+  # A headless Chromium of its own, named `driver`, its profile (so its
+  # cookies: another operator) in the directory `profile`, at 1280x800.
+  def self.chromium(driver, profile)
+    Capybara.register_driver(driver) do |app|
+      options = Selenium::WebDriver::Chrome::Options.new
+      %w[--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking
+         --disable-component-update --disable-sync --window-size=1280,800].each { |a| options.add_argument(a) }
+      options.add_argument("--user-data-dir=#{profile}")
+      options.binary = CHROMIUM
+      Capybara::Selenium::Driver.new(app, browser: :chrome, options: options,
+                                          service: Selenium::WebDriver::Service.chrome(path: CHROMEDRIVER))
+    end
+    Capybara.default_max_wait_time = 5
+    Capybara.enable_aria_label = true
+    Capybara::Session.new(driver)
+  end
 
   # Starts spec/dummy on a free port showing `queues`; returns [pid, base URL].
   def self.start_dummy(queues:, runners: [])

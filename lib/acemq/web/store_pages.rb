@@ -140,12 +140,8 @@ module AceMQ
         @ids = store_selected_ids
         @scope = @ids.any? ? :ids : :filter
         @all = @req.params["all"] == "yes"
-        if action == "discard" && @ids.empty?
-          return refuse(422, "Nothing selected", "Discard takes the dead letters you select: none were.")
-        end
-        if action == "replay" && @ids.empty? && @req.params["scope"] != "filter"
-          return refuse(422, "Nothing selected", "Select dead letters to replay, or replay all matching a filter.")
-        end
+        unselected = nothing_selected(action)
+        return unselected if unselected
         if action == "purge" && @filter.empty? && !@all
           return refuse(400, "Purge needs a filter or all",
                         "A purge with no filter discards every dead letter of #{target.queue} in the store: the form must say " \

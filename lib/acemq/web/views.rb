@@ -232,12 +232,8 @@ module AceMQ
         @ids = selected_ids
         @filter = filter_params
         @scope = @ids.any? ? :ids : :filter
-        if action == "discard" && @ids.empty?
-          return refuse(422, "Nothing selected", "Discard takes the dead letters you select: none were.")
-        end
-        if action == "replay" && @ids.empty? && @req.params["scope"] != "filter"
-          return refuse(422, "Nothing selected", "Select dead letters to replay, or replay all matching a filter.")
-        end
+        unselected = nothing_selected(action)
+        return unselected if unselected
 
         @title = "Confirm"
         return page(:confirm) unless @req.params["confirmed"] == "yes"
@@ -475,6 +471,19 @@ module AceMQ
         meth = :"template_#{name}"
         Views.define_template(name) unless Views.method_defined?(meth, false)
         SafeHTML.new(send(meth))
+      end
+
+      # The 422 for a discard, or a replay not of all matching, with none
+      # selected (the queue's DLQ page and the store's alike); nil when
+      # something is.
+      def nothing_selected(action)
+        return nil if @ids.any?
+        if action == "discard"
+          return refuse(422, "Nothing selected", "Discard takes the dead letters you select: none were.")
+        end
+        return nil unless action == "replay" && @req.params["scope"] != "filter"
+
+        refuse(422, "Nothing selected", "Select dead letters to replay, or replay all matching a filter.")
       end
 
       def refuse(status, title, message)

@@ -186,6 +186,11 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     shot("confirm-discard")
     navigating { page.click_link("Cancel") }
     expect(dlq_ids).to eq(before)
+    # One box selects every letter on the page, and clears them.
+    page.check("Select all on this page")
+    expect(page.all('input[name="ids[]"]').map(&:checked?).uniq).to eq([true])
+    page.uncheck("Select all on this page")
+    expect(page.all('input[name="ids[]"]').map(&:checked?).uniq).to eq([false])
     page.check("Select #{before.first}")
     navigating { page.click_button("Discard selected…") }
     navigating { page.click_button("Yes, discard") }

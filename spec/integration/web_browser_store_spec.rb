@@ -27,7 +27,8 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     @mq = AceMQ::AMQP::Connection.open(AMQP_URL)
     @bunny = Bunny.new(AMQP_URL, logger: Logger.new(nil)).tap(&:start)
     @queues = { ops: unique("web-store-ops"), hostile: unique("web-store-hostile"), failing: unique("web-store-failing"),
-                deep: unique("web-store-deep"), audit: unique("web-store-audit"), phone: unique("web-store-phone") }
+                deep: unique("web-store-deep"), audit: unique("web-store-audit"), phone: unique("web-store-phone"),
+                select: unique("web-store-select") }
     topology = AceMQ::AMQP::Topology.new
     @queues.each_value { |q| topology.queue(q) }
     topology.apply(@mq)
@@ -36,7 +37,7 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     @pg.exec("CREATE SCHEMA #{@schema}")
     @url = "#{DATABASE_URL}?options=-csearch_path%3D#{@schema}"
     @store = AceMQ::AMQP::SQLDeadLetterStore.open(@url).tap(&:create_schema)
-    @ingesters = %i[ops hostile failing audit phone].map { |k| @store.ingest(@mq, @queues[k], retry_every: 0.5) }
+    @ingesters = %i[ops hostile failing audit phone select].map { |k| @store.ingest(@mq, @queues[k], retry_every: 0.5) }
     reader, writer = IO.pipe
     args = ["web", "-r", File.join(WEB_STORE_ROOT, "spec/fixtures/web_store_app.rb"), "--dead-letter-store", @url,
             "--replay-rate", "200", "--port", "0", "--runner", "http://127.0.0.1:1"]
@@ -276,6 +277,25 @@ RSpec.describe "AceMQ::Web in store mode in Chromium", skip: browser_missing do
     expect(alice.find("#headers").text).to include(%("x-acemq-replayed-by": "#{replay[:detail]['replay']}"))
   ensure
     sub&.cancel
+  end
+
+  it "selects every letter on the page with one box, and discards just those after asking" do
+    q = @queues[:select]
+    dead_letters(q, Array.new(5) { |n| "select me #{n}" })
+    alice.visit(dlq_path(q))
+    shown = rows_on(alice)
+    expect(shown.size).to eq(5)
+    alice.check("Select all on this page")
+    expect(alice.all('input[name="ids[]"]').map(&:checked?)).to eq([true] * 5)
+    alice.uncheck("Select all on this page")
+    expect(alice.all('input[name="ids[]"]').map(&:checked?)).to eq([false] * 5)
+    alice.check("Select all on this page")
+    alice.uncheck("Select row #{shown.last}")
+    alice.click_button("Discard selected…")
+    expect(alice).to have_content("Discard 4 dead letters")
+    alice.click_button("Yes, discard")
+    expect(alice).to have_css("#done", text: "Discarded 4 dead letters of #{q} from the store.")
+    expect(@store.list(queue: q).letters.map(&:id)).to eq([shown.last])
   end
 
   it "filters a store of 100,000 rows from the page within a generous bound, and says how long it took" do

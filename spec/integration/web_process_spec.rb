@@ -153,6 +153,35 @@ RSpec.describe "AceMQ::Web with the management API, as a process" do
     app&.close
   end
 
+  it "draws a queue's chart from the broker's own samples after a restart of the dashboard" do
+    AceMQ::AMQP::Topology.new.queue(queue).apply(@mq)
+    # Ten seconds of a queue filling, which the plugin samples every 5 s.
+    10.times do
+      5.times { @mq.publish({}, to: queue) }
+      sleep 1
+    end
+    eventually(timeout: 20) do
+      Net::HTTP.start("127.0.0.1", @mport) do |h|
+        r = Net::HTTP::Get.new("/api/queues/%2F/#{queue}?lengths_age=60&lengths_incr=5")
+        r.basic_auth("guest", "guest")
+        JSON.parse(h.request(r).body).dig("messages_ready_details", "samples").to_a.count { _1["sample"].positive? } >= 2
+      end
+    end
+    # A dashboard just started: no sample of its own yet.
+    app = AceMQ::Web.new(url: @node.url, queues: [queue], runners: [], management_url: @management)
+    chart = Rack::MockRequest.new(app).get("/queues/#{queue}?part=chart").body
+    expect(chart).not_to include("No samples yet")
+    samples = Integer(chart[/(\d+) samples/, 1])
+    expect(samples).to be > 100 # ten minutes at 5 s, and its own
+    expect(Float(chart[/Depth: .*?top (\d+(?:\.\d+)?)/m, 1])).to be >= 20 # the plugin lags by up to 5 s
+    # Without the management API it starts empty, as before.
+    plain = AceMQ::Web.new(url: @node.url, queues: [queue], runners: [])
+    expect(Rack::MockRequest.new(plain).get("/queues/#{queue}?part=chart").body).to include("No samples yet")
+  ensure
+    app&.close
+    plain&.close
+  end
+
   it "says which part is down when the broker is, and still shows what does not need it" do
     AceMQ::AMQP::Topology.new.queue(queue).apply(@mq)
     outbox = Object.new

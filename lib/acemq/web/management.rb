@@ -60,6 +60,28 @@ module AceMQ
         raise Unavailable, "#{self}: not JSON (#{e.message[0, 80]})"
       end
 
+      # The broker's own samples of one queue over the last `seconds`, one
+      # every `every` (what the plugin keeps: 10 minutes at 5 s by default),
+      # oldest first: { ready: [[at, n]], messages: [[at, n]] }, at in
+      # seconds since the epoch. The dashboard's chart starts from them, so
+      # a restart of the dashboard does not empty it.
+      def history(queue, seconds: 600, every: 5)
+        path = "#{@uri.path.chomp('/')}/api/queues/#{URI.encode_www_form_component(@vhost)}/#{URI.encode_www_form_component(queue)}"
+        q = JSON.parse(get("#{path}?lengths_age=#{Integer(seconds)}&lengths_incr=#{Integer(every)}"))
+        raise Unavailable, "#{self}: expected a queue, got #{q.class}" unless q.is_a?(Hash)
+
+        series = lambda do |key|
+          samples = q.dig(key, "samples")
+          next [] unless samples.is_a?(Array)
+
+          samples.filter_map { |s| [s["timestamp"] / 1000.0, s["sample"]] if s.is_a?(Hash) && s["timestamp"].is_a?(Integer) && s["sample"].is_a?(Integer) }
+                 .sort_by(&:first)
+        end
+        { ready: series.call("messages_ready_details"), messages: series.call("messages_details") }
+      rescue JSON::ParserError => e
+        raise Unavailable, "#{self}: not JSON (#{e.message[0, 80]})"
+      end
+
       private
 
       def get(path)

@@ -60,6 +60,7 @@ module AceMQ
         @store_lock = Mutex.new
         @lock = Mutex.new
         @samples = Hash.new { |h, k| h[k] = [] }
+        @seeded = {} # queues whose samples start with the broker's (#seed)
         @ctl_lock = Mutex.new
         @ctl_listing = nil
         @ctl_at = nil
@@ -301,6 +302,7 @@ module AceMQ
       # A sample of one queue (its ready and DLQ counts), kept: the queue
       # page's chart refreshes from it.
       def sample_queue(target)
+        seed(target) if management && !@lock.synchronize { @seeded[target.queue] }
         listing = management_listing
         status = Status.new(connection: connection, targets: [target], interval: 0,
                             metrics_url: runners.first&.then { |r| "#{r}/metrics" })
@@ -521,6 +523,33 @@ module AceMQ
       def url
         @config.url || (defined?(AceMQ::Rails) && AceMQ::Rails.respond_to?(:config) && AceMQ::Rails.config.url) ||
           ENV.fetch("AMQP_URL", "amqp://guest:guest@localhost:5672")
+      end
+
+      # A queue's samples from before this process had any, from the
+      # broker's own (the management API keeps ten minutes at 5 s): its
+      # ready count and its DLQ's total, so the chart has its history after
+      # the dashboard restarts. Once a queue, when its page is first drawn. The handled
+      # rate, which is the runner's counter, starts with the live samples.
+      # Without an answer, the live samples start as before.
+      def seed(target)
+        history = management.history(target.queue)
+        dlq = begin
+          management.history(target.dlq)[:messages].to_h
+        rescue Management::Unavailable
+          {} # no DLQ yet
+        end
+        offset = now - Time.now.to_f
+        seeded = history[:ready].filter_map do |at, ready|
+          Sample.new(at: at + offset, ready: ready, done: nil, dlq: dlq[at]) if at + offset >= now - KEEP
+        end
+        @lock.synchronize do
+          kept = @samples[target.queue]
+          before = kept.first&.at
+          @samples[target.queue] = seeded.select { |x| before.nil? || x.at < before } + kept
+          @seeded[target.queue] = true
+        end
+      rescue Management::Unavailable
+        nil
       end
 
       def keep(queue, sample)

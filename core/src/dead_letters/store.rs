@@ -20,8 +20,8 @@ use crate::sql::{lend, ConnectionSource, Dialect};
 /// let store = SqlDeadLetterStore::new(SqliteConnection::open("app.db")?, DeadLetterStoreOptions::default())?;
 /// store.create_schema()?;
 /// let page = store.list(&Filter::queue("payments"), None, 50)?;
-/// for letter in &page.letters {
-///     println!("{} {} {:?}", letter.id, letter.message_id, letter.reason);
+/// for row in &page.letters {
+///     println!("{} {} {:?}", row.id, row.letter.message_id, row.letter.reason);
 /// }
 /// # Ok(()) }
 /// ```

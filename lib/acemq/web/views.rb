@@ -473,6 +473,16 @@ module AceMQ
         SafeHTML.new(send(meth))
       end
 
+      # "Select all on this page": a box that ticks or clears every dead
+      # letter's box in its form, drawn only where there are actions. The
+      # layout adds its few lines of JavaScript after the page's main part
+      # (where a page's own content never has a script); without them the
+      # box does nothing, and "Replay all matching" is there.
+      def select_all
+        @select_all = true
+        raw(%(<label><input type="checkbox" class="select-all" id="select-all"> Select all on this page</label>))
+      end
+
       # The 422 for a discard, or a replay not of all matching, with none
       # selected (the queue's DLQ page and the store's alike); nil when
       # something is.

@@ -163,6 +163,11 @@ impl RbDeadLetterStore {
 
     /// `all`: an empty filter means every row (`all: true`); a filter
     /// that sets something is that filter, whatever `all` says.
+    fn check_replay_rate(ruby: &Ruby, rate: f64) -> Result<f64, Error> {
+        StoreReplayOptions::check_rate(rate).rb(ruby)?;
+        Ok(rate)
+    }
+
     fn purge(ruby: &Ruby, rb_self: &Self, f: FilterArgs, all: bool, actor: String) -> Result<u64, Error> {
         let f = filter(f);
         rb_self.0.call(ruby, |s| if all && f.is_empty() { s.purge_all(&actor) } else { s.purge(&f, &actor) })
@@ -286,6 +291,9 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_replay", method!(RbDeadLetterStore::replay, 5))?;
     // Messages a second a replay sends when no rate: is given (core's).
     class.const_set("DEFAULT_REPLAY_RATE", StoreReplayOptions::default().rate)?;
+    // Raises ConfigurationError for a rate a replay cannot keep (core's
+    // rule), for a setting checked before any replay: the dashboard's.
+    class.define_singleton_method("check_replay_rate", function!(RbDeadLetterStore::check_replay_rate, 1))?;
     class.define_private_method("_ingest_batch", method!(RbDeadLetterStore::ingest_batch, 4))?;
     let feed = class.define_class("Feed", ruby.class_object())?;
     feed.define_method("close", method!(RbFeed::close, 0))?;

@@ -160,7 +160,12 @@ module AceMQ
       # "none" turns it off, as for acemq status; any other command is run.
       settings[:rabbitmqctl] = options[:rabbitmqctl] if options[:rabbitmqctl] && options[:rabbitmqctl] != "none"
       settings[:queues] = options[:queues] unless options[:queues].empty?
-      app = AceMQ::Web.new(**settings)
+      begin
+        app = AceMQ::Web.new(**settings)
+      rescue AceMQ::AMQP::ConfigurationError => e
+        @err.puts("acemq: #{e.message}")
+        return 64
+      end
       # A store given here that cannot be opened (a mistyped URL, no tables)
       # is said now, not on the first page. The app's own (config's) is not
       # asked: with its database down the rest of the dashboard still serves.

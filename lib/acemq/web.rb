@@ -99,7 +99,14 @@ module AceMQ
     def initialize(**overrides)
       settings = Web.config.to_h.merge(overrides)
       @config = Config.new(**settings)
+      # A pace a replay cannot keep is refused here, not at the first
+      # replay from the page (core's rule: ConfigurationError).
+      @config.replay_rate&.then { |r| AMQP::SQLDeadLetterStore.check_replay_rate(Float(r)) }
       @source = Source.new(@config)
+    rescue ArgumentError, TypeError => e
+      raise e if e.is_a?(AMQP::ConfigurationError)
+
+      raise AMQP::ConfigurationError, "replay_rate must be a number of messages a second (got #{@config.replay_rate.inspect})"
     end
 
     def close = @source.close

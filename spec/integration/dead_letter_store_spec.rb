@@ -272,6 +272,12 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
         expect { store.list(limit: 0) }.to raise_error(bad, /1 to 1000/)
         expect { store.discard([1], actor: "") }.to raise_error(bad, /actor/)
         expect { store.replay(mq, ids: [1], actor: "x", rate: 0) }.to raise_error(bad, /rate must be a positive/)
+        # A rate near zero panicked core (a wait no Duration holds) and
+        # killed the process; now refused like 0.
+        [1e-300, 1e-320, 1e7].each do |r|
+          expect { store.replay(mq, ids: [1], actor: "x", rate: r) }.to raise_error(bad, /from 0.001 to/)
+        end
+        [Float::NAN, Float::INFINITY, -1].each { |r| expect { store.replay(mq, ids: [1], actor: "x", rate: r) }.to raise_error(bad, /rate/) }
         expect { store.replay(mq, ids: [1], actor: "x", route: :fanout) }.to raise_error(bad, /route:/)
         expect { Store.new(path: File.join(dir, "x.db"), connection: Object.new) }.to raise_error(bad, /exactly one/)
         expect { Store.new(path: File.join(dir, "t.db"), table: "x; DROP") }.to raise_error(bad, /plain identifier/)

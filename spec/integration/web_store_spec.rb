@@ -289,6 +289,13 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         expect(quick.body).to include("Replayed 1 dead letter")
       end
 
+      it "refuses a replay rate it cannot keep when the app is built, not at the first replay" do
+        [0, -1, 1e-300, Float::NAN, "abc"].each do |r|
+          expect { AceMQ::Web.new(**settings, replay_rate: r) }.to raise_error(AceMQ::AMQP::ConfigurationError, /rate/)
+        end
+        expect(AceMQ::Web.new(**settings, replay_rate: 0.5)).to be_a(AceMQ::Web)
+      end
+
       it "discards the selected, purges the matching, and a purge without a filter only with all=yes" do
         5.times { |n| dead_letter(queue, reason: n < 2 ? "spam #{n}" : "keep #{n}") }
         ingest(5)

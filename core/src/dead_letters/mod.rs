@@ -48,7 +48,7 @@ pub use feed::{Batch, DeadLetterFeed};
 pub use filter::{AuditEntry, Counts, Filter, Page, Selection};
 pub use ingest::{ingest_once, IngestReport, Ingester, RETENTION_ACTOR};
 pub use letter::{NewDeadLetter, StoredDeadLetter, BACKTRACE_HEADER};
-pub use options::{DeadLetterStoreOptions, IngestOptions, ReplayRoute, Retention, StoreReplayOptions};
+pub use options::{DeadLetterStoreOptions, IngestOptions, ReplayRoute, Retention, StoreReplayOptions, MAX_REPLAY_RATE, MIN_REPLAY_RATE};
 pub use replay::{Replay, Sent, StoreReplayReport};
 pub use rules::MAX_PAGE;
 pub use store::SqlDeadLetterStore;

@@ -100,6 +100,27 @@ pub struct StoreReplayOptions {
     pub lease: Duration,
 }
 
+/// The slowest pace a replay takes: one message every 1,000 s.
+pub const MIN_REPLAY_RATE: f64 = 0.001;
+/// The fastest: past it the pace is the broker's confirms anyway.
+pub const MAX_REPLAY_RATE: f64 = 1_000_000.0;
+
+impl StoreReplayOptions {
+    /// Whether `rate` is a pace a replay can keep: a number of messages a
+    /// second from [`MIN_REPLAY_RATE`] to [`MAX_REPLAY_RATE`]. A rate
+    /// nearer zero would be a wait no clock can hold (1e-300 a second
+    /// once panicked the process that asked).
+    pub fn check_rate(rate: f64) -> crate::Result<()> {
+        if rate.is_finite() && (MIN_REPLAY_RATE..=MAX_REPLAY_RATE).contains(&rate) {
+            return Ok(());
+        }
+        Err(crate::error::Error::invalid(format!(
+            "replay rate must be a positive number of messages a second, from {MIN_REPLAY_RATE} to {MAX_REPLAY_RATE} \
+             (it is {rate}); 50 is the default"
+        )))
+    }
+}
+
 impl Default for StoreReplayOptions {
     fn default() -> Self {
         StoreReplayOptions { rate: 50.0, route: ReplayRoute::Queue, actor: "unknown".into(), lease: Duration::from_secs(300) }

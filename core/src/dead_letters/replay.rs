@@ -65,12 +65,7 @@ pub struct Replay {
 impl Replay {
     /// A replay of `ids` (the snapshot), paced and routed by `options`.
     pub fn new(ids: Vec<i64>, options: StoreReplayOptions) -> Result<Replay> {
-        if !(options.rate.is_finite() && options.rate > 0.0) {
-            return Err(Error::invalid(format!(
-                "replay rate must be a positive number of messages a second (it is {}); 50 is the default",
-                options.rate
-            )));
-        }
+        StoreReplayOptions::check_rate(options.rate)?;
         if options.actor.trim().is_empty() {
             return Err(Error::invalid("replay needs an actor: who asked, for the audit table (a user name, \"console\", ...)"));
         }

@@ -133,11 +133,14 @@ module AceMQ
     # What a page needs of the request: its path under the mount, its
     # parameters, the CSRF token (the cookie's, made here when absent).
     class Request
-      attr_reader :env, :path, :params, :token, :new_token
+      attr_reader :env, :path, :params, :token, :new_token, :unreadable
 
       def initialize(env, read_only:)
         @env = env
         @read_only = read_only
+        # Parameters that could not be decoded (a bad %-escape): a page
+        # refuses the request rather than act as if they were not sent.
+        @unreadable = []
         @path = env["PATH_INFO"].to_s.empty? ? "/" : env["PATH_INFO"]
         @params = parse(env["QUERY_STRING"].to_s)
         @params.merge!(parse(read_body)) if post? && form?
@@ -201,6 +204,7 @@ module AceMQ
             out[k] = v.to_s
           end
         rescue ArgumentError
+          @unreadable << pair[0, 60]
           next
         end
       end

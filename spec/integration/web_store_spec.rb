@@ -289,6 +289,28 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         expect(quick.body).to include("Replayed 1 dead letter")
       end
 
+      it "refuses a filter sent as a list, a %-escape that is not one, and a day that does not exist: never read as no filter" do
+        3.times { |n| dead_letter(queue, reason: "keep #{n}") }
+        ingest(3)
+        # Each of these once replayed every dead letter of the queue.
+        [{ "reason[]" => "zzz-nomatch" }, { "type[]" => "x" }].each do |f|
+          r = post("/queues/#{queue}/dlq/replay", { "scope" => "filter", "confirmed" => "yes" }.merge(f))
+          expect(r.status).to eq(400)
+          expect(r.body).to include("takes one value")
+        end
+        token = "d" * 64
+        raw = http.post("/queues/#{queue}/dlq/replay", input: "_csrf=#{token}&scope=filter&reason=zzz%G1&confirmed=yes",
+                                                      "CONTENT_TYPE" => "application/x-www-form-urlencoded",
+                                                      "HTTP_COOKIE" => "acemq_csrf=#{token}")
+        expect(raw.status).to eq(400)
+        expect(raw.body).to include("could not be read")
+        expect(app.call(Rack::MockRequest.env_for("/queues/#{queue}/dlq").merge("QUERY_STRING" => "reason=%G1zzz")).first).to eq(400)
+        expect(http.get("/queues/#{queue}/dlq?reason[]=x").status).to eq(400)
+        expect(http.get("/queues/#{queue}/dlq?since=2026-02-30T00:00").status).to eq(400)
+        expect(store.counts(queue: queue)[:total]).to eq(3)
+        expect(@mq.queue_counts(queue)[:ready]).to eq(0)
+      end
+
       it "refuses a replay rate it cannot keep when the app is built, not at the first replay" do
         [0, -1, 1e-300, Float::NAN, "abc"].each do |r|
           expect { AceMQ::Web.new(**settings, replay_rate: r) }.to raise_error(AceMQ::AMQP::ConfigurationError, /rate/)

@@ -302,7 +302,8 @@ module AceMQ
           raise BadRequest, "unknown parameter #{Views.text(k)[0, 60].inspect}: this page takes " \
                             "#{allowed.reject { _1.start_with?('_') }.join(', ')}"
         end
-        STORE_FILTERS.to_h { |k| [k, @req.params[k].is_a?(String) ? @req.params[k].strip : ""] }.reject { |_, v| v.empty? }
+        single_values!(STORE_FILTERS + %w[after_id scope confirmed all one])
+        STORE_FILTERS.to_h { |k| [k, @req.params[k].to_s.strip] }.reject { |_, v| v.empty? }
       end
 
       # The store's keywords for a filter: since/before read as times.
@@ -317,7 +318,13 @@ module AceMQ
       # its zone.
       def time_param(name, value)
         if (m = value.match(/\A(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d))?)?\z/))
-          return Time.utc(*m.captures.map(&:to_i))
+          parts = m.captures.map(&:to_i)
+          t = Time.utc(*parts)
+          # Time.utc rolls 2026-02-30 over to March 2: a day that does
+          # not exist is no time.
+          raise ArgumentError, "no such day" unless [t.year, t.month, t.day] == parts.first(3)
+
+          return t
         end
 
         Time.iso8601(value)

@@ -86,6 +86,11 @@ module AceMQ
       end
 
       def respond
+        unless @req.unreadable.empty?
+          return bad_request("a parameter could not be read (#{Views.text(@req.unreadable.first).inspect}: a %-escape that is " \
+                             "not one): nothing was read or changed")
+        end
+
         route
       rescue StorePages::BadRequest, AMQP::ConfigurationError => e
         # A form's value the page or the store cannot take (a cursor that
@@ -444,7 +449,16 @@ module AceMQ
       end
 
       def filter_params
+        single_values!(FILTERS)
         FILTERS.to_h { |k| [k, @req.params[k].to_s.strip] }.reject { |_, v| v.empty? }
+      end
+
+      # A filter takes one value (reason=…): one sent as a list
+      # (reason[]=…) is refused, never read as no filter, which for
+      # "replay all matching" would be all.
+      def single_values!(keys)
+        many = keys.find { |k| @req.params[k].is_a?(Array) }
+        raise StorePages::BadRequest, "#{many} takes one value (#{many}=…), not a list: nothing was read or changed" if many
       end
 
       def filter_for_engine(filter)

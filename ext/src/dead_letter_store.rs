@@ -217,6 +217,7 @@ impl RbDeadLetterStore {
         if let Some(l) = lease {
             options.lease = crate::convert::seconds(ruby, "lease", l)?;
         }
+        selection.check_for_replay().rb(ruby)?;
         let snapshot = store.call(ruby, |s| s.snapshot(&selection))?;
         let mut run = Replay::new(snapshot, options).rb(ruby)?;
         let mut failure = None;

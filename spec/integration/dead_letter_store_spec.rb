@@ -291,6 +291,11 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
           expect { store.purge(actor: "bob", **f) }.to raise_error(bad, /all: true/)
         end
         expect { store.purge(actor: "bob", since: "garbage") }.to raise_error(bad, /since: takes a Time/)
+        # A replay with no filter, or blank ones, replayed every queue's.
+        [{}, { reason: "" }, { queue: " " }].each do |f|
+          expect { store.replay(mq, actor: "bob", **f) }.to raise_error(bad, /replay every dead letter of every queue/)
+        end
+        expect(mq.queue_counts(queue)[:ready]).to eq(0)
         expect(store.counts[:total]).to eq(2)
         # all: true beside a filter is that filter, not everything.
         dead_letter(queue, "{}", headers: failure("kept", "E"))

@@ -135,6 +135,7 @@ impl<S: AsyncConnectionSource> AsyncSqlDeadLetterStore<S> {
     ///
     /// Not cancel safe, never lossy: see [`Replay::send`].
     pub async fn replay(&self, mq: &Connection, selection: &Selection, options: StoreReplayOptions) -> Result<StoreReplayReport> {
+        selection.check_for_replay()?;
         let actor = options.actor.clone();
         let ids = {
             let c = self.connection().await?;

@@ -116,6 +116,18 @@ impl Selection {
         }
     }
 
+    /// Whether a replay may take this selection: a filter that sets
+    /// nothing (blank texts count as unset) would replay every dead
+    /// letter of every queue, so it is refused, as a purge's is.
+    pub fn check_for_replay(&self) -> crate::Result<()> {
+        match self {
+            Selection::Filter(f) if f.is_empty() => Err(crate::error::Error::invalid(
+                "replay without a filter would replay every dead letter of every queue: name a queue (and a reason, a type, ...) or the ids",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The queue a filter names (none for ids): what the audit row shows.
     pub fn queue(&self) -> Option<&str> {
         match self {

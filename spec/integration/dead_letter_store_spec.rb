@@ -151,6 +151,25 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
         sub&.cancel
       end
 
+      it "leaves the rows a running replay is sending to it: a purge or discard meanwhile skips them, and counts are true" do
+        10.times { |n| dead_letter(queue, %({"n":#{n}}), headers: failure("slow #{n}", "E")) }
+        store.ingest_once(mq, queue)
+        ids = store.list(queue: queue).letters.map(&:id)
+        # At 2 a second the replay leases its first chunk (10) at once and
+        # sends for about 5 s.
+        replay = Thread.new { store.replay(mq, queue: queue, actor: "alice", rate: 2) }
+        eventually(timeout: 10) { mq.queue_counts(queue)[:ready].positive? }
+        # The break-it run: these deleted leased rows, the replay sent them
+        # anyway and counted 0, and the purge counted them purged.
+        expect(store.discard(ids.first(3), actor: "bob")).to eq(0)
+        expect(store.purge(queue: queue, actor: "bob")).to eq(0)
+        report = replay.value
+        expect(report).to include(replayed: 10, skipped: 0)
+        eventually(timeout: 10) { mq.queue_counts(queue)[:ready] == 10 }
+        expect(store.counts(queue: queue)[:total]).to eq(0)
+        expect(store.audit(limit: 3).map { _1.values_at(:action, :count) }).to eq([["replay", 10], ["purge", 0], ["discard", 0]])
+      end
+
       it "keeps one ingester per DLQ: a second stands by and takes over when the first stops" do
         logged = []
         logger = Object.new.tap { |l| l.define_singleton_method(:warn) { |m| logged << m } }

@@ -165,7 +165,9 @@ impl Rules {
                 for row in c.query(&self.st.queues_of_ids(c.dialect(), chunk.len()), &params).await? {
                     queues.insert(V.text(V.column(&row, 0, "queue")?, "queue")?);
                 }
-                n += c.execute(&self.st.delete_ids(c.dialect(), chunk.len()), &params).await?;
+                let mut delete = vec![SqlValue::Int(now_secs())];
+                delete.extend(params.iter().cloned());
+                n += c.execute(&self.st.delete_ids(c.dialect(), chunk.len()), &delete).await?;
             }
             let queue = if queues.len() == 1 { queues.first().map(String::as_str) } else { None };
             self.record(c, actor, "discard", queue, serde_json::json!({ "ids": ids }), n).await?;
@@ -179,7 +181,7 @@ impl Rules {
     pub(crate) async fn purge<C: AsyncSqlConnection + ?Sized>(&self, c: &C, f: &Filter, actor: &str) -> Result<u64> {
         begin(c).await?;
         let result = async {
-            let (sql, params) = self.st.purge(c.dialect(), f);
+            let (sql, params) = self.st.purge(c.dialect(), f, now_secs());
             let n = c.execute(&sql, &params).await?;
             self.record(c, actor, "purge", f.queue.as_deref(), serde_json::json!({ "filter": f.summary() }), n).await?;
             Ok(n)

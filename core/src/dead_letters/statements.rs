@@ -13,6 +13,10 @@ pub(crate) const COLUMNS: &str = "id, queue, message_id, content_hash, body, bod
      message_type, reason, error_class, attempt, exchange, routing_key, failed_at, ingested_at, history, backtrace";
 
 /// Columns an insert writes, in the order of its parameters.
+/// A row no replay holds now (param: now, seconds): never leased, released,
+/// or its lease run out (a replay that died).
+const NOT_LEASED: &str = "(claimed_by IS NULL OR claimed_until < ?)";
+
 const INSERT_COLUMNS: &str = "queue, message_id, content_hash, body, body_encoding, headers, properties, message_type, \
      reason, error_class, attempt, exchange, routing_key, failed_at, ingested_at, history, backtrace";
 pub(crate) const INSERT_PARAMS: usize = 17;
@@ -256,8 +260,11 @@ impl Statements {
         number(dialect, &format!("SELECT DISTINCT queue FROM {} WHERE id IN ({})", self.table, marks(n)))
     }
 
+    /// Delete `n` rows by id, but those a live replay holds (it is sending
+    /// them: deleting one would count it discarded and replayed both);
+    /// params: now (seconds), then the ids.
     pub(crate) fn delete_ids(&self, dialect: Dialect, n: usize) -> String {
-        number(dialect, &format!("DELETE FROM {} WHERE id IN ({})", self.table, marks(n)))
+        number(dialect, &format!("DELETE FROM {} WHERE {NOT_LEASED} AND id IN ({})", self.table, marks(n)))
     }
 
     /// Lease `n` rows to a replay: those no other replay holds. Params:
@@ -312,8 +319,11 @@ impl Statements {
     }
 
     /// Delete what a filter matches.
-    pub(crate) fn purge(&self, dialect: Dialect, f: &Filter) -> (String, Vec<SqlValue>) {
-        let (w, params) = Self::filter(dialect, f, &[]);
+    /// Delete what `f` matches but the rows a live replay holds (see
+    /// [`Self::delete_ids`]); params: the filter's, then now.
+    pub(crate) fn purge(&self, dialect: Dialect, f: &Filter, now: i64) -> (String, Vec<SqlValue>) {
+        let (w, mut params) = Self::filter(dialect, f, &[NOT_LEASED]);
+        params.push(SqlValue::Int(now));
         (number(dialect, &format!("DELETE FROM {}{w}", self.table)), params)
     }
 

@@ -183,7 +183,7 @@ module AceMQ
           n = mine.empty? ? 0 : store.discard(mine, actor: who)
           missing = gone + mine.size - n
           "Discarded #{plural(n, 'dead letter')} of #{q} from the store" \
-            "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer there" : ''}."
+            "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer there or being replayed" : ''}."
         when "purge"
           n = store.purge(queue: q, actor: who, **@query)
           "Purged #{plural(n, 'dead letter')} of #{q} from the store#{@filter.empty? ? ' (all of them)' : " matching #{filter_text(@filter)}"}."

@@ -305,6 +305,9 @@ async fn a_replay_sends_only_its_snapshot_and_a_row_once_across_two_replays() {
     ingest_once(&mq, &store, &q, &fast()).await.unwrap();
     let ids: Vec<i64> = store.list(&Filter::queue(&q), None, 10).await.unwrap().letters.iter().map(|l| l.id).collect();
     // Two replays of overlapping ids at once: each row goes out once.
+    // With no actor (the default) a replay is refused.
+    let e = store.replay(&mq, &Selection::Ids(ids.clone()), StoreReplayOptions::default()).await.unwrap_err();
+    assert!(e.to_string().contains("actor"), "{e}");
     let (sa, sb) = (Selection::Ids(ids[..4].to_vec()), Selection::Ids(ids[2..].to_vec()));
     let a = store.replay(&mq, &sa, StoreReplayOptions { rate: 20.0, actor: "a".into(), ..Default::default() });
     let b = store.replay(&mq, &sb, StoreReplayOptions { rate: 20.0, actor: "b".into(), ..Default::default() });

@@ -310,6 +310,9 @@ RSpec.describe AceMQ::AMQP::SQLDeadLetterStore do
           expect { store.purge(actor: "bob", **f) }.to raise_error(bad, /all: true/)
         end
         expect { store.purge(actor: "bob", since: "garbage") }.to raise_error(bad, /since: takes a Time/)
+        # Ruby's RangeError and NoMethodError, before.
+        [2**70, -2**70, 1e30].each { |t| expect { store.list(since: t) }.to raise_error(bad, /since: .* out of range/) }
+        expect { store.replay(mq, actor: "bob", queue: queue, route: 5) }.to raise_error(bad, /route:/)
         # A replay with no filter, or blank ones, replayed every queue's.
         [{}, { reason: "" }, { queue: " " }].each do |f|
           expect { store.replay(mq, actor: "bob", **f) }.to raise_error(bad, /replay every dead letter of every queue/)

@@ -92,7 +92,8 @@ pub struct StoreReplayOptions {
     pub rate: f64,
     /// Where each copy goes.
     pub route: ReplayRoute,
-    /// Who asked, for the audit table.
+    /// Who asked, for the audit table. No default: a replay with none is
+    /// refused (the default was "unknown", which an audit cannot use).
     pub actor: String,
     /// How long a replay holds the rows it is sending against another
     /// replay of the same rows (a crashed replay's rows are free again
@@ -123,6 +124,6 @@ impl StoreReplayOptions {
 
 impl Default for StoreReplayOptions {
     fn default() -> Self {
-        StoreReplayOptions { rate: 50.0, route: ReplayRoute::Queue, actor: "unknown".into(), lease: Duration::from_secs(300) }
+        StoreReplayOptions { rate: 50.0, route: ReplayRoute::Queue, actor: String::new(), lease: Duration::from_secs(300) }
     }
 }

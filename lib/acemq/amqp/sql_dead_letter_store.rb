@@ -146,7 +146,7 @@ module AceMQ
       # table. Returns { id:, selected:, replayed:, skipped: } (skipped: gone
       # or held by another replay by its turn).
       def replay(mq, actor:, ids: nil, rate: nil, route: :queue, lease: nil, **filter)
-        unless %i[queue original].include?(route&.to_sym)
+        unless (route.is_a?(Symbol) || route.is_a?(String)) && %i[queue original].include?(route.to_sym)
           raise ConfigurationError, "replay route: is :queue (the default: the work queue) or :original (the exchange first published to)"
         end
 
@@ -192,7 +192,12 @@ module AceMQ
         time = lambda do |k|
           v = filter[k]
           next nil if v.nil?
-          next v.to_i if v.is_a?(Time) || v.is_a?(Integer) || (v.is_a?(Float) && v.finite?)
+          if v.is_a?(Time) || v.is_a?(Integer) || (v.is_a?(Float) && v.finite?)
+            n = v.to_i
+            next n if n.between?(-2**62, 2**62)
+
+            raise ConfigurationError, "#{k}: #{v.inspect[0, 40]} is out of range: give a Time (or seconds since the epoch)"
+          end
 
           raise ConfigurationError, "#{k}: takes a Time (got #{v.inspect[0, 80]})"
         end

@@ -44,6 +44,13 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
   def token_of(response) = response["set-cookie"].to_s[/acemq_csrf=(\h{64})/, 1]
 
   # The form as a Hash of string keys, given with or without braces.
+  # A POST whose body is written as it goes on the wire (a %-escape that is
+  # not one, ids[] by hand), with the CSRF pair, to `client`.
+  def post_raw(client, path, body, token: "d" * 64)
+    client.post(path, input: "#{body}&_csrf=#{token}", "CONTENT_TYPE" => "application/x-www-form-urlencoded",
+                      "HTTP_COOKIE" => "acemq_csrf=#{token}")
+  end
+
   def post(path, form = nil, token: "a" * 64, env: {}, **fields)
     form ||= fields
     http.post(path, env.merge(input: URI.encode_www_form(form.merge("_csrf" => token)),
@@ -298,10 +305,7 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
           expect(r.status).to eq(400)
           expect(r.body).to include("takes one value")
         end
-        token = "d" * 64
-        raw = http.post("/queues/#{queue}/dlq/replay", input: "_csrf=#{token}&scope=filter&reason=zzz%G1&confirmed=yes",
-                                                      "CONTENT_TYPE" => "application/x-www-form-urlencoded",
-                                                      "HTTP_COOKIE" => "acemq_csrf=#{token}")
+        raw = post_raw(http, "/queues/#{queue}/dlq/replay", "scope=filter&reason=zzz%G1&confirmed=yes")
         expect(raw.status).to eq(400)
         expect(raw.body).to include("could not be read")
         expect(app.call(Rack::MockRequest.env_for("/queues/#{queue}/dlq").merge("QUERY_STRING" => "reason=%G1zzz")).first).to eq(400)
@@ -419,10 +423,7 @@ RSpec.describe "AceMQ::Web with a dead-letter store (Rack)" do
         expect(page.status).to eq(200)
         expect(page.body).to include("1 dead letter</strong>", "while the broker is away", "waits in #{queue}.dlq is unknown")
         expect(away.get("/queues/#{queue}/dlq/letters/#{row}").status).to eq(200)
-        token = "e" * 64
-        replay = away.post("/queues/#{queue}/dlq/replay", input: "ids[]=#{row}&confirmed=yes&_csrf=#{token}",
-                                                           "CONTENT_TYPE" => "application/x-www-form-urlencoded",
-                                                           "HTTP_COOKIE" => "acemq_csrf=#{token}")
+        replay = post_raw(away, "/queues/#{queue}/dlq/replay", "ids[]=#{row}&confirmed=yes")
         expect(replay.status).to eq(503)
         expect(replay.body).to include("Broker unreachable")
         expect(store.find(row)).not_to be_nil

@@ -52,12 +52,11 @@ where
         // over every Rust frame above without running their destructors:
         // block_on's future was never dropped, so a first request cut while
         // it held the reply channel's lock kept it for ever, and every later
-        // request on the connection hung past its own timeout (the break-it
-        // run on issue 49: 8 of 8 at 0.5 ms), and a cut request's waiter was
-        // never removed (its reply not counted late, RSS 22 -> 146 MB over
-        // 4,000). Here the interrupts are run by `thread_check_ints`, which
-        // returns an exception as an Err, so everything above is dropped in
-        // order.
+        // request on the connection hung past its own timeout, and a cut
+        // request's waiter was never removed (its reply not counted late,
+        // its memory never freed). Here the interrupts are run by
+        // `thread_check_ints`, which returns an exception as an Err, so
+        // everything above is dropped in order.
         unsafe {
             rb_sys::rb_thread_call_without_gvl2(
                 Some(trampoline::<F, R>),

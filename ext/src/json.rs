@@ -97,8 +97,8 @@ pub fn parse(ruby: &Ruby, text: &str, what: &str) -> Result<Json, Error> {
 /// `JSON.parse` itself, as `payload_to_ruby` does.
 ///
 /// Text, not bytes: the parser then takes its strings as they are, where
-/// from bytes it checks each one is UTF-8 again (the note of the benchmark's
-/// 1 KiB order alone cost 4,000 instructions).
+/// from bytes it checks each one is UTF-8 again, which core has already
+/// done for this body.
 pub fn body_to_ruby(ruby: &Ruby, body: &str) -> Result<Value, Error> {
     match build(ruby, body) {
         Ok(Built::Value(v)) => Ok(v),
@@ -190,8 +190,8 @@ impl<'de> serde::de::DeserializeSeed<'de> for RubySeed<'_, '_> {
 /// but with the encoding's index written into the new String's flags
 /// directly (Ruby's own `ENCODING_SET_INLINED`): `rb_enc_associate_index`
 /// first checks that the String is not frozen, looks up both encodings and
-/// compares them, which for a payload's 7 Strings was about 900
-/// instructions a message (callgrind). Its code range is left unknown, as
+/// compares them, for every String of every payload, where a String made
+/// here is always new and always UTF-8. Its code range is left unknown, as
 /// `rb_utf8_str_new` leaves it.
 fn rstring(s: &str) -> rb_sys::VALUE {
     // SAFETY: called with the GVL held (a handler's thread, reading its
@@ -231,14 +231,12 @@ fn rkey(s: &str, place: usize) -> rb_sys::VALUE {
 
 /// The keys interned so far, by their text. A payload's keys are the same
 /// from one message to the next, and Ruby's interning looks each one up in
-/// its table of frozen strings, hashing the text every time: for the 14
-/// keys of the benchmark's 1 KiB order that was 8,900 instructions a
-/// message, about 3,900 with std's keyed hash and the lock (callgrind).
+/// its table of frozen strings, hashing the text every time; a table of our
+/// own, with std's keyed hash, does less work for each key.
 /// The keys also come in the same order from one message to the next, so
 /// each place in a payload (its 1st key, 2nd, ...) remembers the key it
 /// held last time, and a key that matches it is one comparison of its text,
-/// without the hash: for those 14 keys, 2,600 fewer instructions a message
-/// on the handler thread (callgrind: 56,400 to 53,900).
+/// without the hash at all.
 ///
 /// Bounded: keys up to [`KEY_TEXT`] bytes, [`KEY_SLOTS`] of them, kept for
 /// the life of the process (pinned: a GC compaction must not move a String
@@ -268,8 +266,8 @@ const KEY_PLACES: usize = 64;
 
 /// The table, behind the GVL rather than a lock of its own: every payload
 /// is built with the GVL held, so no two builds meet here, and a Mutex
-/// taken for each key was some 40 instructions a key, 500 a message
-/// (callgrind). Nor can an exception Ruby raises mid-lookup (NoMemoryError
+/// taken for each key would be paid for every key of every message, for
+/// nothing. Nor can an exception Ruby raises mid-lookup (NoMemoryError
 /// from interning), which unwinds past Rust frames without running them,
 /// leave a lock held behind it.
 static KEYS: GvlCell = GvlCell(std::cell::UnsafeCell::new(Keys {
@@ -401,10 +399,8 @@ impl<'de> serde::de::Visitor<'de> for RubySeed<'_, '_> {
         // fewer keys: one insert each), through rb_hash_bulk_insert, which
         // is Hash#[]= for each pair in order (a repeated key: the last one
         // wins) without its checks of a receiver and key this function
-        // made: on the benchmark's 1 KiB order, 14 keys in 4 objects,
-        // about 1,800 fewer instructions a message than rb_hash_aset
-        // (callgrind). Held on this stack until inserted, where Ruby's GC
-        // sees them.
+        // made, once for every pair (rb_hash_aset would make them again).
+        // Held on this stack until inserted, where Ruby's GC sees them.
         let mut pairs = [0 as rb_sys::VALUE; 2 * PAIRS];
         let mut len = 0;
         while let Some(key) = map.next_key_seed(KeySeed(self.0))? {
@@ -521,9 +517,10 @@ const MAX_NESTING: usize = 100;
 /// for anything else, or for a value `JSON.generate` refuses (NaN,
 /// malformed text, nesting past 100): [`encode`] then runs `JSON.generate`
 /// itself, with every `to_json` and every error it has. Why not always
-/// `JSON.generate`: for the 1 KiB order a publish sends it took 5.1 µs,
-/// a third of what publishing spends in Ruby; this walk writes the same bytes
-/// without a Ruby String per value, straight into the message's body.
+/// `JSON.generate`: it was much of what publishing spends in Ruby, and
+/// builds a Ruby String of the whole body that is copied again; this walk
+/// writes the same bytes without a Ruby String per value, straight into the
+/// message's body.
 pub fn generate(ruby: &Ruby, payload: Value) -> Option<Vec<u8>> {
     // Sized from the last payload written: a batch sends payloads of much
     // the same size, and growing from a guess copied each one three times.

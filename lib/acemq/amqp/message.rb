@@ -47,7 +47,7 @@ module AceMQ
       # the engine), the envelope is built on the first #envelope, and #id,
       # #type, #attempt and #headers never build it. A handler pays for
       # what it reads. One object a delivery, not a Message wrapping it:
-      # about 700 instructions a message fewer (bench/README.md).
+      # one allocation and one initialize fewer on every delivery's path.
       class Consumed < Message
         def envelope
           lazily(:envelope) do

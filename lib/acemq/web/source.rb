@@ -26,9 +26,9 @@ module AceMQ
       # AMQP's connection-level reply codes: the connection is gone
       # (320 when a node is stopped), not this request refused.
       CONNECTION_CLOSED = [320, 501, 502, 503, 504, 505, 506, 530, 540, 541].freeze
-      # A filter on a deep DLQ reads a few hundred to a thousand a second
-      # (300 on a quorum DLQ of 100,000 on 3.10.8 here): it gives up after
-      # this many seconds (read_within) and the page says how far it read.
+      # A filter on a deep DLQ reads every message it passes over, and a deep
+      # one cannot be read within a page's wait: it gives up after this many
+      # seconds (read_within) and the page says how far it read.
       READ_WITHIN = 5
       # After the broker could not be reached, pages say so for this long
       # without dialling again: a page must not wait for a connect timeout
@@ -449,8 +449,8 @@ module AceMQ
       end
 
       # Passive declares of 300 queues, one after another on one channel,
-      # were most of the overview's time (issue 48: 172 ms with 50 consumer
-      # queues); on PARALLEL channels at once they take a fraction of it.
+      # were most of the overview's time: each waits a round trip to the
+      # broker. On PARALLEL channels at once those waits overlap.
       PARALLEL = 4
       PARALLEL_MIN = 25
 

@@ -52,9 +52,9 @@ module AceMQ
         def rows(result)
           types = Array.new(result.nfields) { |i| result.ftype(i) }
           # Integers and floats are decoded by the driver, in C, as it reads
-          # each row; a relay's claim of 1000 rows spent 3 ms in a Ruby cast
-          # of every value. Only numeric and boolean columns, which no store
-          # query returns, are still cast in Ruby.
+          # each row: a Ruby cast of every value made a relay's large claim
+          # wait on Ruby, not on the database. Only numeric and boolean
+          # columns, which no store query returns, are still cast in Ruby.
           result.type_map = PG::TypeMapByColumn.new(types.map { |t| DECODERS[t] })
           rows = result.values
           types.each_with_index do |type, i|

@@ -4,23 +4,30 @@
 # (.ci/platform-gem runs it on the host with a stripped PATH and in the
 # sid-bare chroot):
 #
-#   ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed]
+#   ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed] [--no-demo] [--no-outbox]
 #
 # It fails unless no compiler, cargo or rustc is on PATH (with --installed:
-# none is installed either, nor libclang or this Ruby's headers); then
-# installs GEM into WORKDIR/home, loads it from outside the checkout, checks
-# that the extension loaded is the gem's own build for this Ruby, publishes
-# and consumes on memory:// and on RabbitMQ (AMQP_URL), and runs bin/demo
-# from the installed gem on both. ACEMQ_DEMO_RUN names what the demo
-# declares on the broker, for the caller to delete.
+# none is installed either, nor libclang or this Ruby's headers), and unless
+# GEM's platform is this machine's (x86_64-linux, or aarch64-linux in the
+# arm64 chroot under qemu); then installs GEM into WORKDIR/home, loads it
+# from outside the checkout, checks that the extension loaded is the gem's
+# own build for this Ruby, publishes and consumes on memory:// and on
+# RabbitMQ (AMQP_URL), runs the idempotent consumer on SQLite (path:) and
+# the outbox relay (rows added with the sqlite3 gem) on RabbitMQ, and runs
+# bin/demo from the installed gem on both transports.
+# --no-demo leaves bin/demo out (under emulation, for time); --no-outbox the
+# relay, for a Ruby Debian builds no sqlite3 gem for (3.4 on arm64).
+# ACEMQ_DEMO_RUN names what the checks declare on the broker, for the caller
+# to delete.
 require "fileutils"
 require "open3"
 require "rbconfig"
 
-gem_file, workdir, flag = ARGV
-abort "usage: ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed]" unless gem_file && workdir
+gem_file, workdir, *flags = ARGV
+usage = "usage: ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed] [--no-demo] [--no-outbox]"
+abort usage unless gem_file && workdir && (flags - %w[--installed --no-demo --no-outbox]).empty?
 gem_file = File.expand_path(gem_file)
-installed_check = flag == "--installed"
+installed_check = flags.include?("--installed")
 amqp_url = ENV.fetch("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
 run = ENV.fetch("ACEMQ_DEMO_RUN")
 ruby = "Ruby #{RUBY_VERSION}"
@@ -28,6 +35,12 @@ ruby = "Ruby #{RUBY_VERSION}"
 def fail!(message)
   abort "platform_gem_check: FAILED: #{message}"
 end
+
+# -- This machine's gem ----------------------------------------------------------
+platform = File.basename(gem_file)[/-(x86_64-linux|aarch64-linux)\.gem\z/, 1]
+fail!("#{File.basename(gem_file)}: not a Linux platform gem") unless platform
+machine = "#{RbConfig::CONFIG['host_cpu']}-linux"
+fail!("#{ruby}: #{File.basename(gem_file)} is for #{platform}, this is #{machine}") unless platform == machine
 
 # -- Nothing that compiles ----------------------------------------------------
 # A check that passes on a machine with a toolchain proves nothing, so a
@@ -39,7 +52,7 @@ end
 fail!("#{ruby}: found on PATH: #{on_path.join(', ')}") unless on_path.empty?
 if installed_check
   present = Dir["/usr/bin/{cc,gcc,gcc-*,c++,g++,clang,clang-*,cargo,rustc}", "/usr/lib/llvm-*/lib/libclang*",
-                "/usr/lib/x86_64-linux-gnu/libclang*", "#{Dir.home}/.cargo/bin/*", "#{Dir.home}/.rustup/toolchains/*"]
+                "/usr/lib/*-linux-gnu/libclang*", "#{Dir.home}/.cargo/bin/*", "#{Dir.home}/.rustup/toolchains/*"]
   header = File.join(RbConfig::CONFIG["rubyhdrdir"], "ruby.h")
   present << header if File.exist?(header)
   fail!("#{ruby}: installed here: #{present.join(', ')}") unless present.empty?
@@ -58,7 +71,8 @@ puts format("platform_gem_check: %s: gem install %s: %.2f s", ruby, File.basenam
 # The child Rubies see the gem through GEM_HOME alone (GEM_PATH unset keeps
 # the system's gems, which bin/demo's sqlite3 is), run outside the checkout,
 # and get no RUBYLIB or RUBYOPT that could put the checkout's lib/ first.
-env = { "GEM_HOME" => home, "GEM_PATH" => nil, "RUBYLIB" => nil, "RUBYOPT" => nil, "ACEMQ_DEMO_RUN" => run }
+env = { "GEM_HOME" => home, "GEM_PATH" => nil, "RUBYLIB" => nil, "RUBYOPT" => nil, "ACEMQ_DEMO_RUN" => run,
+        "ACEMQ_PLATFORM" => platform }
 
 # -- Load, publish, consume -----------------------------------------------------
 round_trip = <<~'RUBY'
@@ -66,7 +80,8 @@ round_trip = <<~'RUBY'
   spec = Gem.loaded_specs.fetch("acemq")
   so = $LOADED_FEATURES.grep(%r{/acemq\.so\z}).first
   want = File.join(spec.full_gem_path, "lib/acemq/#{RbConfig::CONFIG['ruby_version']}/acemq.so")
-  abort "acemq #{spec.platform} loaded #{so.inspect}, not #{want}" unless spec.platform.to_s == "x86_64-linux" && so == want
+  platform = ENV.fetch("ACEMQ_PLATFORM")
+  abort "acemq #{spec.platform} loaded #{so.inspect}, not #{platform}'s #{want}" unless spec.platform.to_s == platform && so == want
 
   { "memory://check" => "memory", ENV.fetch("AMQP_URL") => "RabbitMQ" }.each do |url, name|
     mq = AceMQ::AMQP::Connection.open(url)
@@ -89,6 +104,59 @@ RUBY
 out, status = Open3.capture2e(env.merge("AMQP_URL" => amqp_url), RbConfig.ruby, "-e", round_trip, chdir: workdir)
 fail!("#{ruby}: load, publish, consume:\n#{out}") unless status.success?
 out.each_line { |line| puts "platform_gem_check: #{ruby}: #{line}" }
+
+# -- The idempotent consumer on SQLite, and the outbox relay ---------------------
+# On RabbitMQ, with the library's own SQLite (the system libsqlite3 the
+# extension links to): a duplicate is handled once; a row committed with
+# the work reaches the queue through the relay.
+stores = <<~'RUBY'
+  require "acemq/amqp"
+  include AceMQ::AMQP
+  mq = Connection.open(ENV.fetch("AMQP_URL"))
+  queue = "platform-gem-stores-#{ENV.fetch('ACEMQ_DEMO_RUN')}"
+  Topology.new.queue(queue, arguments: { "x-expires" => 60_000 }).apply(mq)
+  db = File.join(Dir.pwd, "stores-#{ENV.fetch('ACEMQ_DEMO_RUN')}.db")
+  File.delete(db) if File.exist?(db)
+
+  store = Patterns::SQLIdempotencyStore.new(path: db)
+  store.create_schema
+  handled = Queue.new
+  subscription = mq.consume(queue, &Patterns.idempotent(store, key: ->(m) { m.payload["n"].to_s }) { |m| handled << m.payload["n"] })
+  [1, 1, 2].each { |n| mq.publish({ "n" => n }, to: queue) }
+  got = 2.times.map { Thread.new { handled.pop }.join(10)&.value }
+  sleep 0.5 # a second 1 would be handled by now
+  subscription.cancel
+  abort "idempotent on SQLite: handled #{got.inspect} and #{handled.size} more, want [1, 2] once each" unless got.sort == [1, 2] && handled.empty?
+  abort "idempotent on SQLite: key 1 not confirmed" unless store.confirmed?("1")
+  puts "idempotent consumer on SQLite: 3 published, 2 handled, the duplicate skipped"
+
+  unless ENV["ACEMQ_NO_OUTBOX"]
+    require "sqlite3"
+    app = SQLite3::Database.new(db)
+    outbox = Patterns::SQLOutboxStore.new(connection: app)
+    outbox.create_schema
+    app.transaction { outbox.add(Patterns.record(mq, { "order" => "A-1" }, to: queue), connection: app) }
+    relayed = Queue.new
+    subscription = mq.consume(queue) { |m| relayed << m.payload; Ack.accept }
+    relay = Patterns::OutboxRelay.new(mq, Patterns::SQLOutboxStore.new(path: db), interval: 0.2)
+    relay.start
+    got = Thread.new { relayed.pop }.join(10)&.value
+    relay.close
+    subscription.cancel
+    abort "outbox relay: consumed #{got.inspect}" unless got == { "order" => "A-1" }
+    abort "outbox relay: #{outbox.backlog.inspect} left" unless outbox.backlog[:count].zero?
+    puts "outbox relay: a committed row published and consumed, backlog 0"
+  end
+  mq.close
+RUBY
+t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+stores_env = env.merge("AMQP_URL" => amqp_url, "ACEMQ_NO_OUTBOX" => ("1" if flags.include?("--no-outbox")))
+out, status = Open3.capture2e(stores_env, RbConfig.ruby, "-e", stores, chdir: workdir)
+fail!("#{ruby}: stores:\n#{out}") unless status.success?
+out.each_line { |line| puts "platform_gem_check: #{ruby}: #{line}" }
+puts format("platform_gem_check: %s: stores checked in %.1f s", ruby, Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0)
+puts "platform_gem_check: #{ruby}: outbox relay: not run (--no-outbox)" if flags.include?("--no-outbox")
+exit if flags.include?("--no-demo")
 
 # -- bin/demo -------------------------------------------------------------------
 # Copied out of the checkout: its `$LOAD_PATH.unshift("../lib")` then names a

@@ -1,10 +1,12 @@
 # frozen_string_literal: true
 
-# The precompiled gem, acemq-VERSION-x86_64-linux.gem: the Ruby files and
-# one stripped extension per Ruby minor this machine can build for, at
+# The precompiled gems, acemq-VERSION-x86_64-linux.gem and
+# acemq-VERSION-aarch64-linux.gem: the Ruby files and one stripped extension
+# per Ruby minor this machine can build for, at
 # lib/acemq/<ruby_version>/acemq.so, where lib/acemq/native.rb looks first.
-# It has no extconf.rb, so installing it compiles nothing. docs/releasing.md
-# says how it is released and how the other platforms are built.
+# They have no extconf.rb, so installing one compiles nothing.
+# docs/releasing.md says how they are released and how the other platforms
+# are built.
 
 require "rbconfig"
 require "rubygems/package"
@@ -31,6 +33,13 @@ module PlatformGem
     "3.3.0" => %w[bin/stack run sid rake compile],
     "3.1.0" => [RbConfig.ruby, "-S", "rake", "compile"]
   }.freeze
+
+  # aarch64-linux is cross-compiled for the same Rubies in bin/stack's
+  # sid-cross chroot (.ci/cross-build: Debian's rustc with the arm64 std and
+  # gcc-aarch64-linux-gnu), which leaves stripped builds under CROSS_LIB.
+  CROSS_PLATFORM = "aarch64-linux"
+  CROSS_LIB = "tmp/cross/aarch64-linux/lib"
+  CROSS_BUILD = %w[bin/stack run sid-cross .ci/cross-build] + BUILDS.keys.sort
 
   # Where the Linux builds' newest glibc symbol must stay: README's Install
   # section promises it (Debian 12 has 2.36, Ubuntu 22.04 2.35, RHEL 9 2.34).
@@ -63,60 +72,89 @@ module PlatformGem
       gaps.flat_map { |minor| PATCHES.map { |patch| "!= #{major}.#{minor}.#{patch}" } }
   end
 
-  # The newest GLIBC_x.y version a library asks for (objdump -T).
+  # The newest GLIBC_x.y version a library asks for. readelf reads every
+  # architecture's ELF (the host's objdump reads x86_64 only); for a build
+  # of this machine's it lists what `objdump -T` does.
   def glibc_needed(path)
-    versions = `objdump -T #{path}`.scan(/GLIBC_([0-9.]+)/).flatten.uniq
-    raise "platform gem: objdump -T #{path} failed" unless $?.success?
+    versions = `readelf -W --dyn-syms --version-info #{path}`.scan(/GLIBC_([0-9.]+)/).flatten.uniq
+    raise "platform gem: readelf #{path} failed" unless $?.success? && !versions.empty?
 
     versions.max_by { |v| Gem::Version.new(v) }
   end
+
+  # pkg/acemq-VERSION-PLATFORM.gem from the Ruby files and the builds
+  # (abi => stripped .so); each build is refused if it needs a glibc newer
+  # than glibc_max. Returns [gem path, the newest glibc any build needs].
+  def package(platform, builds, glibc_max:)
+    spec = Gem::Specification.load("acemq.gemspec")
+    stage = "#{stage_dir}/#{platform}"
+    FileUtils.rm_rf stage
+    FileUtils.mkdir_p stage
+    files = spec.files.grep_v(SOURCE_ONLY)
+    files.each do |file|
+      FileUtils.mkdir_p File.join(stage, File.dirname(file))
+      FileUtils.cp file, File.join(stage, file), preserve: true
+    end
+
+    needed = builds.keys.sort.map do |abi|
+      so = so_path(abi)
+      FileUtils.mkdir_p File.join(stage, File.dirname(so))
+      FileUtils.cp builds.fetch(abi), File.join(stage, so)
+      glibc = glibc_needed(File.join(stage, so))
+      if Gem::Version.new(glibc) > Gem::Version.new(glibc_max)
+        abort "platform_gem: #{platform} #{so} needs GLIBC_#{glibc}, newer than #{glibc_max}"
+      end
+      puts format("platform_gem: %-14s %-28s %5.1f MB stripped, needs GLIBC_%s", platform, so, File.size(File.join(stage, so)) / 1e6, glibc)
+      glibc
+    end
+
+    spec.platform = Gem::Platform.new(platform)
+    spec.extensions = []
+    spec.files = files + builds.keys.map { |abi| so_path(abi) }
+    spec.required_ruby_version = ruby_requirement(builds.keys)
+    built = Dir.chdir(stage) { Gem::Package.build(spec) }
+    FileUtils.mkdir_p "pkg"
+    FileUtils.mv File.join(stage, built), "pkg/#{built}"
+    puts format("platform_gem: pkg/%s, %.1f MB", built, File.size("pkg/#{built}") / 1e6)
+    ["pkg/#{built}", needed.max_by { |v| Gem::Version.new(v) }]
+  end
 end
 
-desc "Build pkg/acemq-VERSION-#{PlatformGem::PLATFORM}.gem: the extension for Ruby " \
-     "#{PlatformGem::BUILDS.keys.sort.map { |abi| abi[/\A\d+\.\d+/] }.join(', ')}, stripped (needs bin/stack's sid chroot)"
+desc "Build pkg/acemq-VERSION-#{PlatformGem::PLATFORM}.gem and -#{PlatformGem::CROSS_PLATFORM}.gem: the extension for Ruby " \
+     "#{PlatformGem::BUILDS.keys.sort.map { |abi| abi[/\A\d+\.\d+/] }.join(', ')}, stripped (needs bin/stack's sid and " \
+     "sid-cross chroots; PLATFORMS=x86_64-linux builds one)"
 task :platform_gem do
   unless RbConfig::CONFIG["ruby_version"] == "3.1.0" && RbConfig::CONFIG["host_os"].start_with?("linux")
     abort "platform_gem: run on the Debian 12 host (Ruby 3.1, Linux), which builds 3.1 itself and 3.3/3.4 in bin/stack's chroot"
   end
   abort "platform_gem: a release build only (ACEMQ_PROFILE is #{ENV['ACEMQ_PROFILE']})" if ENV.fetch("ACEMQ_PROFILE", "release") != "release"
+  platforms = ENV.fetch("PLATFORMS", "#{PlatformGem::PLATFORM},#{PlatformGem::CROSS_PLATFORM}").split(",")
+  unknown = platforms - [PlatformGem::PLATFORM, PlatformGem::CROSS_PLATFORM]
+  abort "platform_gem: no platform #{unknown.join(', ')} (#{PlatformGem::PLATFORM}, #{PlatformGem::CROSS_PLATFORM})" unless unknown.empty?
 
   # Every build runs even when its .so exists: cargo makes one that is
   # current a no-op, and a stale one would otherwise ship unnoticed.
-  PlatformGem::BUILDS.each do |abi, command|
-    puts "platform_gem: Ruby #{abi}"
-    sh(*command)
-  end
-
-  spec = Gem::Specification.load("acemq.gemspec")
-  stage = PlatformGem.stage_dir
-  rm_rf stage
-  mkdir_p stage
-  files = spec.files.grep_v(PlatformGem::SOURCE_ONLY)
-  files.each do |file|
-    mkdir_p File.join(stage, File.dirname(file)), verbose: false
-    cp file, File.join(stage, file), preserve: true, verbose: false
-  end
-
-  sos = PlatformGem::BUILDS.keys.sort.map do |abi|
-    so = PlatformGem.so_path(abi)
-    mkdir_p File.join(stage, File.dirname(so)), verbose: false
-    # --strip-unneeded keeps the dynamic symbol table (Init_acemq and what
-    # libruby resolves at load) and drops the rest: 9.1 MB to 7.1.
-    sh "strip", "--strip-unneeded", "-o", File.join(stage, so), so
-    glibc = PlatformGem.glibc_needed(File.join(stage, so))
-    if Gem::Version.new(glibc) > Gem::Version.new(PlatformGem::GLIBC_MAX)
-      abort "platform_gem: #{so} needs GLIBC_#{glibc}, newer than the #{PlatformGem::GLIBC_MAX} README promises"
+  glibc = PlatformGem::GLIBC_MAX
+  if platforms.include?(PlatformGem::PLATFORM)
+    PlatformGem::BUILDS.each do |abi, command|
+      puts "platform_gem: Ruby #{abi}"
+      sh(*command)
     end
-    puts format("platform_gem: %-28s %5.1f MB stripped, needs GLIBC_%s", so, File.size(File.join(stage, so)) / 1e6, glibc)
-    so
+    # --strip-unneeded keeps the dynamic symbol table (Init_acemq and what
+    # libruby resolves at load) and drops the rest.
+    builds = PlatformGem::BUILDS.keys.to_h do |abi|
+      stripped = "#{PlatformGem.stage_dir}/#{PlatformGem::PLATFORM}.#{abi}.so"
+      mkdir_p PlatformGem.stage_dir
+      sh "strip", "--strip-unneeded", "-o", stripped, PlatformGem.so_path(abi)
+      [abi, stripped]
+    end
+    _, glibc = PlatformGem.package(PlatformGem::PLATFORM, builds, glibc_max: PlatformGem::GLIBC_MAX)
   end
-
-  spec.platform = Gem::Platform.new(PlatformGem::PLATFORM)
-  spec.extensions = []
-  spec.files = files + sos
-  spec.required_ruby_version = PlatformGem.ruby_requirement(PlatformGem::BUILDS.keys)
-  built = Dir.chdir(stage) { Gem::Package.build(spec) }
-  mkdir_p "pkg"
-  mv File.join(stage, built), "pkg/#{built}"
-  puts format("platform_gem: pkg/%s, %.1f MB", built, File.size("pkg/#{built}") / 1e6)
+  if platforms.include?(PlatformGem::CROSS_PLATFORM)
+    # No glibc symbol newer than the x86_64 gem's (or GLIBC_MAX when that
+    # one is not built in this run).
+    sh(*PlatformGem::CROSS_BUILD)
+    builds = PlatformGem::BUILDS.keys.to_h { |abi| [abi, "#{PlatformGem::CROSS_LIB}/acemq/#{abi}/acemq.so"] }
+    PlatformGem.package(PlatformGem::CROSS_PLATFORM, builds, glibc_max: glibc)
+  end
 end

@@ -4,7 +4,7 @@ require "rbconfig"
 require "acemq/errors"
 
 begin
-  # A checkout and the precompiled (x86_64-linux) gem hold one build per Ruby
+  # A checkout and the precompiled (x86_64-linux, aarch64-linux) gems hold one build per Ruby
   # ABI at acemq/<ruby_version>/acemq.so (rake compile, rake platform_gem);
   # the source gem has the one it compiled at install time as acemq/acemq.
   # A gem cross-compiled by rb-sys-dock (rake-compiler's layout) has them at
@@ -35,7 +35,7 @@ rescue LoadError => e
       # The build is there and did not load: another libc (musl), a glibc
       # older than the one it was linked against, or another CPU.
       "the precompiled extension for Ruby #{RUBY_VERSION} did not load (#{e.message}). " \
-        "It is built for x86_64 Linux with glibc 2.34 or newer; elsewhere (musl, Alpine, an older glibc), #{source_gem}"
+        "It is built for Linux on x86_64 and aarch64 with glibc 2.34 or newer; elsewhere (musl, Alpine, an older glibc), #{source_gem}"
     end
   raise LoadError, "acemq: #{message}"
 end

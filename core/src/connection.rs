@@ -1,14 +1,14 @@
 //! A connection to a broker: publish with confirms, apply a topology, open
 //! consumers.
 
-use crate::consumer::{ConsumeOptions, Consumer, ConsumerHandle};
+use crate::cascade;
 use crate::envelope::Envelope;
 use crate::error::{Error, Result};
 use crate::headers::Headers;
 use crate::topology::{QueueType, Topology};
 use crate::transport::memory::MemoryBroker;
-use crate::transport::{Backend, Confirm, QueueCounts};
-use crate::wire::{props_for, Props};
+use crate::transport::{Backend, Confirm, QueueCounts, TlsOptions};
+use crate::wire::{props_for, Props, RawDelivery};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -36,54 +36,6 @@ pub struct ConnectionOptions {
     /// address is plain `amqp://` are refused (that address would not be
     /// encrypted).
     pub tls: Option<TlsOptions>,
-}
-
-/// How an `amqps://` connection verifies the broker and presents itself.
-/// The files are PEM and are read once, when the connection opens; a
-/// redial after a loss reuses what was read. A handshake that fails is an
-/// [`ErrorKind::Tls`](crate::ErrorKind::Tls) error saying why; a file that
-/// cannot be read is `InvalidArgument`, naming it.
-///
-/// ```no_run
-/// use acemq::{Connection, ConnectionOptions, TlsOptions};
-///
-/// # async fn run() -> acemq::Result<()> {
-/// let tls = TlsOptions {
-///     ca_file: Some("/etc/acemq/ca.pem".into()),
-///     cert_file: Some("/etc/acemq/client.pem".into()),
-///     key_file: Some("/etc/acemq/client.key".into()),
-///     ..Default::default()
-/// };
-/// let options = ConnectionOptions { tls: Some(tls), ..Default::default() };
-/// let mq = Connection::open_with("amqps://app:secret@mq.internal/prod", options).await?;
-/// # mq.close().await;
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Debug, Clone)]
-pub struct TlsOptions {
-    /// The CA certificates to trust, instead of the system's store. A
-    /// private CA (RabbitMQ's tls-gen, a company CA) is never in the system
-    /// store.
-    pub ca_file: Option<std::path::PathBuf>,
-    /// A client certificate (with its chain) to present, for a broker with
-    /// `ssl_options.verify = verify_peer`. Needs `key_file`.
-    pub cert_file: Option<std::path::PathBuf>,
-    /// The client certificate's private key (PKCS#8, PKCS#1 or SEC1).
-    pub key_file: Option<std::path::PathBuf>,
-    /// Verify the broker's certificate and its name (default true). False
-    /// accepts any certificate for any name: still encrypted, but to
-    /// whoever answered. For tests against a throwaway broker only.
-    pub verify: bool,
-    /// The name the broker's certificate must carry, when it is not the
-    /// URL's host (a broker reached by IP, or through a tunnel).
-    pub server_name: Option<String>,
-}
-
-impl Default for TlsOptions {
-    fn default() -> Self {
-        TlsOptions { ca_file: None, cert_file: None, key_file: None, verify: true, server_name: None }
-    }
 }
 
 impl Default for ConnectionOptions {
@@ -128,7 +80,7 @@ pub struct PublishOptions {
     pub trace_context: Headers,
     /// Deliver it this long from now, through the delay cascade
     /// ([`crate::delay`]): whole seconds, rounded up, at most
-    /// [`crate::delay::MAX_DELAY`]. The envelope (its id, its trace
+    /// [`crate::cascade::MAX_DELAY`]. The envelope (its id, its trace
     /// context) is the one delivered.
     pub delay: Option<Duration>,
     /// Deliver it at this time instead (a time past is now). Not with `delay`.
@@ -176,9 +128,38 @@ struct Inner {
     /// declares its DLQ and rungs alike.
     applied: std::sync::Mutex<std::collections::HashMap<String, (QueueType, Option<u64>)>>,
     /// What of the delay cascade this connection has declared.
-    delays: std::sync::Mutex<crate::delay::Declared>,
+    delays: std::sync::Mutex<crate::cascade::Declared>,
     /// Requests in flight and the reply channel (`crate::request`).
-    replies: Arc<crate::request::Replies>,
+    replies: Arc<Replies>,
+}
+
+/// One connection's requests in flight and its reply channel: what
+/// [`crate::request`] keeps per connection, held here with the connection.
+#[derive(Default)]
+pub(crate) struct Replies {
+    pub(crate) waiters: std::sync::Mutex<std::collections::HashMap<String, tokio::sync::oneshot::Sender<RawDelivery>>>,
+    pub(crate) late: std::sync::atomic::AtomicU64,
+    pub(crate) channel: tokio::sync::Mutex<Option<lapin::Channel>>,
+    /// memory://: this connection's reply address.
+    pub(crate) address: std::sync::OnceLock<String>,
+}
+
+impl Replies {
+    pub(crate) fn waiters(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::sync::oneshot::Sender<RawDelivery>>> {
+        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A reply arrived: to its waiter, or dropped and counted.
+    pub(crate) fn deliver(&self, raw: RawDelivery) {
+        let waiter = raw.props.correlation_id.as_deref().and_then(|id| self.waiters().remove(id));
+        match waiter.map(|w| w.send(raw)) {
+            Some(Ok(())) => {}
+            _ => {
+                self.late.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(target: "acemq", "a reply came after its request gave up: dropped");
+            }
+        }
+    }
 }
 
 /// A connection inherited by a forked child is leaked there, never dropped:
@@ -347,11 +328,11 @@ impl Connection {
         Resources { channels: self.inner.backend.channels_in_use(), tasks }
     }
 
-    pub(crate) fn replies(&self) -> Arc<crate::request::Replies> {
+    pub(crate) fn replies(&self) -> Arc<Replies> {
         self.inner.replies.clone()
     }
 
-    pub(crate) fn delays(&self) -> std::sync::MutexGuard<'_, crate::delay::Declared> {
+    pub(crate) fn delays(&self) -> std::sync::MutexGuard<'_, crate::cascade::Declared> {
         self.inner.delays.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -359,7 +340,7 @@ impl Connection {
         &self.inner.backend
     }
 
-    fn check_open(&self) -> Result<()> {
+    pub(crate) fn check_open(&self) -> Result<()> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::closed("the connection is closed: open a new one"));
         }
@@ -437,12 +418,12 @@ impl Connection {
         }
         // A reused envelope (a forward of a delivered delayed message) is
         // not delayed again unless this publish says so.
-        env.headers.remove(crate::delay::DUE_HEADER);
+        env.headers.remove(crate::cascade::DUE_HEADER);
         for (k, v) in &options.headers {
             env.headers.insert(k.clone(), v.clone());
         }
-        if let Some(due) = crate::delay::due_unchecked(options.delay, options.at) {
-            env.headers.insert(crate::delay::DUE_HEADER.into(), serde_json::Value::from(due));
+        if let Some(due) = crate::cascade::due_unchecked(options.delay, options.at) {
+            env.headers.insert(crate::cascade::DUE_HEADER.into(), serde_json::Value::from(due));
         }
         if !env.headers.contains_key(crate::trace::TRACEPARENT_HEADER) {
             for (k, v) in &options.trace_context {
@@ -488,7 +469,7 @@ impl Connection {
         check_destination(exchange, routing_key, &props)?;
         // The producer span lasts until the confirm resolves (Confirm::wait).
         let span = crate::trace::publish_span(exchange, routing_key, envelope);
-        let delayed = crate::delay::prepare(self, exchange, routing_key, &mut props).await?;
+        let delayed = prepare_delay(self, exchange, routing_key, &mut props).await?;
         let (to_exchange, to_key) = delayed.as_ref().map_or((exchange, routing_key), |(e, k)| (e.as_str(), k.as_str()));
         let confirm = tracing::Instrument::instrument(self.inner.backend.send(to_exchange, to_key, body, &props), span.clone()).await?;
         Ok(confirm.in_span(span).watched(exchange, routing_key, &envelope.id))
@@ -518,7 +499,7 @@ impl Connection {
         for m in messages {
             let mut props = props_for(m.envelope);
             let route = match check_destination(m.exchange, m.routing_key, &props) {
-                Ok(()) => crate::delay::prepare(self, m.exchange, m.routing_key, &mut props).await,
+                Ok(()) => prepare_delay(self, m.exchange, m.routing_key, &mut props).await,
                 Err(e) => Err(e),
             };
             rerouted.push(route.as_ref().ok().cloned().flatten());
@@ -545,39 +526,6 @@ impl Connection {
                 })
             })
             .collect()
-    }
-
-    /// Open a pull consumer on `queue`: [`Consumer::next`] and
-    /// [`Consumer::settle`]. Declares the queue's retry ladder and DLQ.
-    ///
-    /// # Cancel safety
-    ///
-    /// Not cancel safe, but safe to repeat: a dropped future may have
-    /// declared the ladder and DLQ (idempotent) and subscribed; nothing it
-    /// was delivered is acknowledged, so the broker puts it back when that
-    /// channel or the connection closes.
-    pub async fn consumer(&self, queue: &str, options: ConsumeOptions) -> Result<Consumer> {
-        self.check_open()?;
-        Consumer::open(self.clone(), queue, options).await
-    }
-
-    /// Run `handler` for every message on `queue`, `options.concurrency` at a
-    /// time, until the returned handle is cancelled. A closure or any
-    /// [`crate::Handler`]; a guarded one ([`crate::idempotency::Idempotent`])
-    /// brings its claim timeout, which becomes the handler deadline when it
-    /// is shorter ([`ConsumeOptions::guarded_by`]), unless `options` were
-    /// guarded already.
-    ///
-    /// # Cancel safety
-    ///
-    /// As [`Connection::consumer`], which it awaits before anything runs: no
-    /// handler has been called when a dropped future returns.
-    pub async fn consume<H: crate::Handler>(&self, queue: &str, mut options: ConsumeOptions, handler: H) -> Result<ConsumerHandle> {
-        if let (None, Some(claim)) = (options.claim_timeout, handler.claim_timeout()) {
-            options = options.guarded_by(claim);
-        }
-        let consumer = self.consumer(queue, options).await?;
-        Ok(ConsumerHandle::spawn(consumer, handler))
     }
 
     /// Close the connection. Consumers' unsettled messages go back to their
@@ -610,6 +558,48 @@ impl Connection {
     pub fn is_closed(&self) -> bool {
         self.inner.closed.load(Ordering::Acquire)
     }
+}
+
+/// Where a message with `props` is sent on `conn`: to the cascade, with the
+/// routing key rewritten and `CC` set, when it carries a due time still in
+/// the future and the broker is RabbitMQ (declaring the cascade on this
+/// connection's first delayed publish, and the destination's binding on its
+/// first to that destination); None to send it as it is. `memory://` delays
+/// on its own clock as it stores the message (`MemoryBroker`).
+async fn prepare_delay(
+    conn: &Connection,
+    exchange: &str,
+    routing_key: &str,
+    props: &mut Props,
+) -> Result<Option<(String, String)>> {
+    let Backend::Amqp(amqp) = conn.backend() else { return Ok(None) };
+    let Some(due) = props.header(cascade::DUE_HEADER).and_then(|v| cascade::due_value(&v)) else {
+        return Ok(None);
+    };
+    let secs = cascade::remaining_secs(due, cascade::epoch_ms(std::time::SystemTime::now()));
+    if secs == 0 {
+        return Ok(None);
+    }
+    if secs > cascade::MAX_DELAY.as_secs() {
+        return Err(cascade::too_long());
+    }
+    let r = cascade::route(exchange, routing_key, secs)?;
+    let (cascade_needed, bind_needed) = {
+        let d = conn.delays();
+        (!d.cascade, !d.destinations.contains(&r.destination))
+    };
+    if cascade_needed {
+        amqp.declare_cascade().await?;
+        conn.delays().cascade = true;
+    }
+    if bind_needed {
+        amqp.bind_delay_destination(&r.destination).await?;
+        conn.delays().destinations.insert(r.destination.clone());
+    }
+    if let Some(cc) = r.cc {
+        props.headers_mut().insert("CC".into(), serde_json::Value::Array(vec![serde_json::Value::from(cc)]));
+    }
+    Ok(Some((r.exchange, r.routing_key)))
 }
 
 impl std::fmt::Debug for Connection {

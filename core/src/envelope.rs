@@ -84,8 +84,7 @@ pub fn new_id() -> String {
 }
 
 /// Random bytes drawn from the system at a time: a UUIDv7 takes ten, and a
-/// system call for each was most of what making an id cost (0.7 µs here, a
-/// tenth of a Ruby publish's own work).
+/// system call for each was most of what making an id cost.
 const RANDOM_BUFFER: usize = 1000;
 
 /// Ten random bytes for an id, from a buffer of this thread's refilled from

@@ -1,6 +1,7 @@
 //! One error type for the crate, with a kind that says what went wrong and a
 //! message that says what to do about it.
 
+use crate::backtrace::Backtrace;
 use std::fmt;
 
 /// What went wrong. Match on it; new kinds may be added.
@@ -57,7 +58,40 @@ pub struct Error {
     message: String,
     /// What the responder sent back, for [`ErrorKind::Remote`]: boxed, so
     /// every other error stays two words bigger at most.
-    remote: Option<Box<crate::request::RemoteFailure>>,
+    remote: Option<Box<RemoteFailure>>,
+}
+
+/// What a failed responder sent back in its error reply: the requester's
+/// [`Error::remote`] when its kind is [`ErrorKind::Remote`].
+///
+/// Read from headers any publisher can set, so each field is only what
+/// could be read as text, bounded: a class that is not a string is None, a
+/// message or class past its limit is cut, and the backtrace is bounded
+/// again here ([`Backtrace`]'s 20 frames and 4 KiB), whatever was sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteFailure {
+    pub(crate) class: Option<String>,
+    pub(crate) message: String,
+    pub(crate) backtrace: Option<Backtrace>,
+}
+
+impl RemoteFailure {
+    /// The responder's error class (`RuntimeError`, `billing::GatewayDown`);
+    /// None when its handler rejected the request itself (`Ack::reject`),
+    /// or the reply named none.
+    pub fn class(&self) -> Option<&str> {
+        self.class.as_deref()
+    }
+
+    /// The error's message, or the handler's reason.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The responder's first frames, innermost first, when it sent any.
+    pub fn backtrace(&self) -> Option<&Backtrace> {
+        self.backtrace.as_ref()
+    }
 }
 
 /// `Result` with [`Error`].
@@ -70,13 +104,13 @@ impl Error {
     }
 
     /// A request's error reply (see [`ErrorKind::Remote`]).
-    pub(crate) fn remote_failure(message: impl Into<String>, failure: crate::request::RemoteFailure) -> Self {
+    pub(crate) fn remote_failure(message: impl Into<String>, failure: RemoteFailure) -> Self {
         Self { kind: ErrorKind::Remote, message: message.into(), remote: Some(Box::new(failure)) }
     }
 
     /// What the responder sent back, when a request's responder failed
     /// ([`ErrorKind::Remote`]): its error's class, message and backtrace.
-    pub fn remote(&self) -> Option<&crate::request::RemoteFailure> {
+    pub fn remote(&self) -> Option<&RemoteFailure> {
         self.remote.as_deref()
     }
 

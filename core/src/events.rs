@@ -400,19 +400,28 @@ pub(crate) fn subscription_ended(queue: &str, failure: &Mutex<Option<crate::erro
     subscription(if reason.is_some() { "failed" } else { "cancelled" }, queue, reason);
 }
 
+/// What [`outbox_failures`] reads of one outcome of a sweep:
+/// [`outbox::Completion`](crate::outbox::Completion) is one. A trait, so
+/// that events, which the outbox emits into, need nothing of the outbox.
+pub trait OutboxOutcome {
+    /// Where the record was going: (exchange, routing key).
+    fn destination(&self) -> (&str, &str);
+    /// Why it was not published, or None once the broker confirmed it.
+    fn error(&self) -> Option<&str>;
+}
+
 /// The failures among a sweep's completions, for [`outbox_swept`] (nothing
 /// is copied while nobody listens).
-pub fn outbox_failures(completions: &[crate::outbox::Completion]) -> Vec<OutboxFailure> {
+pub fn outbox_failures<C: OutboxOutcome>(completions: &[C]) -> Vec<OutboxFailure> {
     if !enabled() {
         return Vec::new();
     }
     completions
         .iter()
         .filter_map(|c| {
-            c.result.as_ref().err().map(|e| OutboxFailure {
-                exchange: c.exchange.clone(),
-                routing_key: c.routing_key.clone(),
-                error: e.clone(),
+            c.error().map(|e| {
+                let (exchange, routing_key) = c.destination();
+                OutboxFailure { exchange: exchange.to_owned(), routing_key: routing_key.to_owned(), error: e.to_owned() }
             })
         })
         .collect()

@@ -9,9 +9,9 @@ use futures_lite::AsyncRead;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-pub use crate::wire::{
-    copy_props, decode_as, envelope_of, props_for, Payload, Props, RawDelivery, Undecodable, MALFORMED_HEADER, MALFORMED_RAW_HEADER,
-};
+pub use crate::decode::{decode_as, Payload, Undecodable};
+pub use crate::limits::copy_props;
+pub use crate::wire::{envelope_of, props_for, Props, RawDelivery, MALFORMED_HEADER, MALFORMED_RAW_HEADER};
 
 /// The broker's side of a socket: hands out `data` in reads of the sizes
 /// in `chunks` (cycled), answering Pending before every other read.

@@ -11,10 +11,9 @@
 //! builds from the same text (the tests and the fuzz target `json_read`
 //! hold it to that), and what serde_json refuses is refused as before.
 //!
-//! Why: on the benchmark's 1 KiB order, serde_json's visitor and its string
-//! scan were 7,700 instructions of a Ruby consumer's 41,500 a message
-//! (callgrind); this reader scans a string 16 bytes at a time and calls the
-//! builder directly.
+//! Why: serde_json's visitor and its string scan were a large share of
+//! what a Ruby consumer spent on a message (bench/README.md); this reader
+//! scans a string 16 bytes at a time and calls the builder directly.
 
 /// What [`read`] builds with. `Value` is whatever one JSON value becomes;
 /// an Array or an Object is started, filled and ended, so a builder can

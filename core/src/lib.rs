@@ -29,6 +29,30 @@
 //!
 //! `memory://` opens an in-process broker with the same semantics, for tests
 //! and demos without RabbitMQ.
+//!
+//! # Layers
+//!
+//! The crate's top-level modules are layers, top first. A module uses only
+//! modules of its own row or of rows below it, and no modules use each other,
+//! however indirectly (`tests/layers.rs` reads `src/` and fails otherwise).
+//! A module that needs something from above takes it as a trait or a plain
+//! value: events take an [`events::OutboxOutcome`], not the outbox's
+//! completion; the connection holds what the delay cascade and the reply
+//! channel keep per connection as plain state, and the patterns above it act
+//! on that state.
+//!
+//! | Layer | Modules | Why here |
+//! |---|---|---|
+//! | tools | `fuzzing` | Entry points for `fuzz/`: they reach into the engine; nothing reaches them. |
+//! | process | `runner` | A service's supervisor, health server and drain: it runs consumers, so it sits on top. |
+//! | patterns | `delay`, `dead_letters`, `idempotency`, `outbox`, `replay`, `teardown` | Each is a use of a connection or a handler; nothing below calls them. |
+//! | consume and publish | `consumer`, `stream` | Deliveries, settling, the retry ladder; a publish stream with confirms. |
+//! | answered and obeyed | `request`, `throttle` | A consumer sends a failed request's error reply and takes a shared throttle's leases, so both sit under it. |
+//! | connection | `connection` | Publish with confirms, topology, per-connection state. |
+//! | transport | `transport` | `amqp://` and `memory://` behind one backend, which declares the delay cascade and reads the reply-to. |
+//! | format | `wire`, `message`, `decode`, `trace`, `limits`, `handler`, `topology`, `cascade` | Plain values and pure functions: the envelope on the wire, what a delivery becomes, the bounds on what is written, queue and delay names. No I/O. |
+//! | interface | `events`, `metrics`, `sql` | What every layer emits into (events, metrics built on them) and the seam stores run on (a trait): they name nothing above them. |
+//! | base | `error`, `backtrace`, `ack`, `envelope`, `headers`, `retry`, `partition`, `checks`, `broker`, `civil`, `fault`, `json_read`, `runtime` | Types and helpers every layer shares. |
 
 #![warn(missing_docs)]
 
@@ -38,12 +62,14 @@
 mod ack;
 mod backtrace;
 mod broker;
+mod cascade;
 mod checks;
 mod civil;
 mod connection;
 mod consumer;
 pub mod dead_letters;
 pub mod delay;
+mod decode;
 mod envelope;
 mod error;
 mod fault;
@@ -80,29 +106,30 @@ pub mod fuzzing;
 pub use ack::{Ack, Guarded, Outcome, Settlement, Verdict};
 pub use backtrace::Backtrace;
 pub use broker::BrokerVersion;
-pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, Resources, TlsOptions};
+pub use connection::{Connection, ConnectionOptions, JsonMessage, PublishOptions, Resources};
 pub use consumer::{
     Body, ConsumeOptions, Consumer, ConsumerHandle, ConsumerStats, Delivery, Fetch, Next, Settler, Unread, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT,
     TIMEOUT_CLASS,
 };
 pub use consumer::{BreakerState, CircuitBreaker, Failed, Throttle, DEFAULT_BREAKER_PROBE};
 pub use envelope::{new_id, Envelope};
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorKind, RemoteFailure, Result};
 pub use handler::{Failure, Handler};
 pub use headers::Headers;
 pub use message::{DeliveryInfo, Message};
-pub use request::{RemoteFailure, RequestOptions, DEADLINE_HEADER, DEFAULT_REQUEST_TIMEOUT, ERROR_HEADER, ERROR_TYPE, REPLY_TO, RETRY_SAFE_HEADER};
+pub use request::{RequestOptions, DEADLINE_HEADER, DEFAULT_REQUEST_TIMEOUT, ERROR_HEADER, ERROR_TYPE, RETRY_SAFE_HEADER};
 pub use replay::{DeadLetter, DeadLetterPage, ReplayOptions, ReplayReport, REFRESHED_BY_HEADER, REFRESH_AT, REPLAYED_BY_HEADER};
 pub use retry::{dlq_name, rung_name, RetryPolicy};
 pub use stream::{OutgoingMessage, PublishStream, STREAM_CHUNK, STREAM_WINDOW};
 pub use teardown::{TeardownOptions, TeardownReport};
 pub use topology::{BindingSpec, ExchangeKind, ExchangeSpec, QueueSpec, QueueType, Topology, DEFAULT_DELIVERY_LIMIT, DLQ_DELIVERY_LIMIT};
 pub use trace::TraceContext;
+pub use decode::Payload;
 pub use wire::{
-    decoded_body, Payload, Props, BACKTRACE_HEADER, MAX_DECOMPRESSED, ORIGINAL_EXPIRATION_HEADER, ORIGINAL_USER_ID_HEADER,
+    decoded_body, Props, BACKTRACE_HEADER, MAX_DECOMPRESSED, ORIGINAL_EXPIRATION_HEADER, ORIGINAL_USER_ID_HEADER, REPLY_TO,
 };
 pub use transport::memory::MemoryBroker;
-pub use transport::{Confirm, QueueCounts};
+pub use transport::{Confirm, QueueCounts, TlsOptions};
 
 /// The crate README's example, compiled as a doc test.
 #[cfg(doctest)]

@@ -9,7 +9,7 @@
 use crate::error::{Error, Result};
 use crate::headers::Headers;
 use crate::retry::{dlq_name, rung_name, RetryPolicy};
-use crate::wire::Props;
+use crate::wire::{Props, ORIGINAL_EXPIRATION_HEADER};
 use serde_json::Value;
 
 /// AMQP's short string, and RabbitMQ's limit for exchange, queue and
@@ -236,6 +236,41 @@ fn prefix(s: &str, n: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// Make `props` those of a copy the engine sends (a retry to a rung, a dead
+/// letter, a replay, a dead letter put back at its DLQ's tail). Every
+/// property of the original is kept, but:
+///
+/// - `delivery_mode` is 2: a dead letter exists to be kept, and pika,
+///   amqplib and `amqp-publish` publish transient unless told otherwise, so
+///   a transient original would otherwise leave a dead letter that a broker
+///   restart loses.
+/// - `expiration` is left off, and kept in [`ORIGINAL_EXPIRATION_HEADER`]
+///   (the first copy's is never overwritten): a per-message TTL said how
+///   long the message could wait for a consumer, and it was consumed. Kept,
+///   RabbitMQ applies the shorter of it and a rung's TTL, so a rung would
+///   give the message back early, and a dead letter would vanish from its
+///   DLQ once the TTL ran out, which the DLQ exists to prevent.
+/// - a `user_id` RabbitMQ would refuse is moved by the AMQP transport as it
+///   sends, not here (it knows its connection's user): see
+///   [`ORIGINAL_USER_ID_HEADER`](crate::ORIGINAL_USER_ID_HEADER).
+///
+/// Then the copy is made to fit in a frame ([`fit_copy`]).
+pub fn copy_props(props: &mut Props) {
+    props.delivery_mode = Some(2);
+    // A copy goes to a rung or a DLQ by the default exchange: a `CC` left
+    // on it (the delay cascade's) would send it to a queue named by it too.
+    if props.header("CC").is_some() {
+        props.headers_mut().remove("CC");
+    }
+    if let Some(expiration) = props.expiration.take() {
+        let h = props.headers_mut();
+        if !h.contains_key(ORIGINAL_EXPIRATION_HEADER) {
+            h.insert(ORIGINAL_EXPIRATION_HEADER.into(), Value::from(expiration));
+        }
+    }
+    fit_copy(props);
 }
 
 #[cfg(test)]

@@ -66,8 +66,8 @@ struct QueueState {
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn durations() -> Histogram {
-    // 1 ms to about 33 s, doubling: a confirm is a millisecond or two here,
-    // a handler anything up to its deadline.
+    // 1 ms to about 33 s, doubling: a confirm takes a few milliseconds on a
+    // healthy broker, a handler anything up to its deadline.
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 

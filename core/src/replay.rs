@@ -533,7 +533,7 @@ impl<'a> Keeper<'a> {
             }
         }
         h.insert(REFRESHED_BY_HEADER.into(), Value::from(self.read.clone()));
-        crate::wire::copy_props(&mut props);
+        crate::limits::copy_props(&mut props);
         // Confirms awaited together, REFRESH_BATCH at a time (one each
         // held a bounded read to about 300 a second): each original is
         // acknowledged only once its copy is confirmed.
@@ -802,7 +802,7 @@ impl Connection {
                     continue;
                 }
                 let mut copy = revived(raw, &run);
-                crate::wire::copy_props(&mut copy.props);
+                crate::limits::copy_props(&mut copy.props);
                 backend.send("", queue, &copy.body, &copy.props).await?.wait().await?;
                 reader.ack(tag).await?;
                 report.replayed += 1;

@@ -20,22 +20,19 @@
 //! deadline has passed is dropped, since nobody waits for it
 //! (docs/request-reply.md, "When the responder fails").
 
-use crate::connection::{check_destination, Connection, PublishOptions};
 use crate::backtrace::Backtrace;
+use crate::connection::{check_destination, Connection, PublishOptions, Replies};
 use crate::envelope::Envelope;
-use crate::error::{Error, ErrorKind, Result};
+use crate::decode::Payload;
+use crate::error::{Error, ErrorKind, RemoteFailure, Result};
 use crate::message::Message;
 use crate::transport::Backend;
-use crate::wire::{props_for, Props, RawDelivery};
+use crate::wire::{props_for, Body, Props, RawDelivery, REPLY_TO};
 use serde::Serialize;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-
-/// RabbitMQ's direct reply-to pseudo-queue.
-pub const REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
 /// How long [`Connection::request`] waits for a reply by default.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -84,91 +81,31 @@ impl Default for RequestOptions {
     }
 }
 
-/// What a failed responder sent back in its error reply: the requester's
-/// [`Error::remote`] when its kind is [`ErrorKind::Remote`].
-///
-/// Read from headers any publisher can set, so each field is only what
-/// could be read as text, bounded: a class that is not a string is None, a
-/// message or class past its limit is cut, and the backtrace is bounded
-/// again here ([`Backtrace`]'s 20 frames and 4 KiB), whatever was sent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteFailure {
-    class: Option<String>,
-    message: String,
-    backtrace: Option<Backtrace>,
-}
-
-impl RemoteFailure {
-    /// The responder's error class (`RuntimeError`, `billing::GatewayDown`);
-    /// None when its handler rejected the request itself (`Ack::reject`),
-    /// or the reply named none.
-    pub fn class(&self) -> Option<&str> {
-        self.class.as_deref()
-    }
-
-    /// The error's message, or the handler's reason.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
-    /// The responder's first frames, innermost first, when it sent any.
-    pub fn backtrace(&self) -> Option<&Backtrace> {
-        self.backtrace.as_ref()
-    }
-
-    /// Read from an error reply's headers (see the type's doc).
-    fn of(raw: &RawDelivery) -> RemoteFailure {
-        use serde_json::Value;
-        let error = raw.props.header(ERROR_HEADER);
-        let field = |name: &str| match error.as_deref() {
-            Some(Value::Object(o)) => o.get(name).and_then(Value::as_str).map(str::to_owned),
-            _ => None,
-        };
-        let class = field("class").filter(|c| !c.is_empty()).map(|c| crate::limits::bounded(&c, crate::limits::MAX_SHORT));
-        let message = match field("message") {
-            Some(m) => crate::limits::bounded(&m, crate::limits::MAX_REASON),
-            None => format!("the responder sent an error reply without a readable {ERROR_HEADER} (a table with a message)"),
-        };
-        let backtrace = match raw.props.header(crate::wire::BACKTRACE_HEADER).as_deref() {
-            Some(Value::String(text)) => Backtrace::from_frames(text.lines().collect::<Vec<_>>()),
-            Some(Value::Array(frames)) => Backtrace::from_frames(frames.iter().filter_map(Value::as_str).collect::<Vec<_>>()),
-            _ => None,
-        };
-        RemoteFailure { class, message, backtrace }
-    }
+/// A [`RemoteFailure`] read from an error reply's headers (see the type's
+/// doc).
+fn remote_failure_of(raw: &RawDelivery) -> RemoteFailure {
+    use serde_json::Value;
+    let error = raw.props.header(ERROR_HEADER);
+    let field = |name: &str| match error.as_deref() {
+        Some(Value::Object(o)) => o.get(name).and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    };
+    let class = field("class").filter(|c| !c.is_empty()).map(|c| crate::limits::bounded(&c, crate::limits::MAX_SHORT));
+    let message = match field("message") {
+        Some(m) => crate::limits::bounded(&m, crate::limits::MAX_REASON),
+        None => format!("the responder sent an error reply without a readable {ERROR_HEADER} (a table with a message)"),
+    };
+    let backtrace = match raw.props.header(crate::wire::BACKTRACE_HEADER).as_deref() {
+        Some(Value::String(text)) => Backtrace::from_frames(text.lines().collect::<Vec<_>>()),
+        Some(Value::Array(frames)) => Backtrace::from_frames(frames.iter().filter_map(Value::as_str).collect::<Vec<_>>()),
+        _ => None,
+    };
+    RemoteFailure { class, message, backtrace }
 }
 
 /// Milliseconds since the epoch, now.
 pub(crate) fn now_millis() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// One connection's requests in flight and its reply channel.
-#[derive(Default)]
-pub(crate) struct Replies {
-    waiters: Mutex<HashMap<String, oneshot::Sender<RawDelivery>>>,
-    late: AtomicU64,
-    channel: tokio::sync::Mutex<Option<lapin::Channel>>,
-    /// memory://: this connection's reply address.
-    address: std::sync::OnceLock<String>,
-}
-
-impl Replies {
-    fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<RawDelivery>>> {
-        self.waiters.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A reply arrived: to its waiter, or dropped and counted.
-    fn deliver(&self, raw: RawDelivery) {
-        let waiter = raw.props.correlation_id.as_deref().and_then(|id| self.waiters().remove(id));
-        match waiter.map(|w| w.send(raw)) {
-            Some(Ok(())) => {}
-            _ => {
-                self.late.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(target: "acemq", "a reply came after its request gave up: dropped");
-            }
-        }
-    }
 }
 
 /// Removes a waiter when its request ends, however it ends (a reply, a
@@ -241,7 +178,7 @@ impl Connection {
         let body = serde_json::to_vec(payload)?;
         let envelope = self.envelope_for(&options.publish);
         let raw = self.exchange_request(&body, &options.publish.exchange, routing_key, &envelope, &options).await?;
-        decoded(&raw, crate::wire::Payload::Parsed)
+        decoded(&raw, Payload::Parsed)
     }
 
     /// [`Connection::request`] with the body already JSON and the envelope
@@ -262,14 +199,14 @@ impl Connection {
         routing_key: &str,
         envelope: &Envelope,
         options: &RequestOptions,
-    ) -> Result<(Message, crate::Body)> {
+    ) -> Result<(Message, Body)> {
         let raw = self.exchange_request(body, exchange, routing_key, envelope, options).await?;
-        let message = decoded(&raw, crate::wire::Payload::Checked)?;
-        Ok((message, crate::Body::of(raw)))
+        let message = decoded(&raw, Payload::Checked)?;
+        Ok((message, Body::of(raw)))
     }
 
     async fn exchange_request(&self, body: &[u8], exchange: &str, routing_key: &str, envelope: &Envelope, options: &RequestOptions) -> Result<RawDelivery> {
-        if crate::delay::due_of(&envelope.headers).is_some() {
+        if crate::cascade::due_of(&envelope.headers).is_some() {
             return Err(Error::invalid("a request cannot be delayed: it waits for its reply now; publish it with a delay instead"));
         }
         let timeout = options.timeout;
@@ -393,10 +330,10 @@ impl Connection {
     }
 }
 
-fn decoded(raw: &RawDelivery, payload: crate::wire::Payload) -> Result<Message> {
+fn decoded(raw: &RawDelivery, payload: Payload) -> Result<Message> {
     // Encoding, not InvalidArgument: the responder sent it, the caller's
     // arguments were fine (Ruby raises EncodingError, not ConfigurationError).
-    crate::wire::decode_as(REPLY_TO, raw, payload)
+    crate::decode::decode_as(REPLY_TO, raw, payload)
         .map_err(|u| Error::new(ErrorKind::Encoding, format!("the reply could not be read: {}; it was dropped", u.reason)))
 }
 
@@ -407,7 +344,7 @@ fn answer(
 ) -> Result<RawDelivery> {
     match got {
         Ok(Ok(raw)) if raw.props.kind.as_deref() == Some(ERROR_TYPE) => {
-            let failure = RemoteFailure::of(&raw);
+            let failure = remote_failure_of(&raw);
             let what = match failure.class() {
                 Some(class) => format!("{class}: {}", failure.message()),
                 None => failure.message().to_owned(),

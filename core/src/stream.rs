@@ -24,8 +24,8 @@ use tokio::sync::{mpsc, Semaphore, TryAcquireError};
 
 /// Messages handed to a stream and not yet sent, at most. Past it `send`
 /// waits. Large enough that the broker is never idle while the caller builds
-/// the next chunk (at 15-30k/s here, 4096 messages are 130-270 ms of work);
-/// small enough that a stream of a million 1 KiB messages holds a few MiB.
+/// the next chunk (a window holds many chunks of [`STREAM_CHUNK`]); small
+/// enough that a stream of a million 1 KiB messages holds a few MiB.
 pub const STREAM_WINDOW: usize = 4096;
 
 /// Messages handed to the engine's task at a time: enough that a handover

@@ -29,13 +29,41 @@
 //! window early. A process holds at most one lease (`lease_size` tokens),
 //! so what it strands at a window's end, unused, is fewer than `lease_size`.
 
-use crate::consumer::Throttle;
 use crate::error::{Error, Result};
 use crate::sql::blocking::{run, Blocking};
 use crate::sql::placeholders::number;
 use crate::sql::{AsyncSqlConnection, ConnectionSource, Dialect, SqlConnection, SqlValue};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// At most `limit` messages handed out per `per`, in this process: a token
+/// bucket of `limit` tokens refilled evenly over `per`, so a burst after an
+/// idle spell is at most `limit`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Throttle {
+    /// Messages per period. At least 1.
+    pub limit: u32,
+    /// The period.
+    pub per: Duration,
+}
+
+impl Throttle {
+    /// `limit` messages per `per`.
+    pub fn new(limit: u32, per: Duration) -> Self {
+        Throttle { limit, per }
+    }
+
+    pub(crate) fn validate(&self) -> crate::Result<()> {
+        if self.limit == 0 || self.per.is_zero() {
+            return Err(crate::Error::invalid(format!(
+                "throttle needs a limit of at least 1 and a positive period (got {} per {}s)",
+                self.limit,
+                self.per.as_secs_f64()
+            )));
+        }
+        Ok(())
+    }
+}
 
 /// The table a [`SqlThrottleStore`] keeps its rows in by default.
 pub const DEFAULT_TABLE: &str = "acemq_throttle";

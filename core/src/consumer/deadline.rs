@@ -73,11 +73,11 @@ pub(super) type WatchedMap = HashMap<u64, (Arc<Watched>, Arc<RawDelivery>), Ids>
 
 /// The watchlist's hasher. Its keys are this process's own sequence
 /// numbers, never a peer's, so a hash that resists chosen keys (std's
-/// SipHash, some 200 instructions a key) buys nothing: one multiplication
-/// spreads consecutive ids over the table's buckets (the high bits, which
-/// hashbrown's control bytes read, differ from one id to the next). Every
-/// delivery is inserted once and removed once: on the Ruby consumer's
-/// handler thread this was 1,100 instructions a message (callgrind).
+/// SipHash) buys nothing: one multiplication spreads consecutive ids over
+/// the table's buckets (the high bits, which hashbrown's control bytes
+/// read, differ from one id to the next). Every delivery is inserted once
+/// and removed once, on the handler's thread, so the hash is paid twice a
+/// message.
 #[derive(Default, Clone, Copy)]
 pub(super) struct Ids;
 

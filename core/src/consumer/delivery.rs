@@ -2,7 +2,7 @@
 
 use crate::error::Error;
 use crate::message::Message;
-use crate::wire::RawDelivery;
+use crate::wire::{Body, RawDelivery};
 use super::Consumer;
 use super::deadline::Watched;
 use serde_json::Value;
@@ -42,58 +42,6 @@ pub struct Settler {
 /// another consumer would acknowledge that consumer's delivery of the same
 /// tag.
 pub(super) static CONSUMER_IDS: AtomicU64 = AtomicU64::new(1);
-
-/// A delivery's body, shared with the delivery ([`Delivery::shared_body`]).
-#[derive(Clone)]
-pub struct Body(Arc<RawDelivery>);
-
-impl AsRef<[u8]> for Body {
-    fn as_ref(&self) -> &[u8] {
-        &self.0.body
-    }
-}
-
-impl Body {
-    /// The body as text. A delivery is handed out only once its body has
-    /// been checked to be JSON, and so UTF-8: this is that text, without
-    /// the check repeated byte by byte when it is ASCII.
-    pub fn text(&self) -> Option<&str> {
-        crate::wire::utf8(&self.0.body).ok()
-    }
-
-    /// The body of a message no consumer delivered (a reply: `crate::request`).
-    pub(crate) fn of(raw: RawDelivery) -> Body {
-        Body(Arc::new(raw))
-    }
-
-    /// The exchange its message was published to (empty: the default one).
-    pub fn exchange(&self) -> &str {
-        &self.0.exchange
-    }
-
-    /// The routing key its message was published with.
-    pub fn routing_key(&self) -> &str {
-        &self.0.routing_key
-    }
-
-    /// Whether the broker had delivered it before.
-    pub fn redelivered(&self) -> bool {
-        self.0.redelivered
-    }
-
-    /// Every AMQP property it arrived with, as
-    /// [`DeliveryInfo::properties`](crate::DeliveryInfo::properties) has
-    /// them: what a caller of [`Consumer::admit_lean`] reads.
-    pub fn properties(&self) -> &crate::wire::Props {
-        &self.0.props
-    }
-}
-
-impl std::fmt::Debug for Body {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Body({} bytes)", self.0.body.len())
-    }
-}
 
 impl Settler {
     /// The delivery tag (unique within its consumer while unsettled).

@@ -7,39 +7,11 @@
 use super::breaker::{Breaker, BreakerState, Failed, Reading, Transition};
 use crate::ack::{Outcome, Settlement};
 use super::Consumer;
+use crate::throttle::Throttle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
-
-/// At most `limit` messages handed out per `per`, in this process: a token
-/// bucket of `limit` tokens refilled evenly over `per`, so a burst after an
-/// idle spell is at most `limit`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Throttle {
-    /// Messages per period. At least 1.
-    pub limit: u32,
-    /// The period.
-    pub per: Duration,
-}
-
-impl Throttle {
-    /// `limit` messages per `per`.
-    pub fn new(limit: u32, per: Duration) -> Self {
-        Throttle { limit, per }
-    }
-
-    pub(crate) fn validate(&self) -> crate::Result<()> {
-        if self.limit == 0 || self.per.is_zero() {
-            return Err(crate::Error::invalid(format!(
-                "throttle needs a limit of at least 1 and a positive period (got {} per {}s)",
-                self.limit,
-                self.per.as_secs_f64()
-            )));
-        }
-        Ok(())
-    }
-}
 
 /// A throttle's bucket.
 #[derive(Debug)]

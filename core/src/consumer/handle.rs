@@ -1,7 +1,10 @@
-//! The push consumer: handler tasks on the runtime, and how they stop.
+//! The push consumer: handler tasks on the runtime, and how they stop; and
+//! the connection's ways to open a consumer.
 
 use crate::ack::{Guarded, Outcome};
-use super::Consumer;
+use super::{ConsumeOptions, Consumer};
+use crate::connection::Connection;
+use crate::error::Result;
 use std::sync::Arc;
 
 /// A handler's result, a panic settled as a retry.
@@ -14,6 +17,29 @@ fn unwound(done: std::thread::Result<Guarded>) -> Guarded {
             .unwrap_or_else(|| "a non-string payload".to_owned());
         Outcome::Raised { class: "panic".into(), message: format!("the handler panicked: {what}"), fatal: false }.into()
     })
+}
+
+/// What a drain left behind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[must_use = "a drain that abandoned handlers should exit non-zero"]
+pub struct Drained {
+    /// Handlers still running at the deadline. Their messages were not
+    /// settled and go back to the queue.
+    pub abandoned: usize,
+}
+
+impl Drained {
+    /// Every handler finished and settled.
+    pub fn is_clean(&self) -> bool {
+        self.abandoned == 0
+    }
+}
+
+impl std::ops::Add for Drained {
+    type Output = Drained;
+    fn add(self, other: Drained) -> Drained {
+        Drained { abandoned: self.abandoned + other.abandoned }
+    }
 }
 
 /// A running push consumer. Dropping it does not stop it; call
@@ -107,7 +133,7 @@ impl ConsumerHandle {
     /// Not cancel safe: a dropped drain leaves the handlers running and the
     /// subscription open (stopped). Drain to the end; shorten the deadline
     /// instead.
-    pub async fn drain(self, deadline: std::time::Instant) -> crate::runner::Drained {
+    pub async fn drain(self, deadline: std::time::Instant) -> Drained {
         self.consumer.stop().await;
         let mut abandoned = 0;
         for mut task in self.tasks {
@@ -118,7 +144,7 @@ impl ConsumerHandle {
             }
         }
         self.consumer.close().await;
-        crate::runner::Drained { abandoned }
+        Drained { abandoned }
     }
 
     /// Stop, let the handlers in progress finish and settle, then close.
@@ -134,5 +160,42 @@ impl ConsumerHandle {
             let _ = t.await;
         }
         self.consumer.close().await;
+    }
+}
+
+/// Opening consumers: here, beside what they open, so that the connection
+/// below needs nothing of the consumer.
+impl Connection {
+    /// Open a pull consumer on `queue`: [`Consumer::next`] and
+    /// [`Consumer::settle`]. Declares the queue's retry ladder and DLQ.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe, but safe to repeat: a dropped future may have
+    /// declared the ladder and DLQ (idempotent) and subscribed; nothing it
+    /// was delivered is acknowledged, so the broker puts it back when that
+    /// channel or the connection closes.
+    pub async fn consumer(&self, queue: &str, options: ConsumeOptions) -> Result<Consumer> {
+        self.check_open()?;
+        Consumer::open(self.clone(), queue, options).await
+    }
+
+    /// Run `handler` for every message on `queue`, `options.concurrency` at a
+    /// time, until the returned handle is cancelled. A closure or any
+    /// [`crate::Handler`]; a guarded one ([`crate::idempotency::Idempotent`])
+    /// brings its claim timeout, which becomes the handler deadline when it
+    /// is shorter ([`ConsumeOptions::guarded_by`]), unless `options` were
+    /// guarded already.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Connection::consumer`], which it awaits before anything runs: no
+    /// handler has been called when a dropped future returns.
+    pub async fn consume<H: crate::Handler>(&self, queue: &str, mut options: ConsumeOptions, handler: H) -> Result<ConsumerHandle> {
+        if let (None, Some(claim)) = (options.claim_timeout, handler.claim_timeout()) {
+            options = options.guarded_by(claim);
+        }
+        let consumer = self.consumer(queue, options).await?;
+        Ok(ConsumerHandle::spawn(consumer, handler))
     }
 }

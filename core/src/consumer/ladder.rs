@@ -161,7 +161,7 @@ impl Consumer {
     /// retried once. If the copy still fails, the original is requeued:
     /// nothing is acknowledged into nothing.
     async fn copy_then_ack(&self, mut raw: RawDelivery, target: &str) -> Result<()> {
-        crate::wire::copy_props(&mut raw.props);
+        crate::limits::copy_props(&mut raw.props);
         let backend = self.conn.backend();
         let mut result = async { backend.send("", target, &raw.body, &raw.props).await?.wait().await }.await;
         if matches!(&result, Err(e) if *e.kind() == ErrorKind::Unroutable) {

@@ -10,7 +10,8 @@ use crate::topology::QueueType;
 use crate::transport::Link;
 use crate::transport::queue::Pop;
 use crate::message::Message;
-use crate::wire::{decode, decode_as, decode_bare, Payload, RawDelivery};
+use crate::decode::{decode, decode_as, decode_bare, Payload};
+use crate::wire::RawDelivery;
 use deadline::Watchlist;
 use delivery::CONSUMER_IDS;
 use ladder::ladder;
@@ -30,10 +31,11 @@ mod requests;
 mod settle;
 
 pub use deadline::TIMEOUT_CLASS;
-pub use delivery::{Body, Delivery, Settler};
+pub use delivery::{Delivery, Settler};
+pub use crate::wire::Body;
 pub use breaker::{BreakerState, CircuitBreaker, Failed, DEFAULT_BREAKER_PROBE};
-pub use flow::Throttle;
-pub use handle::ConsumerHandle;
+pub use crate::throttle::Throttle;
+pub use handle::{ConsumerHandle, Drained};
 pub use options::{ConsumeOptions, DEFAULT_BROKER_CONSUMER_TIMEOUT, DEFAULT_TIMEOUT};
 
 /// What a blocking wait produced.
@@ -445,7 +447,7 @@ impl Consumer {
     /// deadline running, and its [`Settler`] settles it. None when the
     /// circuit breaker is open: it went back to the queue, unspent.
     pub fn admit(self: &Arc<Self>, mut unread: Unread) -> Option<Delivery> {
-        unread.message.delivery = crate::wire::delivery_info(&self.queue, &unread.raw);
+        unread.message.delivery = crate::decode::delivery_info(&self.queue, &unread.raw);
         self.admit_lean(unread)
     }
 
@@ -481,7 +483,7 @@ impl Consumer {
     /// [`Consumer::fetch_blocking`] does with every other delivery that
     /// cannot be a message. It was never handed out.
     pub fn refuse(self: &Arc<Self>, unread: Unread, why: &dyn std::fmt::Display) {
-        let reason = crate::wire::not_json(why).reason;
+        let reason = crate::decode::not_json(why).reason;
         let raw = Arc::unwrap_or_clone(unread.raw);
         self.flow_refund();
         self.in_background(move |this| async move { this.refuse_undecodable(raw, &reason).await });
@@ -592,7 +594,7 @@ mod tests {
                             reader.accept(d);
                         }
                         Err(e) => {
-                            refused.push(crate::wire::not_json(&e).reason);
+                            refused.push(crate::decode::not_json(&e).reason);
                             reader.refuse(*unread, &e);
                         }
                     }

@@ -218,6 +218,6 @@ fn copy_of(row: &NewDeadLetter, run: &str) -> crate::wire::Props {
     h.insert(crate::replay::REPLAYED_AT_HEADER.into(), Value::from(crate::envelope::now_secs()));
     h.insert(crate::replay::REPLAYED_BY_HEADER.into(), Value::from(run));
     let mut props = props_from(&row.properties).with_headers(h);
-    crate::wire::copy_props(&mut props);
+    crate::limits::copy_props(&mut props);
     props
 }

@@ -128,8 +128,8 @@ impl Statements {
         }
         if dialect == Dialect::Postgres {
             // A reason substring (`ILIKE '%…%'`) is answered by a trigram
-            // index: 3 matches in 100,000 rows in under 1 ms, where the
-            // scan takes 80-100 ms. pg_trgm ships with PostgreSQL and is a
+            // index, which finds a rare reason without reading every row
+            // (bench/README.md has the figures). pg_trgm ships with PostgreSQL and is a
             // trusted extension (13+), so a role that may create tables in
             // the database may create it. Where it cannot (or the operator
             // class is in a schema off the search path), the block says so
@@ -186,8 +186,7 @@ impl Statements {
                     Dialect::Postgres => "reason ILIKE ? ESCAPE '!'",
                     // The table's collation is binary: compare in a
                     // case-blind one, which costs a row less than folding
-                    // both sides with LOWER() (3 in 100,000: 45 ms, from
-                    // 50-100 ms).
+                    // both sides with LOWER(): no copy of either is made.
                     Dialect::Mysql => "reason COLLATE utf8mb4_general_ci LIKE ? ESCAPE '!'",
                 }
                 .to_owned(),
@@ -224,8 +223,8 @@ impl Statements {
         // the rows backwards by id (no sort, the page found early), where
         // a rare one reads every wide row. `+id` is not the key's order:
         // it reads the narrow `group` index, which holds the reason, and
-        // sorts what matched (100,000 rows, 3 matching: 103 ms to 42 ms
-        // here). PostgreSQL's plan was no faster for it, so it is SQLite's.
+        // sorts what matched, which is few when the reason is rare.
+        // PostgreSQL's plan was no faster for it, so it is SQLite's.
         let order = if f.reason.is_some() && dialect == Dialect::Sqlite { "+id" } else { "id" };
         (number(dialect, &format!("SELECT id FROM {}{w} ORDER BY {order} DESC LIMIT ?", self.table)), params)
     }

@@ -43,6 +43,16 @@ impl Completion {
     }
 }
 
+impl crate::events::OutboxOutcome for Completion {
+    fn destination(&self) -> (&str, &str) {
+        (&self.exchange, &self.routing_key)
+    }
+
+    fn error(&self) -> Option<&str> {
+        self.result.as_ref().err().map(String::as_str)
+    }
+}
+
 impl From<(i64, Result<(), String>, String, String)> for Completion {
     fn from((id, result, exchange, routing_key): (i64, Result<(), String>, String, String)) -> Self {
         Completion { id, result, exchange, routing_key }

@@ -11,28 +11,8 @@ use super::Supervisor;
 use crate::consumer::ConsumerHandle;
 use crate::error::{Error, Result};
 
-/// What a drain left behind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[must_use = "a drain that abandoned handlers should exit non-zero"]
-pub struct Drained {
-    /// Handlers still running at the deadline. Their messages were not
-    /// settled and go back to the queue.
-    pub abandoned: usize,
-}
-
-impl Drained {
-    /// Every handler finished and settled.
-    pub fn is_clean(&self) -> bool {
-        self.abandoned == 0
-    }
-}
-
-impl std::ops::Add for Drained {
-    type Output = Drained;
-    fn add(self, other: Drained) -> Drained {
-        Drained { abandoned: self.abandoned + other.abandoned }
-    }
-}
+/// Kept here, its old path: the consumer's drain returns it.
+pub use crate::consumer::Drained;
 
 /// Which signal asked the process to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -250,7 +250,7 @@ impl MemoryBroker {
     /// Milliseconds since the epoch on this broker's clock: the wall clock
     /// plus every `advance`. A delayed message is due against this.
     pub fn wall_ms(&self) -> u64 {
-        crate::delay::epoch_ms(std::time::SystemTime::now()) + self.offset_ms.load(Ordering::SeqCst)
+        crate::cascade::epoch_ms(std::time::SystemTime::now()) + self.offset_ms.load(Ordering::SeqCst)
     }
 
     /// How many delayed messages wait, by the level of the cascade they would
@@ -259,10 +259,10 @@ impl MemoryBroker {
     pub fn delayed_by_level(&self) -> Vec<u64> {
         let st = self.lock();
         let now = self.now_ms();
-        let mut out = vec![0u64; crate::delay::LEVELS as usize];
+        let mut out = vec![0u64; crate::cascade::LEVELS as usize];
         for (due, _) in &st.delayed {
-            let secs = crate::delay::remaining_secs(*due, now).max(1);
-            let k = crate::delay::level_of(secs).unwrap_or(0).min(crate::delay::LEVELS - 1);
+            let secs = crate::cascade::remaining_secs(*due, now).max(1);
+            let k = crate::cascade::level_of(secs).unwrap_or(0).min(crate::cascade::LEVELS - 1);
             out[k as usize] += 1;
         }
         out
@@ -279,7 +279,7 @@ impl MemoryBroker {
         let now = self.now_ms();
         // A reply: straight to the requester, never queued; dropped when it
         // is gone, as RabbitMQ drops it.
-        if exchange.is_empty() && routing_key.starts_with(crate::request::REPLY_TO) {
+        if exchange.is_empty() && routing_key.starts_with(crate::wire::REPLY_TO) {
             let sink = st.reply_sinks.get(routing_key).cloned();
             drop(st);
             if let Some(sink) = sink {
@@ -299,8 +299,8 @@ impl MemoryBroker {
         // forward), then routed as published. The route is checked now, as
         // the cascade's binding is on RabbitMQ.
         let wait = props
-            .header(crate::delay::DUE_HEADER)
-            .and_then(|v| crate::delay::due_value(&v))
+            .header(crate::cascade::DUE_HEADER)
+            .and_then(|v| crate::cascade::due_value(&v))
             .map_or(0, |due| due.saturating_sub(self.wall_ms()));
         let stored = Stored {
             exchange: exchange.to_owned(),
@@ -311,10 +311,10 @@ impl MemoryBroker {
             enqueued_at: now,
         };
         if wait > 0 && !targets.is_empty() {
-            if wait > crate::delay::MAX_DELAY.as_millis() as u64 + 1000 {
+            if wait > crate::cascade::MAX_DELAY.as_millis() as u64 + 1000 {
                 return Err(Error::invalid(format!(
                     "a delay can be at most {} s: publish it later",
-                    crate::delay::MAX_DELAY.as_secs()
+                    crate::cascade::MAX_DELAY.as_secs()
                 )));
             }
             st.delayed.push((now + wait, stored));

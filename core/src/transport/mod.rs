@@ -15,8 +15,9 @@ pub(crate) mod tls;
 #[cfg(not(feature = "tls"))]
 #[path = "tls_off.rs"]
 pub(crate) mod tls;
+mod tls_options;
 
-use crate::connection::TlsOptions;
+pub use tls_options::TlsOptions;
 use crate::error::{Error, ErrorKind, Result};
 use crate::topology::Topology;
 use crate::wire::{Props, RawDelivery};

@@ -14,7 +14,7 @@
 //! trusted CAs are the `ca_file`'s, or else the system's store
 //! (rustls-native-certs: /etc/ssl/certs, or `SSL_CERT_FILE`/`SSL_CERT_DIR`).
 
-use crate::connection::TlsOptions;
+use crate::transport::TlsOptions;
 use crate::error::{Error, ErrorKind, Result};
 use futures_lite::{AsyncRead, AsyncWrite};
 use futures_rustls::client::TlsStream;

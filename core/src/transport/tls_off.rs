@@ -4,7 +4,7 @@
 //! `TlsDial` have no values, so every method past `Tls::new` is unreachable
 //! by construction.
 
-use crate::connection::TlsOptions;
+use crate::transport::TlsOptions;
 use crate::error::{Error, ErrorKind, Result};
 use futures_lite::{AsyncRead, AsyncWrite};
 use std::io::{self, IoSlice};

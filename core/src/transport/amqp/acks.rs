@@ -7,8 +7,7 @@
 //! not fill while nothing else is settled. A flusher task that sent every batch cost two or
 //! three wake-ups of a runtime thread per batch (the first acceptance, the
 //! full batch, lapin's answer), each a context switch on a machine whose
-//! cores the broker needs: about 1.5 µs of CPU a message for the Rust
-//! consumer, more for the Ruby one (bench/README.md).
+//! cores the broker needs (bench/README.md has the figures).
 
 use super::supervisor::AmqpConsumer;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
@@ -36,8 +35,8 @@ pub(super) struct AckInner {
     /// Settled by acceptance and not yet acknowledged on the wire, below
     /// or at the floor when accepted: the highest of them (0: none). In
     /// order, the common case, every acceptance lands here, and one
-    /// `multiple` ack up to it covers them all (a BTreeSet insert and pop a
-    /// tag was a third of what accepting cost, callgrind).
+    /// `multiple` ack up to it covers them all, with no set to insert each
+    /// tag into and pop it from again.
     pub(super) run: u64,
     /// Settled by acceptance beyond a gap, not yet acknowledged.
     pub(super) pending: BTreeSet<u64>,

@@ -2,7 +2,7 @@
 //! its delivery exchange.
 
 use super::{all, bind, declare_exchange, declare_queue, map_error, AmqpBackend};
-use crate::delay::{cascade, Destination, DELIVER_EXCHANGE};
+use crate::cascade::{cascade, Destination, DELIVER_EXCHANGE};
 use crate::error::Result;
 use crate::topology::BindingSpec;
 use lapin::options::{ExchangeBindOptions, QueueBindOptions};

@@ -193,8 +193,8 @@ pub(super) async fn dial(url: &str, origin: &str, endpoint: &str, connect_timeou
     // frame_max it knows when it starts: with none in the URL that is AMQP's
     // 4 KiB minimum, and once the broker's 128 KiB is negotiated it grows
     // both to 4 MiB with `Vec::resize`, which writes every byte: 8 MiB
-    // resident per connection before a message is sent (7.6 MB measured,
-    // bench/memory.rb). Proposing RabbitMQ's default up front allocates the
+    // resident per connection before a message is sent (bench/memory.rb
+    // measures it). Proposing RabbitMQ's default up front allocates the
     // same buffers once, zeroed by the allocator, so their pages become
     // resident only as traffic reaches them. Message size is not capped by
     // this (bodies span as many frames as they need); the properties budget

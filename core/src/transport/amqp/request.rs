@@ -20,7 +20,7 @@ impl AmqpBackend {
         let ch = self.open_channel(true).await?;
         let mut consumer = ch
             .basic_consume(
-                ShortString::from(crate::request::REPLY_TO),
+                ShortString::from(crate::wire::REPLY_TO),
                 ShortString::from(""),
                 BasicConsumeOptions { no_ack: true, ..Default::default() },
                 FieldTable::default(),

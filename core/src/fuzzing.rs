@@ -10,7 +10,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 pub use crate::decode::{decode_as, Payload, Undecodable};
-pub use crate::limits::copy_props;
 pub use crate::wire::{envelope_of, props_for, Props, RawDelivery, MALFORMED_HEADER, MALFORMED_RAW_HEADER};
 
 /// The broker's side of a socket: hands out `data` in reads of the sizes
@@ -67,6 +66,12 @@ pub fn filter(data: &[u8], chunks: &[usize], buf_len: usize, client_frame_max: u
     }
     assert_eq!(filtered.inner().pos, data.len(), "0 (the end) before the end of the stream");
     out
+}
+
+/// What a copy (a retry, a dead letter, a replay) sends of `props`
+/// (`limits::copy_props`).
+pub fn copy_props(props: &mut Props) {
+    crate::limits::copy_props(props)
 }
 
 /// The body check's fast path (`wire::utf8`), which must agree with

@@ -257,7 +257,7 @@ fn prefix(s: &str, n: usize) -> &str {
 ///   [`ORIGINAL_USER_ID_HEADER`](crate::ORIGINAL_USER_ID_HEADER).
 ///
 /// Then the copy is made to fit in a frame ([`fit_copy`]).
-pub fn copy_props(props: &mut Props) {
+pub(crate) fn copy_props(props: &mut Props) {
     props.delivery_mode = Some(2);
     // A copy goes to a rung or a DLQ by the default exchange: a `CC` left
     // on it (the delay cascade's) would send it to a queue named by it too.

@@ -39,18 +39,18 @@ pub const MALFORMED_HEADER: &str = "x-acemq-malformed";
 pub const MALFORMED_RAW_HEADER: &str = "x-acemq-malformed-raw";
 
 /// On a copy (retry, dead letter, replay): the original's `expiration`,
-/// which the copy does not carry (see [`copy_props`]).
+/// which the copy does not carry (see `limits::copy_props`).
 pub const ORIGINAL_EXPIRATION_HEADER: &str = "x-acemq-original-expiration";
 /// On a copy sent through RabbitMQ as another user than the one who
 /// published: the original's `user_id`, which RabbitMQ would refuse on the
-/// copy (see [`copy_props`]).
+/// copy (see `limits::copy_props`).
 pub const ORIGINAL_USER_ID_HEADER: &str = "x-acemq-original-user-id";
 
 /// AMQP basic properties: every one of the fourteen, as a delivery carried
 /// them (`message.delivery.properties`) and as a copy sends them again.
 ///
 /// A retry, dead-letter or replay copy keeps every property of the original
-/// but three, each for a reason (see [`copy_props`] and docs/retries.md):
+/// but three, each for a reason (see `limits::copy_props` and docs/retries.md):
 /// it is persistent whatever the original was, it carries no `expiration`
 /// (kept in [`ORIGINAL_EXPIRATION_HEADER`]), and on RabbitMQ a `user_id`
 /// that is not the copying connection's user moves to
@@ -283,7 +283,7 @@ fn compression(encoding: Option<&str>) -> Option<&'static str> {
 /// The body as JSON is read from it: `body` itself, or decompressed when
 /// `content_encoding` is `gzip` or `deflate`. Err says why it cannot be
 /// read (corrupt, or larger than [`MAX_DECOMPRESSED`]). What an adapter
-/// calls to parse a body itself ([`Payload::Checked`]); a copy always keeps
+/// calls to parse a body itself ([`Payload::Checked`](crate::Payload::Checked)); a copy always keeps
 /// the body as it arrived.
 pub fn decoded_body<'a>(props: &Props, body: &'a [u8]) -> std::result::Result<std::borrow::Cow<'a, [u8]>, String> {
     use std::io::Read;

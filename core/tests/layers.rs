@@ -597,6 +597,38 @@ fn describe(graph: &BTreeMap<String, BTreeMap<String, Vec<Site>>>, cycles: &[Vec
     out
 }
 
+/// Where `graph` disagrees with `map` (rows top first): a module in no row
+/// or in two, a name in a row that is no module, a use that points up.
+/// Empty: none.
+fn against_map(graph: &BTreeMap<String, BTreeMap<String, Vec<Site>>>, map: &[(String, Vec<String>)]) -> String {
+    let mut row: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut out = String::new();
+    for (i, (_, modules)) in map.iter().enumerate() {
+        for m in modules {
+            if row.insert(m, i).is_some() {
+                out += &format!("  `{m}` is in two rows\n");
+            }
+            if !graph.contains_key(m) {
+                out += &format!("  `{m}` is not a module of the crate\n");
+            }
+        }
+    }
+    for m in graph.keys().filter(|m| !row.contains_key(m.as_str())) {
+        out += &format!("  `{m}` is in no row\n");
+    }
+    for (from, tos) in graph {
+        for (to, sites) in tos {
+            let (Some(&f), Some(&t)) = (row.get(from.as_str()), row.get(to.as_str())) else { continue };
+            // Rows are top first: a use points to the same row or a later one.
+            if t < f {
+                let s = &sites[0];
+                out += &format!("  {from} ({}) uses {to} ({}), a row above it: {}:{} {}\n", map[f].0, map[t].0, s.file, s.line, s.path);
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn top_level_modules_form_no_cycle() {
     let krate = Crate::read(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
@@ -620,26 +652,11 @@ fn top_level_modules_form_no_cycle() {
     assert!(found.is_empty(), "core's top-level modules must form layers (see src/lib.rs); these modules use each other:\n{}", describe(&graph, &found));
 
     let map = layer_map(&fs::read_to_string(krate.src.join("lib.rs")).unwrap());
-    let mut row: BTreeMap<&str, usize> = BTreeMap::new();
-    for (i, (_, modules)) in map.iter().enumerate() {
-        for m in modules {
-            assert!(row.insert(m, i).is_none(), "`{m}` is in two rows of the layer map in lib.rs");
-        }
-    }
-    let unmapped: Vec<&String> = graph.keys().filter(|m| !row.contains_key(m.as_str())).collect();
-    let stale: Vec<&&str> = row.keys().filter(|m| !graph.contains_key(**m)).collect();
-    assert!(unmapped.is_empty() && stale.is_empty(), "lib.rs's layer map lacks {unmapped:?} and names modules that are not there: {stale:?}");
-    let mut upward = String::new();
-    for (from, tos) in &graph {
-        for (to, sites) in tos {
-            // Rows are top first: a use points to the same row or a later one.
-            if row[to.as_str()] < row[from.as_str()] {
-                let s = &sites[0];
-                upward += &format!("  {from} ({}) -> {to} ({}): {}:{} {}\n", map[row[from.as_str()]].0, map[row[to.as_str()]].0, s.file, s.line, s.path);
-            }
-        }
-    }
-    assert!(upward.is_empty(), "uses that go up the layer map in lib.rs (move the thing down, or take it as a trait or a value):\n{upward}");
+    let upward = against_map(&graph, &map);
+    assert!(
+        upward.is_empty(),
+        "the layer map in lib.rs's docs is not the code's (move the thing down, take it as a trait or a value, or fix the map):\n{upward}"
+    );
 }
 
 #[test]
@@ -673,4 +690,12 @@ fn the_reader_sees_what_it_should() {
     assert_eq!(graph["one"].keys().collect::<Vec<_>>(), ["two"]);
     assert_eq!(graph["two"].keys().collect::<Vec<_>>(), ["one"]);
     assert_eq!(cycles(&graph), [vec!["one".to_string(), "two".to_string()]]);
+
+    let lib = "//! # Layers\n//!\n//! | Layer | Modules | Why |\n//! |---|---|---|\n//! | top | `two` | a |\n//! | bottom | `one`, `three` | b |\n";
+    let map = layer_map(lib);
+    assert_eq!(map, [("top".to_string(), vec!["two".to_string()]), ("bottom".to_string(), vec!["one".to_string(), "three".to_string()])]);
+    let found = against_map(&graph, &map);
+    assert!(found.contains("`three` is not a module"), "{found}");
+    assert!(found.contains("one (bottom) uses two (top), a row above it: one.rs:"), "{found}");
+    assert!(!found.contains("two (top) uses"), "{found}");
 }

@@ -36,10 +36,12 @@
 //! modules of its own row or of rows below it, and no modules use each other,
 //! however indirectly (`tests/layers.rs` reads `src/` and fails otherwise).
 //! A module that needs something from above takes it as a trait or a plain
-//! value: events take an [`events::OutboxOutcome`], not the outbox's
-//! completion; the connection holds what the delay cascade and the reply
-//! channel keep per connection as plain state, and the patterns above it act
-//! on that state.
+//! value: events read an [`events::OutboxOutcome`], not the outbox's
+//! completion; the connection keeps, as plain state, what the delay cascade
+//! and request/reply need per connection (what is declared, the reply
+//! channel), and the modules above it act on that state. A public item that
+//! lives below the module a reader looks for it in is re-exported there
+//! (`runner::Drained`, `delay::DUE_HEADER`), or at the crate root.
 //!
 //! | Layer | Modules | Why here |
 //! |---|---|---|

@@ -4,6 +4,10 @@ require "erb"
 require "json"
 require "time"
 require "acemq/web/store_pages"
+require "acemq/web/router"
+require "acemq/web/actions"
+require "acemq/web/helpers"
+require "acemq/web/charts"
 
 module AceMQ
   class Web
@@ -17,9 +21,18 @@ module AceMQ
     # token_field, ago and chart_svg return), printed as it is; a template
     # that means to print markup says so with raw(...). So a forgotten h()
     # is a string shown with its angle brackets, never script.
+    #
+    # The pages and how they are rendered are here; which page a request is
+    # (Router), what a POST changes (Actions), what templates print with
+    # (Helpers) and the queue's chart (Charts) are modules of their own,
+    # included as StorePages is.
     class Views
       include ERB::Util
       include StorePages
+      include Router
+      include Actions
+      include Helpers
+      include Charts
 
       # A String that is HTML already: markup built here, or text escaped
       # once. `<%= %>` prints it as it is (as Rails' SafeBuffer). Anything
@@ -78,7 +91,6 @@ module AceMQ
       DIR = File.join(__dir__, "views")
       TEMPLATES = Hash.new { |h, name| h[name] = compile(File.read(File.join(DIR, "#{name}.erb"), encoding: Encoding::UTF_8)) }
       FILTERS = %w[reason type error_class id].freeze
-      ACTIONS = %w[replay discard purge].freeze
 
       def initialize(request, source)
         @req = request
@@ -121,34 +133,6 @@ module AceMQ
         return [400, headers("application/json"), [JSON.generate(error: Views.text(message))]] if @req.path.start_with?("/api/")
 
         refuse(400, "Bad request", message)
-      end
-
-      def route
-        path = @req.path
-        if %w[/audit /api/audit].include?(path) && !@source.store_configured?
-          said = "The audit is the dead-letter store's, and this dashboard has none (docs/web.md, Store mode)."
-          return [404, headers("application/json"), [JSON.generate(error: said)]] if path.start_with?("/api/")
-
-          return refuse(404, "No dead-letter store", said)
-        end
-        if @source.store_configured? && (found = store_route(path))
-          return found
-        end
-        if @req.get?
-          return overview if ["/", ""].include?(path)
-          return json(overview_values) if path == "/overview.json"
-          if (m = %r{\A/queues/([^/]+)\z}.match(path))
-            return with_queue(m[1]) { |t| queue_page(t) }
-          end
-          if (m = %r{\A/queues/([^/]+)/dlq\z}.match(path))
-            return with_queue(m[1]) { |t| store ? store_dlq_page(t) : dlq_page(t) }
-          end
-        elsif @req.post? && (m = %r{\A/queues/([^/]+)/dlq/(replay|discard|purge)\z}.match(path))
-          return with_queue(m[1]) { |t| store ? store_act(t, m[2]) : act(t, m[2]) }
-        elsif @req.post? && (m = %r{\A/runners/(pause|resume)\z}.match(path))
-          return control(m[1])
-        end
-        refuse(404, "Not found", "Nothing at #{path}.")
       end
 
       # ---- pages
@@ -225,228 +209,7 @@ module AceMQ
         page(:dlq)
       end
 
-      # ---- actions: confirm first (a page of its own, no script needed),
-      # then do it and say what was done.
-
-      def act(target, action)
-        refused = refusal
-        return refused if refused
-
-        @target = target
-        @action = action
-        @ids = selected_ids
-        @filter = filter_params
-        @scope = @ids.any? ? :ids : :filter
-        unselected = nothing_selected(action)
-        return unselected if unselected
-
-        @title = "Confirm"
-        return page(:confirm) unless @req.params["confirmed"] == "yes"
-
-        @done = perform
-        @title = "Done"
-        page(:done)
-      end
-
-      # Pause or resume a consumer: the runner's own control request (POST
-      # /consumers/NAME/pause on its health endpoint), the one mechanism
-      # `acemq ctl pause` uses. Reversible, so it asks nothing first.
-      def control(action)
-        refused = refusal
-        return refused if refused
-
-        runner = @source.runners[Integer(@req.params["runner"].to_s, exception: false) || -1]
-        name = @req.params["consumer"].to_s
-        return refuse(422, "No such runner", "No runner #{@req.params['runner'].inspect} here.") if runner.nil? || name.empty?
-
-        code, said = @source.control(runner, name, action)
-        @title = code == 200 ? "Done" : "Refused by the runner"
-        @message = "#{runner} answered #{code}: #{said.strip}"
-        page(:message, status: code == 200 ? 200 : 502)
-      end
-
-      # Why a POST changes nothing: read-only here, or no matching CSRF token.
-      def refusal
-        return refuse(403, "Read-only", "This dashboard is read-only here: nothing was changed.") if @req.read_only?
-        return nil if @req.csrf_ok?
-
-        refuse(403, "Refused: CSRF token",
-               "The form's CSRF token is missing or does not match this browser's: nothing was changed. " \
-               "Reload the page and try again.")
-      end
-
-      def perform
-        q = @target.queue
-        case @action
-        when "replay"
-          r = @scope == :ids ? @source.replay(q, ids: @ids) : @source.replay(q, filter: filter_for_engine(@filter))
-          missing = @scope == :ids ? @ids.size - r[:replayed] : 0
-          "Replayed #{plural(r[:replayed], 'dead letter')} from #{@target.dlq} to #{q}" \
-            "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}" \
-            "; #{plural(r[:skipped], 'other')} left in the DLQ."
-        when "discard"
-          r = @source.discard(q, ids: @ids)
-          missing = @ids.size - r[:discarded]
-          "Discarded #{plural(r[:discarded], 'dead letter')} from #{@target.dlq}" \
-            "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}."
-        when "purge"
-          r = @source.purge(q)
-          "Purged #{@target.dlq}: #{plural(r[:discarded], 'dead letter')} discarded."
-        end
-      end
-
-      # ---- helpers the templates use
-
-      def link(path, params = nil)
-        query = params&.reject { |_, v| v.nil? || v.to_s.empty? }
-        "#{@req.base}#{path}#{query && !query.empty? ? "?#{URI.encode_www_form(query)}" : ''}"
-      end
-
-      def qpath(queue, rest = "") = "/queues/#{url_encode(queue)}#{rest}"
-
-      # Text escaped once, as SafeHTML (already SafeHTML: as it is).
-      def h(value) = Views.escape(value)
-
-      # Markup printed as it is: only for text that is markup, built here.
-      def raw(markup) = SafeHTML.new(Views.text(markup))
-
-      def script_json(value) = Views.script_json(value)
-
-      def token_field = raw(%(<input type="hidden" name="#{CSRF_FIELD}" value="#{h(@req.token)}">))
-
-      def read_only? = @req.read_only?
-
-      def num(value) = value.nil? ? "—" : value.to_s.reverse.scan(/\d{1,3}/).join(",").reverse.then { |s| value.negative? ? "-#{s}" : s }
-
-      def rate(value) = value.nil? ? "—" : format("%+.1f", value).sub("+0.0", "0.0")
-
-      def rungs_ready(consumer)
-        rs = consumer[:rungs].select { |r| r[:exists] }
-        rs.empty? ? nil : rs.sum { |r| r[:ready].to_i }
-      end
-
-      def outbox_text(outbox)
-        return "no outbox" unless outbox
-        return outbox[:error] if outbox[:error]
-
-        age = outbox[:oldest_age] ? "oldest #{outbox[:oldest_age]} s" : "none waiting"
-        "#{num(outbox[:waiting])} waiting, #{age}#{outbox[:failing].to_i.positive? ? ", #{outbox[:failing]} failing" : ''}"
-      end
-
-      # What waits in the delay cascade (docs/delays.md), as acemq status
-      # says it.
-      def delayed_text(delayed) = Status::Report.delayed(delayed || []).delete_prefix("delayed: ")
-
-      # How long ago `time` was, short: "12 s", "4 min", "2.5 h"; "—" for none.
-      def age(time)
-        return "—" unless time
-
-        s = [(Time.now - time).round, 0].max
-        s < 90 ? "#{s} s" : s < 5400 ? "#{(s / 60.0).round} min" : "#{(s / 3600.0).round(1)} h"
-      end
-
-      def plural(n, word) = "#{num(n)} #{word}#{n == 1 ? '' : 's'}"
-
-      def ago(time)
-        return "—" unless time
-
-        s = (Time.now - time).round
-        rel = s < 90 ? "#{s} s ago" : s < 5400 ? "#{(s / 60.0).round} min ago" : "#{(s / 3600.0).round(1)} h ago"
-        raw(%(<time datetime="#{time.utc.iso8601}" title="#{time.utc.iso8601}">#{rel}</time>))
-      end
-
-      # The body as JSON pretty-printed, else as text, else its size.
-      def pretty_body(body)
-        text = body.dup.force_encoding(Encoding::UTF_8)
-        return "(#{body.bytesize} bytes, not UTF-8)" unless text.valid_encoding?
-
-        JSON.pretty_generate(JSON.parse(text))
-      rescue JSON::ParserError
-        text
-      end
-
-      # The failure's backtrace (x-acemq-backtrace: frames joined by "\n",
-      # at most 20 and 4 KiB as sent; whatever a publisher put there is
-      # printed as text, cut at 4 KiB), or nil.
-      def backtrace_of(letter)
-        bt = letter[:backtrace] || letter[:headers].is_a?(Hash) && letter[:headers]["x-acemq-backtrace"]
-        return nil if bt.nil? || bt == false
-
-        text = bt.is_a?(String) ? bt : Source.text_of(bt)
-        text.empty? ? nil : Views.text(text).byteslice(0, 4096).scrub
-      end
-
-      # One x-acemq-history entry, as Source.history_entry reads it, the way
-      # both DLQ browsers print it: an entry that was no table as its text,
-      # else its reason (error class), attempts and when, each escaped.
-      def history_item(entry)
-        return h(entry[:text]) if entry[:text]
-
-        out = +""
-        out << h(entry[:reason] || "—")
-        out << " (" << h(entry[:error_class]) << ")" if entry[:error_class]
-        out << ", " << h(entry[:attempts]) << " attempts" if entry[:attempts]
-        if entry[:failed_at]
-          out << ", " << ago(entry[:failed_at])
-        elsif entry[:failed_at_text]
-          out << ", failed at " << h(entry[:failed_at_text])
-        end
-        raw(out)
-      end
-
-      def pretty_headers(headers)
-        JSON.pretty_generate(headers.reject { |k, _| k == "x-acemq-history" })
-      rescue JSON::JSONError, EncodingError
-        headers.inspect
-      end
-
-      # The kept samples as inline SVG: the rates (handled/s from the
-      # runner's counter, dead-lettered/s from the DLQ's growth) and the
-      # depths (ready, DLQ), each over the last minutes.
-      def chart_svg
-        pts = @samples
-        return raw(%(<p class="muted" id="chart">No samples yet: the overview and this page take one each refresh.</p>)) if pts.size < 2
-
-        rate = lambda do |field|
-          pts.each_cons(2).map do |a, b|
-            x = a.public_send(field)
-            y = b.public_send(field)
-            [b.at, x && y ? [(y - x) / (b.at - a.at), 0].max : nil]
-          end
-        end
-        depth = ->(field) { pts.map { |s| [s.at, s.public_send(field)] } }
-        span = [pts.last.at - pts.first.at, 1].max
-        raw(%(<div id="chart">) +
-          svg_chart("Rates", "/s", pts.first.at, span, "handled" => rate.call(:done), "dead-lettered" => rate.call(:dlq)) +
-          svg_chart("Depth", "", pts.first.at, span, "ready" => depth.call(:ready), "in the DLQ" => depth.call(:dlq)) +
-          "</div>")
-      end
-
-      def svg_chart(title, unit, t0, span, series)
-        w = 600
-        hgt = 100
-        max = [series.values.flatten(1).filter_map(&:last).max.to_f, 1].max
-        lines = series.each_with_index.map do |(name, points), i|
-          xy = points.filter_map { |t, v| v && format("%.1f,%.1f", (t - t0) / span * w, hgt - (v.to_f / max * (hgt - 10))) }
-          %(<polyline fill="none" stroke="#{i.zero? ? '#2563eb' : '#dc2626'}" stroke-width="2" vector-effect="non-scaling-stroke" points="#{xy.join(' ')}"><title>#{name}</title></polyline>)
-        end
-        names = series.keys
-        <<~SVG
-          <figure><svg viewBox="0 0 #{w} #{hgt}" width="100%" height="#{hgt}" preserveAspectRatio="none" role="img" aria-label="#{h(@target.queue)}: #{title.downcase}, #{names[0]} (blue) and #{names[1]} (red) over the last #{span.round} s, top #{max.round(1)}#{unit}">
-          <line x1="0" y1="#{hgt}" x2="#{w}" y2="#{hgt}" stroke="#999"/>#{lines.join}</svg>
-          <figcaption>#{title}: #{names[0]} (blue) and #{names[1]} (red)#{unit}, last #{span.round} s, #{@samples.size} samples, top #{max.round(1)}#{unit}.</figcaption></figure>
-        SVG
-      end
-
       private
-
-      def with_queue(raw)
-        name = URI.decode_www_form_component(raw)
-        target = @source.target(name)
-        return refuse(404, "No such queue", "#{name} is not one of this dashboard's queues.") unless target
-
-        yield target
-      end
 
       def filter_params
         single_values!(FILTERS)
@@ -466,13 +229,6 @@ module AceMQ
           ids: filter["id"] && [filter["id"]] }.compact
       end
 
-      def selected_ids
-        one = @req.params["one"].to_s
-        return [one] unless one.empty?
-
-        Array(@req.params["ids"]).map(&:to_s).reject(&:empty?).uniq
-      end
-
       def page(name, status: 200)
         @content = render(name)
         html(status, render(:layout))
@@ -485,29 +241,6 @@ module AceMQ
         meth = :"template_#{name}"
         Views.define_template(name) unless Views.method_defined?(meth, false)
         SafeHTML.new(send(meth))
-      end
-
-      # "Select all on this page": a box that ticks or clears every dead
-      # letter's box in its form, drawn only where there are actions. The
-      # layout adds its few lines of JavaScript after the page's main part
-      # (where a page's own content never has a script); without them the
-      # box does nothing, and "Replay all matching" is there.
-      def select_all
-        @select_all = true
-        raw(%(<label><input type="checkbox" class="select-all" id="select-all"> Select all on this page</label>))
-      end
-
-      # The 422 for a discard, or a replay not of all matching, with none
-      # selected (the queue's DLQ page and the store's alike); nil when
-      # something is.
-      def nothing_selected(action)
-        return nil if @ids.any?
-        if action == "discard"
-          return refuse(422, "Nothing selected", "Discard takes the dead letters you select: none were.")
-        end
-        return nil unless action == "replay" && @req.params["scope"] != "filter"
-
-        refuse(422, "Nothing selected", "Select dead letters to replay, or replay all matching a filter.")
       end
 
       def refuse(status, title, message)

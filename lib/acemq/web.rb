@@ -5,6 +5,7 @@ require "json"
 require "securerandom"
 require "uri"
 require "acemq/amqp"
+require "acemq/secure_compare"
 require "acemq/status"
 require "acemq/web/source"
 require "acemq/web/views"
@@ -164,7 +165,7 @@ module AceMQ
         return false if @new_token
 
         given = @params[CSRF_FIELD].to_s
-        return false unless given.bytesize == @token.bytesize && secure_compare(given, @token)
+        return false unless AceMQ.secure_compare(given, @token)
 
         origin = @env["HTTP_ORIGIN"]
         origin.nil? || origin == "null" ? origin.nil? : same_origin?(origin)
@@ -219,10 +220,6 @@ module AceMQ
         o.host == h.host && o.port == h.port
       rescue URI::Error, ArgumentError
         false
-      end
-
-      def secure_compare(a, b)
-        a.bytes.zip(b.bytes).reduce(0) { |acc, (x, y)| acc | (x ^ y) }.zero?
       end
     end
   end

@@ -4,6 +4,7 @@ require "json"
 require "socket"
 require "time"
 require "uri"
+require "acemq/secure_compare"
 
 module AceMQ
   class Swarm
@@ -158,7 +159,7 @@ module AceMQ
       def control(path, request, peer)
         token = @swarm.control_token
         bearer = request[/^authorization:\s*Bearer\s+(\S+)/i, 1]
-        allowed = token ? bearer && bearer.bytesize == token.bytesize && secure_eq(bearer, token) : peer&.ipv4_loopback? || peer&.ipv6_loopback?
+        allowed = token ? bearer && AceMQ.secure_compare(bearer, token) : peer&.ipv4_loopback? || peer&.ipv6_loopback?
         return [403, "text/plain", "forbidden: control requests are taken from 127.0.0.1, or with the control token (ACEMQ_CONTROL_TOKEN)\n"] unless allowed
 
         m = path.match(%r{\A/consumers/([^/]+)/(pause|resume)\z})
@@ -175,8 +176,6 @@ module AceMQ
 
         [200, "text/plain", "#{m[2] == 'pause' ? 'paused' : 'resumed'} #{name} in #{answers.size} processes\n"]
       end
-
-      def secure_eq(a, b) = a.bytes.zip(b.bytes).reduce(0) { |acc, (x, y)| acc | (x ^ y) }.zero?
 
       # GET (or POST) to a child's endpoint: [code, body], or nil when it does not answer.
       def ask(port, path, method: "GET")

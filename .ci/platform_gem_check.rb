@@ -4,7 +4,7 @@
 # (.ci/platform-gem runs it on the host with a stripped PATH and in the
 # sid-bare chroot):
 #
-#   ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed] [--no-demo] [--no-outbox]
+#   ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed] [--no-demo] [--add-with=RUBY]
 #
 # It fails unless no compiler, cargo or rustc is on PATH (with --installed:
 # none is installed either, nor libclang or this Ruby's headers), and unless
@@ -13,10 +13,11 @@
 # from outside the checkout, checks that the extension loaded is the gem's
 # own build for this Ruby, publishes and consumes on memory:// and on
 # RabbitMQ (AMQP_URL), runs the idempotent consumer on SQLite (path:) and
-# the outbox relay (rows added with the sqlite3 gem) on RabbitMQ, and runs
-# bin/demo from the installed gem on both transports.
-# --no-demo leaves bin/demo out (under emulation, for time); --no-outbox the
-# relay, for a Ruby Debian builds no sqlite3 gem for (3.4 on arm64).
+# the outbox relay (its row added with the sqlite3 gem) on RabbitMQ, and
+# runs bin/demo from the installed gem on both transports.
+# --no-demo leaves bin/demo out (under emulation, for time); --add-with=RUBY
+# adds the relay's row with another Ruby of the machine and the same
+# installed gem, for a Ruby Debian builds no sqlite3 gem for (3.4 on arm64).
 # ACEMQ_DEMO_RUN names what the checks declare on the broker, for the caller
 # to delete.
 require "fileutils"
@@ -24,8 +25,9 @@ require "open3"
 require "rbconfig"
 
 gem_file, workdir, *flags = ARGV
-usage = "usage: ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed] [--no-demo] [--no-outbox]"
-abort usage unless gem_file && workdir && (flags - %w[--installed --no-demo --no-outbox]).empty?
+usage = "usage: ruby .ci/platform_gem_check.rb GEM WORKDIR [--installed] [--no-demo] [--add-with=RUBY]"
+add_with = flags.find { |f| f.start_with?("--add-with=") }&.delete_prefix("--add-with=")
+abort usage unless gem_file && workdir && (flags - %w[--installed --no-demo] - ["--add-with=#{add_with}"]).empty?
 gem_file = File.expand_path(gem_file)
 installed_check = flags.include?("--installed")
 amqp_url = ENV.fetch("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
@@ -110,7 +112,7 @@ out.each_line { |line| puts "platform_gem_check: #{ruby}: #{line}" }
 # extension links to): a duplicate is handled once; a row committed with
 # the work reaches the queue through the relay.
 stores = <<~'RUBY'
-  require "acemq/amqp"
+  require "acemq/amqp/patterns"
   include AceMQ::AMQP
   mq = Connection.open(ENV.fetch("AMQP_URL"))
   queue = "platform-gem-stores-#{ENV.fetch('ACEMQ_DEMO_RUN')}"
@@ -121,7 +123,7 @@ stores = <<~'RUBY'
   store = Patterns::SQLIdempotencyStore.new(path: db)
   store.create_schema
   handled = Queue.new
-  subscription = mq.consume(queue, &Patterns.idempotent(store, key: ->(m) { m.payload["n"].to_s }) { |m| handled << m.payload["n"] })
+  subscription = mq.consume(queue, &Patterns.idempotent(store, key: ->(m) { m.payload["n"].to_s }) { |m| handled << m.payload["n"]; Ack.accept })
   [1, 1, 2].each { |n| mq.publish({ "n" => n }, to: queue) }
   got = 2.times.map { Thread.new { handled.pop }.join(10)&.value }
   sleep 0.5 # a second 1 would be handled by now
@@ -130,32 +132,41 @@ stores = <<~'RUBY'
   abort "idempotent on SQLite: key 1 not confirmed" unless store.confirmed?("1")
   puts "idempotent consumer on SQLite: 3 published, 2 handled, the duplicate skipped"
 
-  unless ENV["ACEMQ_NO_OUTBOX"]
+  # The row is added in a transaction on the sqlite3 gem's connection, by
+  # this Ruby or (ACEMQ_OUTBOX_ADD_WITH) another one in this chroot using the
+  # same installed gem, for a Ruby Debian builds no sqlite3 gem for; the
+  # relay, on its own path: connection, is this Ruby's.
+  relay_store = Patterns::SQLOutboxStore.new(path: db)
+  relay_store.create_schema
+  add = <<~'ADD'
+    require "acemq/amqp/patterns"
     require "sqlite3"
-    app = SQLite3::Database.new(db)
-    outbox = Patterns::SQLOutboxStore.new(connection: app)
-    outbox.create_schema
-    app.transaction { outbox.add(Patterns.record(mq, { "order" => "A-1" }, to: queue), connection: app) }
-    relayed = Queue.new
-    subscription = mq.consume(queue) { |m| relayed << m.payload; Ack.accept }
-    relay = Patterns::OutboxRelay.new(mq, Patterns::SQLOutboxStore.new(path: db), interval: 0.2)
-    relay.start
-    got = Thread.new { relayed.pop }.join(10)&.value
-    relay.close
-    subscription.cancel
-    abort "outbox relay: consumed #{got.inspect}" unless got == { "order" => "A-1" }
-    abort "outbox relay: #{outbox.backlog.inspect} left" unless outbox.backlog[:count].zero?
-    puts "outbox relay: a committed row published and consumed, backlog 0"
-  end
+    app = SQLite3::Database.new(ARGV[0])
+    outbox = AceMQ::AMQP::Patterns::SQLOutboxStore.new(connection: app)
+    mq = AceMQ::AMQP::Connection.open("memory://")
+    record = AceMQ::AMQP::Patterns.record(mq, { "order" => "A-1", "by" => RUBY_VERSION }, to: ARGV[1])
+    app.transaction { outbox.add(record, connection: app) }
+  ADD
+  adder = ENV["ACEMQ_OUTBOX_ADD_WITH"] || RbConfig.ruby
+  system(adder, "-e", add, db, queue, exception: true)
+  relayed = Queue.new
+  subscription = mq.consume(queue) { |m| relayed << m.payload; Ack.accept }
+  relay = Patterns::OutboxRelay.new(mq, relay_store, interval: 0.2)
+  relay.start
+  got = Thread.new { relayed.pop }.join(10)&.value
+  relay.close
+  subscription.cancel
+  abort "outbox relay: consumed #{got.inspect}" unless got&.fetch("order", nil) == "A-1"
+  abort "outbox relay: #{relay_store.backlog.inspect} left" unless relay_store.backlog[:count].zero?
+  puts "outbox relay: a row committed by Ruby #{got['by']} relayed by #{RUBY_VERSION} and consumed, backlog 0"
   mq.close
 RUBY
 t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-stores_env = env.merge("AMQP_URL" => amqp_url, "ACEMQ_NO_OUTBOX" => ("1" if flags.include?("--no-outbox")))
+stores_env = env.merge("AMQP_URL" => amqp_url, "ACEMQ_OUTBOX_ADD_WITH" => add_with)
 out, status = Open3.capture2e(stores_env, RbConfig.ruby, "-e", stores, chdir: workdir)
 fail!("#{ruby}: stores:\n#{out}") unless status.success?
 out.each_line { |line| puts "platform_gem_check: #{ruby}: #{line}" }
 puts format("platform_gem_check: %s: stores checked in %.1f s", ruby, Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0)
-puts "platform_gem_check: #{ruby}: outbox relay: not run (--no-outbox)" if flags.include?("--no-outbox")
 exit if flags.include?("--no-demo")
 
 # -- bin/demo -------------------------------------------------------------------

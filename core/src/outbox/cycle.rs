@@ -5,7 +5,7 @@
 //! and the Ruby relay's thread in the extension, whose SQL must run on that
 //! thread holding the GVL (a Ruby driver can be used nowhere else).
 
-use super::{settle, Completion, InFlight, OutboxRecord, Swept};
+use super::{settle, Completion, OutboxRecord, Swept};
 use crate::error::{Error, Result};
 use crate::events::OutboxFailure;
 use std::collections::VecDeque;
@@ -162,7 +162,7 @@ enum Stage {
 ///
 /// A started cycle keeps two things between sweeps: confirmed ids whose
 /// delete is held for the next claim ([`Swept::defer_delete`]), and a full
-/// batch sent and not settled yet ([`InFlight::worth_it`]), settled after
+/// batch sent and not settled yet ([`Swept::keep_in_flight`]), settled after
 /// the next claim so that claim runs while the broker confirms. Both stay
 /// leased to this relay; dropped (a crash), they are published again after
 /// the lease: a duplicate, never a loss.
@@ -238,7 +238,7 @@ impl Cycle {
                 None => self.claimed(claimed, done, Swept::default(), Report::default()),
             },
             (Stage::Sending { prior }, Input::Sent(records)) => {
-                if self.started && InFlight::worth_it(records.len(), self.batch_size, &prior) {
+                if self.started && prior.keep_in_flight(records.len(), self.batch_size) {
                     self.in_flight = Some(records);
                     self.stage = Stage::Idle;
                     return Action::Again;

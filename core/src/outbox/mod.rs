@@ -60,5 +60,7 @@ pub use record::OutboxRecord;
 pub use relay::{OnError, OutboxRelay, RelayOptions, RelayStore};
 pub use store::SqlOutboxStore;
 pub use crate::sql::default_worker_id;
-pub use sweep::{settle, InFlight, Settled, Swept};
+#[allow(deprecated)] // InFlight: deprecated, re-exported for one release.
+pub use sweep::InFlight;
+pub use sweep::{settle, Settled, Swept};
 pub use wake::LocalWake;

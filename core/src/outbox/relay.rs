@@ -78,7 +78,13 @@ impl std::fmt::Debug for RelayOptions {
 /// publish, complete after the confirms) is core's [`Cycle`], written once
 /// for this relay and the Ruby one.
 pub trait RelayStore: Send + Sync + 'static {
-    /// [`SqlOutboxStore::claim`].
+    /// [`SqlOutboxStore::claim`]. Never called: the relay claims with
+    /// [`delete_then_claim_for_relay`](Self::delete_then_claim_for_relay)
+    /// (no ids to delete on its first claim). Kept, deprecated, for one
+    /// release, since a store outside the crate implements it.
+    #[deprecated(
+        note = "the relay never calls it (it claims with delete_then_claim_for_relay); implementations may leave it out once it is removed"
+    )]
     fn claim_for_relay(self: Arc<Self>, batch_size: usize) -> impl Future<Output = Result<Vec<OutboxRecord>>> + Send;
     /// [`SqlOutboxStore::complete`].
     fn complete_for_relay(self: Arc<Self>, completions: Vec<Completion>) -> impl Future<Output = Result<usize>> + Send;

@@ -36,6 +36,18 @@ impl Swept {
     pub fn defer_delete(&self, batch_size: usize, woken: bool) -> bool {
         self.failed == 0 && self.confirmed > 0 && (self.again(batch_size) || woken)
     }
+
+    /// Whether a batch of `sent` rows just sent should be left in flight
+    /// while the next batch is claimed, `self` being the sweep of the batch
+    /// before it ([`Swept::default`] for none): when it is full (more is
+    /// waiting, as [`again`](Self::again) says) and the batch before it had
+    /// no failure. After a failure the relay waits for each batch's
+    /// confirms before claiming the next, as a relay that does not overlap
+    /// would: with the broker gone, claiming ahead only leases rows that
+    /// fail.
+    pub fn keep_in_flight(&self, sent: usize, batch_size: usize) -> bool {
+        sent >= batch_size && self.failed == 0
+    }
 }
 
 /// A published batch, settled: what to [`complete`](super::SqlOutboxStore::complete)
@@ -92,14 +104,20 @@ pub fn settle(records: &[OutboxRecord], results: Vec<crate::error::Result<()>>) 
 /// duplicate, never a loss.
 ///
 /// The relays themselves keep their batch in flight in [`Cycle`](super::Cycle)
-/// (the records) and its driver (the confirms); this stays for code that
-/// drives the store's steps on its own, and its rule, [`InFlight::worth_it`],
-/// is the cycle's.
+/// (the records) and its driver (the confirms), and nothing in the crate or
+/// the gem makes one of these: it stays, deprecated, for one release for
+/// code outside that drove the store's steps on its own. Its rule is
+/// [`Swept::keep_in_flight`].
+#[deprecated(
+    note = "unused by the relays, which keep their batch in flight in outbox::Cycle; drive a Cycle instead, and read the rule from Swept::keep_in_flight"
+)]
 pub struct InFlight {
     records: Vec<OutboxRecord>,
     confirms: Confirms,
 }
 
+// The deprecated type's own items: no warning for the crate's own use of it.
+#[allow(deprecated)]
 impl InFlight {
     /// `records` as sent, with the future of their confirms
     /// ([`OutboxPublisher::send_batch`](super::OutboxPublisher::send_batch)).
@@ -107,14 +125,9 @@ impl InFlight {
         InFlight { records, confirms }
     }
 
-    /// Whether a batch of `claimed` rows just sent should be left in flight
-    /// while the next batch is claimed: when it is full (more is waiting,
-    /// as [`Swept::again`] says) and the batch before it, if any, had no
-    /// failure. After a failure the relay waits for each batch's confirms
-    /// before claiming the next, as a relay that does not overlap would:
-    /// with the broker gone, claiming ahead only leases rows that fail.
+    /// [`Swept::keep_in_flight`]: `previous.keep_in_flight(claimed, batch_size)`.
     pub fn worth_it(claimed: usize, batch_size: usize, previous: &Swept) -> bool {
-        claimed >= batch_size && previous.failed == 0
+        previous.keep_in_flight(claimed, batch_size)
     }
 
     /// Rows in flight.
@@ -139,6 +152,7 @@ impl InFlight {
     }
 }
 
+#[allow(deprecated)]
 impl std::fmt::Debug for InFlight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight").field("rows", &self.records.len()).finish()

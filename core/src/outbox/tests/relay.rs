@@ -433,9 +433,13 @@ async fn closing_a_relay_with_a_batch_in_flight_settles_it_and_loses_nothing() {
 
 #[test]
 fn a_batch_is_left_in_flight_only_when_full_and_after_a_batch_without_failures() {
-    use crate::outbox::{InFlight, Swept};
-    assert!(InFlight::worth_it(3, 3, &Swept::default()), "the first full batch");
-    assert!(InFlight::worth_it(3, 3, &Swept { claimed: 3, confirmed: 3, failed: 0 }));
-    assert!(!InFlight::worth_it(2, 3, &Swept::default()), "less than a batch: nothing more is waiting");
-    assert!(!InFlight::worth_it(3, 3, &Swept { claimed: 3, confirmed: 2, failed: 1 }), "after a failure, one at a time");
+    use crate::outbox::Swept;
+    assert!(Swept::default().keep_in_flight(3, 3), "the first full batch");
+    assert!(Swept { claimed: 3, confirmed: 3, failed: 0 }.keep_in_flight(3, 3));
+    assert!(!Swept::default().keep_in_flight(2, 3), "less than a batch: nothing more is waiting");
+    assert!(!Swept { claimed: 3, confirmed: 2, failed: 1 }.keep_in_flight(3, 3), "after a failure, one at a time");
+    // The deprecated InFlight answers with the same rule.
+    #[allow(deprecated)]
+    let kept = crate::outbox::InFlight::worth_it(3, 3, &Swept::default());
+    assert!(kept);
 }

@@ -124,13 +124,13 @@ desc "Build pkg/acemq-VERSION-#{PlatformGem::PLATFORM}.gem and -#{PlatformGem::C
      "#{PlatformGem::BUILDS.keys.sort.map { |abi| abi[/\A\d+\.\d+/] }.join(', ')}, stripped (needs bin/stack's sid and " \
      "sid-cross chroots; PLATFORMS=x86_64-linux builds one)"
 task :platform_gem do
+  platforms = ENV.fetch("PLATFORMS", "#{PlatformGem::PLATFORM},#{PlatformGem::CROSS_PLATFORM}").split(",")
+  unknown = platforms - [PlatformGem::PLATFORM, PlatformGem::CROSS_PLATFORM]
+  abort "platform_gem: no platform #{unknown.join(', ')} (#{PlatformGem::PLATFORM}, #{PlatformGem::CROSS_PLATFORM})" unless unknown.empty?
   unless RbConfig::CONFIG["ruby_version"] == "3.1.0" && RbConfig::CONFIG["host_os"].start_with?("linux")
     abort "platform_gem: run on the Debian 12 host (Ruby 3.1, Linux), which builds 3.1 itself and 3.3/3.4 in bin/stack's chroot"
   end
   abort "platform_gem: a release build only (ACEMQ_PROFILE is #{ENV['ACEMQ_PROFILE']})" if ENV.fetch("ACEMQ_PROFILE", "release") != "release"
-  platforms = ENV.fetch("PLATFORMS", "#{PlatformGem::PLATFORM},#{PlatformGem::CROSS_PLATFORM}").split(",")
-  unknown = platforms - [PlatformGem::PLATFORM, PlatformGem::CROSS_PLATFORM]
-  abort "platform_gem: no platform #{unknown.join(', ')} (#{PlatformGem::PLATFORM}, #{PlatformGem::CROSS_PLATFORM})" unless unknown.empty?
 
   # Every build runs even when its .so exists: cargo makes one that is
   # current a no-op, and a stale one would otherwise ship unnoticed.

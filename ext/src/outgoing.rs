@@ -169,7 +169,8 @@ impl RbOutgoing {
         Ok(RbOutgoing { inner: message(ruby, &mq.inner, body, options)? })
     }
 
-    /// The envelope it goes out with, as a Ruby Envelope.
+    /// The envelope it goes out with, as a Ruby Envelope. Public (and
+    /// undocumented) because Connection, not Outgoing, hands it on.
     fn envelope(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
         envelope_to_ruby(ruby, &rb_self.inner.envelope)
     }
@@ -179,6 +180,6 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("Outgoing", ruby.class_object())?;
     class.undef_default_alloc_func();
     class.define_singleton_method("_build", magnus::function!(RbOutgoing::build, 3))?;
-    class.define_private_method("_envelope", method!(RbOutgoing::envelope, 0))?;
+    class.define_method("envelope", method!(RbOutgoing::envelope, 0))?;
     Ok(())
 }

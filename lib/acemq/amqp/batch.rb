@@ -14,9 +14,11 @@ module AceMQ
     # memory; a block that raises has sent what it published before the
     # raise, and its exception is raised once their confirms are in.
     class Batch
-      def initialize(connection, stream: false)
+      # native: the engine's batch, which Connection#batch opens (its _batch)
+      # and hands over, so the connection's natives stay its own.
+      def initialize(connection, native, stream: false)
         @connection = connection
-        @native = connection.__send__(:_batch, stream)
+        @native = native
         @stream = stream
         @count = 0
       end

@@ -173,7 +173,7 @@ module AceMQ
       # long batch is not held in memory, but a block that raises has sent
       # what it published before the raise.
       def batch(stream: false)
-        batch = Batch.new(self, stream: stream)
+        batch = Batch.new(self, _batch(stream), stream: stream)
         begin
           yield batch
         rescue StandardError
@@ -424,6 +424,12 @@ module AceMQ
         self
       end
 
+      # memory:// only: empty the process's memory broker of every queue,
+      # exchange and message (true; false on RabbitMQ, which it leaves alone).
+      # The broker outlives its connections, so the testing kit's Harness
+      # calls this when a test ends. Not for applications: undocumented.
+      def reset_memory = _reset_memory
+
       # memory:// only: { ready:, unacked: } for a queue, nil if it does not exist.
       def queue_depth(queue)
         raise ConfigurationError, "queue_depth works on memory:// connections only" unless memory?
@@ -476,7 +482,7 @@ module AceMQ
         options = publish_options(to, exchange, envelope, type, headers, delay: delay, at: at)
         options[:partition] = partition if partition
         out = Outgoing._build(self, encode(payload), options)
-        [out, out.__send__(:_envelope)]
+        [out, out.envelope]
       end
 
       # The options by name, as the engine reads them (Outgoing._build and a

@@ -137,7 +137,7 @@ module AceMQ
         if @connection
           # The broker outlives its connections (it is the process's, by
           # name); emptied, it holds nothing of the test.
-          @connection.__send__(:_reset_memory)
+          @connection.reset_memory
           @connection.close
         end
         AceMQ::Rails.publisher = @previous_publisher

@@ -7,6 +7,7 @@ use crate::dead_letter::{RbDeadLetterPage, RbReplayReport};
 use crate::errors::IntoRuby;
 use crate::outgoing::RbOutgoing;
 use crate::gvl;
+use crate::keywords::Keywords;
 use acemq::{BindingSpec, ExchangeSpec, QueueSpec};
 use acemq::{
     ConnectionOptions, ConsumeOptions, ExchangeKind, RetryPolicy, TlsOptions, Topology,
@@ -23,6 +24,19 @@ pub struct RbConnection {
 pub(crate) fn opt<T: magnus::TryConvert>(options: &RHash, name: &str) -> Result<Option<T>, Error> {
     let ruby = Ruby::get_with(*options);
     options.lookup::<_, Option<T>>(ruby.to_symbol(name))
+}
+
+/// Which dead letters `_replay` and `_browse` read, by name: reason:
+/// (contained in the reason), type:, error_class: (exactly) and ids: (any of
+/// them); absent or nil reads them all.
+fn dead_letter_filter(kw: &Keywords) -> Result<acemq::ReplayOptions, Error> {
+    Ok(acemq::ReplayOptions {
+        reason: kw.get("reason")?,
+        kind: kw.get("type")?,
+        error_class: kw.get("error_class")?,
+        ids: kw.get_or("ids", Vec::new())?,
+        ..Default::default()
+    })
 }
 
 /// The `tls:` Hash as Connection.open checked it: Symbol keys, String
@@ -151,23 +165,15 @@ impl RbConnection {
         Ok(RbConsumer::new(consumer))
     }
 
-    /// Replay (or, with `discard`, remove) the dead letters matching the
-    /// filter: what was done, as a ReplayReport.
-    #[allow(clippy::too_many_arguments)]
-    fn replay(
-        ruby: &Ruby,
-        rb_self: &Self,
-        queue: String,
-        limit: Option<usize>,
-        reason: Option<String>,
-        kind: Option<String>,
-        error_class: Option<String>,
-        ids: Vec<String>,
-        discard: bool,
-    ) -> Result<RbReplayReport, Error> {
+    /// Replay (or, with `discard: true`, remove) the dead letters matching
+    /// the filter: what was done, as a ReplayReport. Keywords: limit,
+    /// discard, and the filter's (`dead_letter_filter`).
+    fn replay(ruby: &Ruby, rb_self: &Self, queue: String, options: RHash) -> Result<RbReplayReport, Error> {
+        const KNOWN: &[&str] = &["limit", "discard", "reason", "type", "error_class", "ids"];
+        let kw = Keywords::read(ruby, options, "Connection#_replay", KNOWN)?;
+        let options = acemq::ReplayOptions { limit: kw.get("limit")?, ..dead_letter_filter(&kw)? };
         let conn = &rb_self.inner;
-        let options = acemq::ReplayOptions { limit, reason, kind, error_class, ids, ..Default::default() };
-        let report = if discard {
+        let report = if kw.get_or("discard", false)? {
             gvl::block_on(ruby, conn.discard_dead_letters(&queue, options))?.rb(ruby)?
         } else {
             gvl::block_on(ruby, conn.replay_dead_letters(&queue, options))?.rb(ruby)?
@@ -178,23 +184,20 @@ impl RbConnection {
     /// One page of dead letters, left in place, oldest first: [a
     /// DeadLetterPage, what the DLQ held when the read began (nil when it
     /// does not exist), whether it gave up at `within` seconds, the most it
-    /// held unacknowledged at once].
-    #[allow(clippy::too_many_arguments)]
+    /// held unacknowledged at once]. Keywords: skip and limit (0 when
+    /// absent), within, and the filter's (`dead_letter_filter`).
     fn browse(
         ruby: &Ruby,
         rb_self: &Self,
         queue: String,
-        skip: usize,
-        limit: usize,
-        reason: Option<String>,
-        kind: Option<String>,
-        error_class: Option<String>,
-        ids: Vec<String>,
-        within: Option<f64>,
+        options: RHash,
     ) -> Result<(RbDeadLetterPage, Option<u64>, bool, usize), Error> {
+        const KNOWN: &[&str] = &["skip", "limit", "within", "reason", "type", "error_class", "ids"];
+        let kw = Keywords::read(ruby, options, "Connection#_browse", KNOWN)?;
+        let (skip, limit) = (kw.get_or("skip", 0)?, kw.get_or("limit", 0)?);
+        let within = kw.get::<f64>("within")?.map(|w| seconds(ruby, "within", w)).transpose()?;
+        let filter = acemq::ReplayOptions { within, ..dead_letter_filter(&kw)? };
         let conn = &rb_self.inner;
-        let within = within.map(|w| seconds(ruby, "within", w)).transpose()?;
-        let filter = acemq::ReplayOptions { limit: None, reason, kind, error_class, ids, within };
         let page = gvl::block_on(ruby, conn.browse_dead_letters(&queue, &filter, skip, limit))?.rb(ruby)?;
         let (total, gave_up, most_held) = (page.total, page.gave_up, page.most_held);
         Ok((RbDeadLetterPage(page), total, gave_up, most_held))
@@ -363,8 +366,8 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_private_method("_queue_counts_many", method!(RbConnection::queue_counts_many, 1))?;
     class.define_private_method("_reset_memory", method!(RbConnection::reset_memory, 0))?;
     class.define_private_method("_delete_memory_queue", method!(RbConnection::delete_memory_queue, 1))?;
-    class.define_private_method("_replay", method!(RbConnection::replay, 7))?;
-    class.define_private_method("_browse", method!(RbConnection::browse, 8))?;
+    class.define_private_method("_replay", method!(RbConnection::replay, 2))?;
+    class.define_private_method("_browse", method!(RbConnection::browse, 2))?;
     class.define_method("close", method!(RbConnection::close, 0))?;
     class.define_method("closed?", method!(RbConnection::is_closed, 0))?;
     class.define_method("blocked?", method!(RbConnection::is_blocked, 0))?;

@@ -15,6 +15,7 @@ mod events;
 mod gvl;
 mod idempotency;
 mod json;
+mod keywords;
 mod outbox;
 mod outgoing;
 mod request;

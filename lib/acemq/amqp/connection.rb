@@ -339,8 +339,9 @@ module AceMQ
       # error_class: and ids: narrow it further (the class exactly; the
       # message ids, any of them).
       def replay_dead_letters(queue, limit: nil, reason: nil, type: nil, error_class: nil, ids: nil)
-        report = _replay(Connection.text(:queue, queue.to_s), Connection.count(:limit, limit), reason&.to_s, type&.to_s,
-                         error_class&.to_s, Array(ids).map(&:to_s), false)
+        report = _replay(Connection.text(:queue, queue.to_s), limit: Connection.count(:limit, limit),
+                         reason: reason&.to_s, type: type&.to_s, error_class: error_class&.to_s,
+                         ids: Array(ids).map(&:to_s))
         { replayed: report.moved, skipped: report.skipped }
       end
 
@@ -355,7 +356,8 @@ module AceMQ
           raise ConfigurationError, "discard needs ids: or a filter (reason:, type:, error_class:); purge_dead_letters removes them all"
         end
 
-        report = _replay(Connection.text(:queue, queue.to_s), nil, reason&.to_s, type&.to_s, error_class&.to_s, ids, true)
+        report = _replay(Connection.text(:queue, queue.to_s), reason: reason&.to_s, type: type&.to_s,
+                         error_class: error_class&.to_s, ids: ids, discard: true)
         { discarded: report.moved, skipped: report.skipped }
       end
 
@@ -373,7 +375,7 @@ module AceMQ
 
       # Every dead letter in {queue}.dlq removed. Returns { discarded: }.
       def purge_dead_letters(queue)
-        { discarded: _replay(Connection.text(:queue, queue.to_s), nil, nil, nil, nil, [], true).moved }
+        { discarded: _replay(Connection.text(:queue, queue.to_s), discard: true).moved }
       end
 
       # Up to limit: dead letters in {queue}.dlq, oldest first, left where
@@ -402,9 +404,10 @@ module AceMQ
       # 2 s, then raises BrokerError with reply_code 405 (docs/web.md).
       def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil,
                               within: nil)
-        page, total, gave_up, most_held = _browse(Connection.text(:queue, queue.to_s), Connection.count(:skip, skip) || 0,
-                                                  Connection.count(:limit, limit) || 0, reason&.to_s, type&.to_s,
-                                                  error_class&.to_s, Array(ids).map(&:to_s), within&.then { |w| Float(w) })
+        page, total, gave_up, most_held = _browse(Connection.text(:queue, queue.to_s), skip: Connection.count(:skip, skip),
+                                                  limit: Connection.count(:limit, limit), reason: reason&.to_s,
+                                                  type: type&.to_s, error_class: error_class&.to_s,
+                                                  ids: Array(ids).map(&:to_s), within: within&.then { |w| Float(w) })
         { dead_letters: page.letters.map { |d| Connection.dead_letter_hash(d) }, scanned: page.scanned,
           more: page.more?, moved: page.moved, partial: page.partial?, total: total, gave_up: gave_up,
           most_held: most_held }

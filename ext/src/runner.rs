@@ -7,8 +7,9 @@ mod verdict;
 use crate::convert::seconds;
 use crate::errors::IntoRuby;
 use crate::gvl;
+use crate::keywords::Keywords;
 use acemq::runner::{serve_health, HealthServer, IngesterState, Observation, RestartPolicy, RunnerOptions, Supervisor};
-use magnus::{function, method, prelude::*, Error, RModule, Ruby};
+use magnus::{function, method, prelude::*, Error, RHash, RModule, Ruby};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use verdict::RbVerdict;
@@ -20,35 +21,33 @@ pub struct RbSupervisor {
 }
 
 impl RbSupervisor {
-    /// Every argument may be nil for core's default.
-    fn new(
-        ruby: &Ruby,
-        shutdown_timeout: Option<f64>,
-        recovery_bound: Option<f64>,
-        max_restarts: Option<u32>,
-        restart_window: Option<f64>,
-        heartbeat: Option<f64>,
-        control_token: Option<String>,
-    ) -> Result<Self, Error> {
+    /// The runner's options by name, each absent or nil for core's default:
+    /// shutdown_timeout, recovery_bound, restart_window and heartbeat in
+    /// seconds, max_restarts, control_token (empty reads as none).
+    fn new(ruby: &Ruby, options: RHash) -> Result<Self, Error> {
+        const KNOWN: &[&str] =
+            &["shutdown_timeout", "recovery_bound", "max_restarts", "restart_window", "heartbeat", "control_token"];
+        let kw = Keywords::read(ruby, options, "NativeSupervisor._new", KNOWN)?;
+        let secs = |name: &str| kw.get::<f64>(name)?.map(|s| seconds(ruby, name, s)).transpose();
         let mut options = RunnerOptions::default();
         let mut restart = RestartPolicy::default();
-        if let Some(s) = shutdown_timeout {
-            options.shutdown_timeout = seconds(ruby, "shutdown_timeout", s)?;
+        if let Some(d) = secs("shutdown_timeout")? {
+            options.shutdown_timeout = d;
         }
-        if let Some(s) = recovery_bound {
-            options.recovery_bound = seconds(ruby, "recovery_bound", s)?;
+        if let Some(d) = secs("recovery_bound")? {
+            options.recovery_bound = d;
         }
-        if let Some(n) = max_restarts {
+        if let Some(n) = kw.get::<u32>("max_restarts")? {
             restart.max_restarts = n;
         }
-        if let Some(s) = restart_window {
-            restart.window = seconds(ruby, "restart_window", s)?;
+        if let Some(d) = secs("restart_window")? {
+            restart.window = d;
         }
-        if let Some(s) = heartbeat {
-            options.heartbeat = seconds(ruby, "heartbeat", s)?;
+        if let Some(d) = secs("heartbeat")? {
+            options.heartbeat = d;
         }
         options.restart = restart;
-        options.control_token = control_token.filter(|t| !t.is_empty());
+        options.control_token = kw.get::<String>("control_token")?.filter(|t| !t.is_empty());
         Ok(RbSupervisor { inner: Arc::new(Supervisor::new(options)), health: Mutex::new(None) })
     }
 
@@ -192,7 +191,7 @@ pub(crate) fn whole_seconds(ruby: &Ruby, d: std::time::Duration) -> magnus::Valu
 
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeSupervisor", ruby.class_object())?;
-    class.define_singleton_method("_new", function!(RbSupervisor::new, 6))?;
+    class.define_singleton_method("_new", function!(RbSupervisor::new, 1))?;
     class.define_method("_register", method!(RbSupervisor::register, 4))?;
     class.define_method("_observe", method!(RbSupervisor::observe, 5))?;
     class.define_method("_restarted", method!(RbSupervisor::restarted, 1))?;

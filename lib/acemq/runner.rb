@@ -39,9 +39,11 @@ module AceMQ
       @executor = executor
       @logger = config.logger
       @supervisor = AMQP::NativeSupervisor._new(
-        config.shutdown_timeout && Float(config.shutdown_timeout), config.recovery_bound && Float(config.recovery_bound),
-        config.max_restarts && Integer(config.max_restarts), config.restart_window && Float(config.restart_window),
-        Runner.check_interval(config), Runner.control_token(config)
+        shutdown_timeout: config.shutdown_timeout && Float(config.shutdown_timeout),
+        recovery_bound: config.recovery_bound && Float(config.recovery_bound),
+        max_restarts: config.max_restarts && Integer(config.max_restarts),
+        restart_window: config.restart_window && Float(config.restart_window),
+        heartbeat: Runner.check_interval(config), control_token: Runner.control_token(config)
       )
       @slots = []
       # Signals arrive on a pipe: a trap handler may not take a lock, and

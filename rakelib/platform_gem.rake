@@ -125,6 +125,7 @@ desc "Build pkg/acemq-VERSION-#{PlatformGem::PLATFORM}.gem and -#{PlatformGem::C
      "sid-cross chroots; PLATFORMS=x86_64-linux builds one)"
 task :platform_gem do
   platforms = ENV.fetch("PLATFORMS", "#{PlatformGem::PLATFORM},#{PlatformGem::CROSS_PLATFORM}").split(",")
+  abort "platform_gem: PLATFORMS names no platform (#{PlatformGem::PLATFORM}, #{PlatformGem::CROSS_PLATFORM}, or both)" if platforms.empty?
   unknown = platforms - [PlatformGem::PLATFORM, PlatformGem::CROSS_PLATFORM]
   abort "platform_gem: no platform #{unknown.join(', ')} (#{PlatformGem::PLATFORM}, #{PlatformGem::CROSS_PLATFORM})" unless unknown.empty?
   unless RbConfig::CONFIG["ruby_version"] == "3.1.0" && RbConfig::CONFIG["host_os"].start_with?("linux")

@@ -39,6 +39,14 @@ RSpec.describe "rake platform_gem" do
     expect(out).to include("no platform arm64-darwin (x86_64-linux, aarch64-linux)")
     expect(out).not_to include("platform_gem: Ruby")
   end
+
+  it "refuses a PLATFORMS that names none, rather than building nothing and passing" do
+    ["", ","].each do |value|
+      out = `cd #{File.expand_path('../..', __dir__)} && PLATFORMS=#{value} rake platform_gem 2>&1`
+      expect($?.success?).to be(false), value
+      expect(out).to include("PLATFORMS names no platform")
+    end
+  end
 end
 
 # rb-sys reads RbConfig by running $RUBY; for the aarch64 builds that is

@@ -1,7 +1,7 @@
 //! The circuit breaker: which failures say a downstream is down, and the
 //! state machine that pauses a consumer while they keep coming and probes,
 //! one message at a time, for the downstream's return. The consumer applies
-//! what it decides (flow.rs).
+//! what it decides (flow/breaker.rs).
 
 use crate::ack::Outcome;
 use std::collections::VecDeque;

@@ -67,4 +67,53 @@ RSpec.describe "a handler that does not return" do
       end
     end
   end
+
+  # Ruby kills the other threads when the process exits (SIGTERM's default,
+  # or the main thread returning): that is no handler failing. Each held
+  # message stays unacknowledged and the broker gives it back when the
+  # connection goes, with no attempt spent and no fresh thread started (the
+  # break-it run of issue 52 saw four "the handler did not return" and
+  # "can't alloc thread" on every TERM). Two processes.
+  it "leaves the held messages to the broker when the process exits under TERM, and says nothing" do
+    mq = AceMQ::AMQP::Connection.open(AMQP_URL)
+    queue = unique("aborts-exit")
+    AceMQ::AMQP::Topology.new.queue(queue).apply(mq)
+    child = <<~'RUBY'
+      require "acemq/amqp"
+      $stdout.sync = true
+      mq = AceMQ::AMQP::Connection.open(ENV.fetch("AMQP_URL"))
+      mq.consume(ARGV[0], concurrency: 4) do |m|
+        puts "handling #{m.payload['n']}"
+        sleep 60
+        AceMQ::AMQP::Ack.accept
+      end
+      sleep
+    RUBY
+    out_r, out_w = IO.pipe
+    err_r, err_w = IO.pipe
+    pid = Process.spawn({ "AMQP_URL" => AMQP_URL }, RbConfig.ruby, "-I", File.expand_path("../../lib", __dir__), "-e", child,
+                        queue, out: out_w, err: err_w)
+    out_w.close
+    err_w.close
+    4.times { |n| mq.publish({ "n" => n }, to: queue) }
+    handling = 4.times.map { Timeout.timeout(20) { out_r.gets } }
+    expect(handling.map(&:strip).sort).to eq((0..3).map { |n| "handling #{n}" })
+    Process.kill("TERM", pid)
+    _, status = Process.wait2(pid)
+    stderr = err_r.read
+    expect(status.termsig).to eq(Signal.list["TERM"])
+    expect(stderr).not_to include("did not return")
+    expect(stderr).not_to include("can't alloc thread")
+
+    got = Queue.new
+    sub = mq.consume(queue, concurrency: 4) { |m| got << [m.payload["n"], m.attempt, m.delivery.redelivered?]; AceMQ::AMQP::Ack.accept }
+    back = 4.times.map { Timeout.timeout(20) { got.pop } }
+    sub.cancel
+    # The broker's redelivery of the same messages: first attempts, not ladder copies.
+    expect(back.sort).to eq((0..3).map { |n| [n, 1, true] })
+  ensure
+    out_r&.close
+    err_r&.close
+    mq&.close
+  end
 end

@@ -265,6 +265,11 @@ module AceMQ
       def aborted(me)
         held = me.handling
         me.handling = nil
+        # The process is exiting and Ruby is killing its threads: no handler
+        # failed. Its delivery stays unacknowledged, and the broker gives it
+        # back when the connection goes, with no attempt spent; no thread is
+        # started (there can be none now) and nothing is reported.
+        return if Subscription.exiting? && !$ERROR_INFO
         why = $ERROR_INFO ? Subscription.describe($ERROR_INFO) : "its thread was killed"
         error = HandlerAborted.new("#{@queue}: the handler did not return (#{why}); its thread ended, its message " \
                                    "goes round the retry ladder, and a fresh thread takes its place")
@@ -331,6 +336,13 @@ module AceMQ
       # An exception's class and message for a report, whatever it does: a
       # message that raises, is nil or not a String, a class whose name is
       # overridden or nil.
+      # Whether the process is exiting: Ruby kills the threads left once the
+      # main thread has ended (returned, exit, or a signal such as TERM), so
+      # a handler thread killed then is the process ending, not a handler
+      # that did not return (#aborted). Not an at_exit flag: Minitest and
+      # some servers run for the process's whole life inside at_exit.
+      def self.exiting? = !Thread.main.alive?
+
       def self.describe(error)
         name = Module.instance_method(:name).bind_call(error.class) || "an anonymous #{error.class.superclass}"
         message = begin

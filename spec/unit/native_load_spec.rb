@@ -26,6 +26,14 @@ RSpec.describe AceMQ::NativeLoad do
     described_class.message(error, dir: dir, checkout: false, **options)
   end
 
+  # The message for a gem whose build for this Ruby is one of machine's.
+  def message_for(machine, error)
+    Dir.mktmpdir do |dir|
+      fake_so(dir, abi, machine)
+      message(dir, error)
+    end
+  end
+
   it "reads the CPU a library is built for from its ELF header" do
     Dir.mktmpdir do |dir|
       expect(described_class.built_for(fake_so(dir, "a", "aarch64"))).to eq("aarch64")
@@ -37,30 +45,21 @@ RSpec.describe AceMQ::NativeLoad do
   end
 
   it "names the other CPU's gem and the command for this machine's, not the source gem" do
-    Dir.mktmpdir do |dir|
-      fake_so(dir, abi, other)
-      text = message(dir, "cannot open shared object file: No such file or directory")
-      expect(text).to include("this is the #{other}-linux gem and this machine is #{cpu}")
-      expect(text).to include("gem install acemq --platform #{cpu}-linux", "bundle lock --add-platform #{cpu}-linux")
-      expect(text).not_to include("--platform ruby")
-    end
+    text = message_for(other, "cannot open shared object file: No such file or directory")
+    expect(text).to include("this is the #{other}-linux gem and this machine is #{cpu}")
+    expect(text).to include("gem install acemq --platform #{cpu}-linux", "bundle lock --add-platform #{cpu}-linux")
+    expect(text).not_to include("--platform ruby")
   end
 
   it "says to install the system SQLite library when that is what did not load" do
-    Dir.mktmpdir do |dir|
-      fake_so(dir, abi, cpu)
-      text = message(dir, "libsqlite3.so.0: cannot open shared object file: No such file or directory")
-      expect(text).to include("needs the system SQLite library", "libsqlite3-0 on Debian and Ubuntu", "sqlite-libs")
-      expect(text).not_to include("--platform ruby")
-    end
+    text = message_for(cpu, "libsqlite3.so.0: cannot open shared object file: No such file or directory")
+    expect(text).to include("needs the system SQLite library", "libsqlite3-0 on Debian and Ubuntu", "sqlite-libs")
+    expect(text).not_to include("--platform ruby")
   end
 
   it "sends another libc or an older glibc to the source gem, naming what the build is for" do
-    Dir.mktmpdir do |dir|
-      fake_so(dir, abi, cpu)
-      text = message(dir, "/lib/libc.so.6: version `GLIBC_2.34' not found")
-      expect(text).to include("built for #{cpu} Linux with glibc 2.34 or newer", "gem install acemq --platform ruby")
-    end
+    text = message_for(cpu, "/lib/libc.so.6: version `GLIBC_2.34' not found")
+    expect(text).to include("built for #{cpu} Linux with glibc 2.34 or newer", "gem install acemq --platform ruby")
   end
 
   it "still says which Rubies a gem has builds for, and when it has none" do

@@ -1,4 +1,6 @@
 //! Who settles a delivery whose handler overruns its deadline: the watch, as a retry.
+//! Its part of `impl Consumer`: the watch (started, its tick, a delivery
+//! expired) and the claim that lets a delivery be settled only once.
 
 use crate::ack::Settlement;
 use crate::wire::RawDelivery;

@@ -1,4 +1,5 @@
 //! What a handler is given: the delivery, its message, and the settler that settles it.
+//! Its part of `impl Consumer`: handing a delivery out (`hand_out`).
 
 use crate::error::Error;
 use crate::message::Message;

@@ -1,4 +1,6 @@
 //! Where a failed delivery's copy goes (a rung of the retry ladder or the DLQ), copied first and then acknowledged.
+//! Its part of `impl Consumer`: the ladder declared, and a delivery
+//! retried, waited or dead-lettered.
 
 use crate::connection::Connection;
 use crate::envelope::{ATTEMPT_HEADER, now_secs};

@@ -3,6 +3,13 @@
 //! dead-letter queue live: copy first, confirmed, then acknowledge. This file
 //! is the consumer itself (opening, taking deliveries, closing); each other
 //! question has a file of its own.
+//!
+//! `impl Consumer` is spread over those files, one part of the consumer in
+//! each: here its opening, state, taking deliveries and closing;
+//! delivery.rs handing a delivery out; settle.rs settling it; ladder.rs its
+//! copy to a retry rung or the DLQ; requests.rs a request's fate;
+//! deadline.rs the deadline watch; flow/ its pause, circuit breaker and
+//! throttle.
 
 use crate::connection::Connection;
 use crate::error::{Error, Result};

@@ -19,6 +19,10 @@
 //! Not dead-lettered after an error reply: its requester has the error and
 //! is the one who decides what happens next; a DLQ copy replayed later
 //! would run the work again for a requester long gone.
+//!
+//! Its part of `impl Consumer`: an expired request dropped on arrival, a
+//! delivery that cannot be a message refused (its requester told), and a
+//! request's fate when its handler fails.
 
 use crate::ack::{Settlement, Verdict};
 use crate::backtrace::Backtrace;

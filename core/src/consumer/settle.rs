@@ -1,4 +1,6 @@
 //! How a handler's outcome becomes a settlement: accept, or a copy in the background, counted and reported.
+//! Its part of `impl Consumer`: settling (`settle`, `settle_later`,
+//! `accept`), and the background tasks and the errors they keep.
 
 use crate::ack::{Guarded, Outcome, Settlement, Verdict};
 use crate::backtrace::Backtrace;

@@ -1,6 +1,7 @@
 //! The consumer's side of its circuit breaker (the state machine is
 //! consumer/breaker.rs): what each settlement tells it, whether a delivery
-//! may be handed out, and the task that applies its transitions.
+//! may be handed out, and the task that applies its transitions: its part of
+//! `impl Consumer`.
 
 use super::super::Consumer;
 use super::super::breaker::{Breaker, BreakerState, Failed, Reading, Transition};

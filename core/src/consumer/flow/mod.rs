@@ -8,7 +8,8 @@
 //! the operator's pause and how a pause reaches the link (`pause`), the
 //! consumer's side of its circuit breaker (`breaker`), the local token
 //! bucket (`throttle`) and the lease of tokens from a store shared across
-//! processes (`lease`).
+//! processes (`lease`). Its part of `impl Consumer` here is only the name
+//! the flow's events give.
 
 use super::breaker::Breaker;
 use super::Consumer;

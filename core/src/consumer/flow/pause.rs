@@ -1,6 +1,7 @@
 //! The operator's pause of a consumer, and how a pause (the operator's or
 //! the breaker's) reaches the link: a cancel, or for a queue whose order
-//! matters, the channel closed once its handlers have settled.
+//! matters, the channel closed once its handlers have settled. That is its
+//! part of `impl Consumer`.
 
 use super::super::Consumer;
 use super::super::breaker::Breaker;

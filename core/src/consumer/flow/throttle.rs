@@ -1,6 +1,6 @@
 //! The consumer's throttle: its local token bucket (messages per period),
 //! and the token each delivery waits for, from the bucket and, with a
-//! store, from the shared lease.
+//! store, from the shared lease: its part of `impl Consumer`.
 
 use super::super::Consumer;
 use crate::throttle::Throttle;

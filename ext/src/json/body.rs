@@ -78,7 +78,7 @@ pub(super) struct Build<'r> {
     pub(super) ruby: &'r Ruby,
     pub(super) saw_float: bool,
     /// Keys read so far: the next one's place in the payload
-    /// ([`Keys::get`](super::keys::Keys::get)).
+    /// ([`rkey`](super::keys::rkey)'s `place`).
     pub(super) keys: usize,
 }
 

@@ -35,7 +35,7 @@ impl Consumer {
     /// A delivery settled: what the breaker counts. `failed`: its failure,
     /// None when it was not one (an accept, a reject; see [`Failed::of`]);
     /// `told`: whether it counts, when the handler's side decided that
-    /// (see [`CircuitBreaker::counts`](super::CircuitBreaker::counts)).
+    /// (see [`CircuitBreaker::counts`](crate::consumer::CircuitBreaker::counts)).
     /// True when it was the breaker's trial and failed in a way that counts.
     pub(in crate::consumer) fn flow_settled(&self, id: u64, failed: Option<&Failed<'_>>, told: Option<bool>) -> bool {
         let Some(b) = self.flow.breaker.as_ref() else { return false };

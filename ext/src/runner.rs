@@ -55,22 +55,20 @@ impl RbSupervisor {
         self.inner.register(&name, &queue, concurrency, prefetch)
     }
 
-    /// What to do about the consumer: a Verdict.
-    fn observe(
-        &self,
-        index: usize,
-        ended: Option<String>,
-        dead_workers: usize,
-        down_for: Option<f64>,
-        last_error: Option<String>,
-    ) -> RbVerdict {
+    /// What to do about the consumer in slot `index`: a Verdict. What was
+    /// seen, by name (core's Observation), each absent or nil for nothing
+    /// seen: ended (why its subscription ended), dead_workers (how many),
+    /// down_for (seconds without its channel), last_error.
+    fn observe(ruby: &Ruby, rb_self: &Self, index: usize, seen: RHash) -> Result<RbVerdict, Error> {
+        const KNOWN: &[&str] = &["ended", "dead_workers", "down_for", "last_error"];
+        let kw = Keywords::read(ruby, seen, "NativeSupervisor#_observe", KNOWN)?;
         let seen = Observation {
-            ended,
-            dead_workers,
-            down_for: down_for.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))),
-            last_error,
+            ended: kw.get("ended")?,
+            dead_workers: kw.get_or("dead_workers", 0)?,
+            down_for: kw.get::<f64>("down_for")?.map(|s| std::time::Duration::from_secs_f64(s.max(0.0))),
+            last_error: kw.get("last_error")?,
         };
-        RbVerdict(self.inner.observe(index, seen))
+        Ok(RbVerdict(rb_self.inner.observe(index, seen)))
     }
 
     fn restarted(&self, index: usize) {
@@ -193,7 +191,7 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     let class = amqp.define_class("NativeSupervisor", ruby.class_object())?;
     class.define_singleton_method("_new", function!(RbSupervisor::new, 1))?;
     class.define_method("_register", method!(RbSupervisor::register, 4))?;
-    class.define_method("_observe", method!(RbSupervisor::observe, 5))?;
+    class.define_method("_observe", method!(RbSupervisor::observe, 2))?;
     class.define_method("_restarted", method!(RbSupervisor::restarted, 1))?;
     class.define_method("_attach", method!(RbSupervisor::attach, 2))?;
     class.define_method("_pause", method!(RbSupervisor::pause, 1))?;

@@ -339,7 +339,8 @@ module AceMQ
         sub = slot[:subscription]
         down_for = sub.down_for
         say_channel(slot, sub, down_for)
-        verdict = @supervisor._observe(slot[:index], sub.ended, sub.dead_workers, down_for, sub.failure)
+        verdict = @supervisor._observe(slot[:index], ended: sub.ended, dead_workers: sub.dead_workers, down_for: down_for,
+                                                     last_error: sub.failure)
         if verdict.restart?
           @logger.error("acemq: #{verdict.reason}; restarting in #{verdict.after.round(1)}s")
           # Closed on a thread of its own: closing waits for the handlers

@@ -6,10 +6,11 @@
 
 use super::{required_key, seconds};
 use crate::errors::IntoRuby;
+use crate::keywords::Keywords;
 use crate::sql::{self, StoreSource};
 use acemq::idempotency::{IdempotencyStore, SqlIdempotencyOptions, SqlIdempotencyStore, TimeColumns};
 use acemq::sql::Dialect;
-use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RModule, Ruby, Value};
+use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RHash, RModule, Ruby, Value};
 
 #[derive(magnus::TypedData)]
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLIdempotencyStore", free_immediately, size, mark)]
@@ -21,50 +22,44 @@ impl DataTypeFunctions for RbSqlStore {
     }
 }
 
-/// `nil` for what the caller left out: core has the defaults (and the
-/// rules that refuse what cannot work).
-fn options(
-    ruby: &Ruby,
-    table: Option<String>,
-    retention: Option<f64>,
-    claim_timeout: Option<f64>,
-    worker: Option<String>,
-) -> Result<SqlIdempotencyOptions, Error> {
-    let retention = retention.map(|r| seconds(ruby, "retention", r)).transpose()?;
-    let claim_timeout = claim_timeout.map(|c| seconds(ruby, "claim_timeout", c)).transpose()?;
-    Ok(SqlIdempotencyOptions::with(table, retention, claim_timeout, worker))
+/// Absent or nil for what the caller left out: core has the defaults (and
+/// the rules that refuse what cannot work).
+fn options(ruby: &Ruby, kw: &Keywords) -> Result<SqlIdempotencyOptions, Error> {
+    let retention = kw.get::<f64>("retention")?.map(|r| seconds(ruby, "retention", r)).transpose()?;
+    let claim_timeout = kw.get::<f64>("claim_timeout")?.map(|c| seconds(ruby, "claim_timeout", c)).transpose()?;
+    Ok(SqlIdempotencyOptions::with(kw.get("table")?, retention, claim_timeout, kw.get("worker")?))
+}
+
+/// `times:`, the kind of the table's time columns; None (absent) is core's.
+fn time_columns(ruby: &Ruby, times: Option<String>) -> Result<Option<TimeColumns>, Error> {
+    match times.as_deref() {
+        None => Ok(None),
+        Some("epoch_ms") => Ok(Some(TimeColumns::EpochMillis)),
+        Some("datetime") => Ok(Some(TimeColumns::DatetimeUtc)),
+        Some(other) => Err(Error::new(
+            ruby.get_inner(&crate::errors::CONFIGURATION_ERROR),
+            format!(
+                "times: {other:?} is not a kind of time column: give :epoch_ms (integers, the table \
+                 create_schema makes) or :datetime (UTC datetimes, the guide's ActiveRecord migration)"
+            ),
+        )),
+    }
 }
 
 impl RbSqlStore {
-    /// On the SQLite file at `path`, or over `adapter` (`connection:`), on
-    /// a table whose times are `times` ("epoch_ms" or "datetime").
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        ruby: &Ruby,
-        path: Option<String>,
-        adapter: Option<Value>,
-        table: Option<String>,
-        retention: Option<f64>,
-        claim_timeout: Option<f64>,
-        worker: Option<String>,
-        times: String,
-    ) -> Result<Self, Error> {
-        let times = match times.as_str() {
-            "epoch_ms" => TimeColumns::EpochMillis,
-            "datetime" => TimeColumns::DatetimeUtc,
-            other => {
-                return Err(Error::new(
-                    ruby.get_inner(&crate::errors::CONFIGURATION_ERROR),
-                    format!(
-                        "times: {other:?} is not a kind of time column: give :epoch_ms (integers, the table \
-                         create_schema makes) or :datetime (UTC datetimes, the guide's ActiveRecord migration)"
-                    ),
-                ))
-            }
-        };
-        let o = options(ruby, table, retention, claim_timeout, worker)?;
-        sql::SqlStore::open(ruby, path, adapter, |source| {
-            SqlIdempotencyStore::new(source, o).map(|s| s.with_time_columns(times))
+    /// By name: on the SQLite file at `path`, or over `adapter`
+    /// (`connection:`), on a table whose times are `times` ("epoch_ms" or
+    /// "datetime").
+    fn new(ruby: &Ruby, keywords: RHash) -> Result<Self, Error> {
+        const KNOWN: &[&str] = &["path", "adapter", "table", "retention", "claim_timeout", "worker", "times"];
+        let kw = Keywords::read(ruby, keywords, "SQLIdempotencyStore._new", KNOWN)?;
+        let times = time_columns(ruby, kw.get("times")?)?;
+        let o = options(ruby, &kw)?;
+        sql::SqlStore::open(ruby, kw.get("path")?, kw.get("adapter")?, |source| {
+            SqlIdempotencyStore::new(source, o).map(|s| match times {
+                Some(t) => s.with_time_columns(t),
+                None => s,
+            })
         })
         .map(Self)
     }
@@ -129,7 +124,7 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.const_set("DEFAULT_TABLE", acemq::idempotency::DEFAULT_TABLE)?;
     class.const_set("DEFAULT_RETENTION", acemq::idempotency::DEFAULT_RETENTION.as_secs_f64())?;
     class.const_set("DEFAULT_CLAIM_TIMEOUT", acemq::idempotency::DEFAULT_CLAIM_TIMEOUT.as_secs_f64())?;
-    class.define_singleton_method("_new", function!(RbSqlStore::new, 7))?;
+    class.define_singleton_method("_new", function!(RbSqlStore::new, 1))?;
     class.define_method("create_schema", method!(RbSqlStore::create_schema, 0))?;
     class.define_method("purge_expired", method!(RbSqlStore::purge_expired, 0))?;
     class.define_method("first_time?", method!(RbSqlStore::first_time, 1))?;

@@ -9,11 +9,12 @@ use super::backlog::RbBacklog;
 use super::record::RbOutboxRecord;
 use super::stuck_record::RbStuckRecord;
 use crate::errors::IntoRuby;
+use crate::keywords::Keywords;
 use crate::sql::{self, RbSource, StoreSource};
 use acemq::sql::ConnectionSource;
 use acemq::outbox::{Completion, LocalWake, OutboxRecord, OutboxStoreOptions, SqlOutboxStore};
 use acemq::sql::Dialect;
-use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RArray, RModule, Ruby, Value};
+use magnus::{function, method, prelude::*, typed_data::DataTypeFunctions, Error, RArray, RHash, RModule, Ruby, Value};
 
 #[derive(magnus::TypedData)]
 #[magnus(class = "AceMQ::AMQP::Patterns::SQLOutboxStore", free_immediately, size, mark)]
@@ -25,46 +26,33 @@ impl DataTypeFunctions for RbOutboxStore {
     }
 }
 
-/// Core's options from the keywords; nil (a keyword left out) is core's default.
-fn options(
-    ruby: &Ruby,
-    table: Option<String>,
-    worker: Option<String>,
-    lease: Option<f64>,
-    backoff: Option<f64>,
-    max_backoff: Option<f64>,
-) -> Result<OutboxStoreOptions, Error> {
-    let mut o = OutboxStoreOptions { worker_id: worker, ..Default::default() };
-    if let Some(t) = table {
+/// Core's options from the keywords by name; absent or nil is core's
+/// default.
+fn options(ruby: &Ruby, kw: &Keywords) -> Result<OutboxStoreOptions, Error> {
+    let mut o = OutboxStoreOptions { worker_id: kw.get("worker")?, ..Default::default() };
+    if let Some(t) = kw.get("table")? {
         o.table = t;
     }
-    if let Some(s) = lease {
+    if let Some(s) = kw.get("lease")? {
         o.lease = crate::convert::seconds(ruby, "lease", s)?;
     }
-    if let Some(s) = backoff {
+    if let Some(s) = kw.get("backoff")? {
         o.base_backoff = crate::convert::seconds(ruby, "backoff", s)?;
     }
-    if let Some(s) = max_backoff {
+    if let Some(s) = kw.get("max_backoff")? {
         o.max_backoff = crate::convert::seconds(ruby, "max_backoff", s)?;
     }
     Ok(o)
 }
 
 impl RbOutboxStore {
-    /// On the SQLite file at `path`, or over `adapter` (`connection:`).
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        ruby: &Ruby,
-        path: Option<String>,
-        adapter: Option<Value>,
-        table: Option<String>,
-        worker: Option<String>,
-        lease: Option<f64>,
-        backoff: Option<f64>,
-        max_backoff: Option<f64>,
-    ) -> Result<Self, Error> {
-        let o = options(ruby, table, worker, lease, backoff, max_backoff)?;
-        sql::SqlStore::open(ruby, path, adapter, |source| SqlOutboxStore::new(source, o)).map(Self)
+    /// By name: on the SQLite file at `path`, or over `adapter`
+    /// (`connection:`), with table, worker, lease, backoff and max_backoff.
+    fn new(ruby: &Ruby, keywords: RHash) -> Result<Self, Error> {
+        const KNOWN: &[&str] = &["path", "adapter", "table", "worker", "lease", "backoff", "max_backoff"];
+        let kw = Keywords::read(ruby, keywords, "SQLOutboxStore._new", KNOWN)?;
+        let o = options(ruby, &kw)?;
+        sql::SqlStore::open(ruby, kw.get("path")?, kw.get("adapter")?, |source| SqlOutboxStore::new(source, o)).map(Self)
     }
 
     fn create_schema(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
@@ -157,7 +145,7 @@ impl RbOutboxStore {
 
 pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     let class = patterns.define_class("SQLOutboxStore", ruby.class_object())?;
-    class.define_singleton_method("_new", function!(RbOutboxStore::new, 7))?;
+    class.define_singleton_method("_new", function!(RbOutboxStore::new, 1))?;
     class.define_method("create_schema", method!(RbOutboxStore::create_schema, 0))?;
     class.define_private_method("_add", method!(RbOutboxStore::add, 2))?;
     class.define_private_method("_backlog", method!(RbOutboxStore::backlog, 0))?;

@@ -42,7 +42,8 @@ module AceMQ
           table = table&.to_s
           worker = worker&.to_s
           adapter = SQL.connect(connection) unless path
-          _new(path&.to_s, adapter, table, retention, claim_timeout, worker, times.to_s)
+          _new(path: path&.to_s, adapter: adapter, table: table, retention: retention, claim_timeout: claim_timeout,
+               worker: worker, times: times.to_s)
         end
 
         # The statements create_schema runs, for a migration: dialect is

@@ -37,9 +37,9 @@ module AceMQ
           end
 
           secs = ->(name, v) { v.nil? ? nil : Patterns.seconds(name, v) }
-          args = [table&.to_s, worker&.to_s, secs.(:lease, lease), secs.(:backoff, backoff),
-                  secs.(:max_backoff, max_backoff)]
-          store = _new(path&.to_s, (SQL.connect(connection) unless path), *args)
+          store = _new(path: path&.to_s, adapter: (SQL.connect(connection) unless path), table: table&.to_s,
+                       worker: worker&.to_s, lease: secs.(:lease, lease), backoff: secs.(:backoff, backoff),
+                       max_backoff: secs.(:max_backoff, max_backoff))
           store.instance_variable_set(:@pg_conninfo, pg_conninfo(connection)) if connection
           store
         end

@@ -99,9 +99,9 @@ fn listening() -> bool {
     BRIDGE.lock().unwrap_or_else(|p| p.into_inner()).is_some()
 }
 
-/// Up to BATCH events as `[[name, payload], …]`, waiting (without the GVL)
-/// at most `timeout` seconds for the first; nil when none came. Raises
-/// StopIteration when not listening: there will be no more.
+/// Up to BATCH events as `[{ name:, payload: }, …]`, read by name, waiting
+/// (without the GVL) at most `timeout` seconds for the first; nil when none
+/// came. Raises StopIteration when not listening: there will be no more.
 fn next(ruby: &Ruby, timeout: f64) -> Result<Value, Error> {
     let Some(rx) = BRIDGE.lock().unwrap_or_else(|p| p.into_inner()).as_ref().map(|b| b.rx.clone()) else {
         return Err(Error::new(ruby.exception_stop_iteration(), "nobody listens to AceMQ's events"));
@@ -144,9 +144,13 @@ fn next(ruby: &Ruby, timeout: f64) -> Result<Value, Error> {
     if got.is_empty() {
         return Ok(ruby.qnil().into_value_with(ruby));
     }
+    let (name, payload) = (ruby.to_symbol("name"), ruby.to_symbol("payload"));
     let out = ruby.ary_new_capa(got.len());
     for e in got {
-        out.push((format!("{}.acemq", e.name()), to_ruby(ruby, &e.payload())?))?;
+        let event = ruby.hash_new();
+        event.aset(name, format!("{}.acemq", e.name()))?;
+        event.aset(payload, to_ruby(ruby, &e.payload())?)?;
+        out.push(event)?;
     }
     Ok(out.into_value_with(ruby))
 }

@@ -145,7 +145,7 @@ module AceMQ
             break
           end
 
-          batch&.each { |name, payload| deliver(name, payload) }
+          batch&.each { |event| deliver(event[:name], event[:payload]) }
         end
       end
 

@@ -100,6 +100,12 @@ module AceMQ
         Ingester.new(self, mq, queue.to_s, **options)
       end
 
+      # One batch from an open DLQ feed into the table (the number of
+      # deliveries committed and acknowledged): what an Ingester's loop runs,
+      # so it need not reach into this class's natives. Not for
+      # applications: undocumented.
+      def ingest_batch(feed, max, linger, wait) = _ingest_batch(feed, max, linger, wait)
+
       # Take what queue's DLQ holds now into the table, until nothing comes
       # for idle: seconds; the number of deliveries committed and
       # acknowledged. Raises AccessRefused while an ingester has the DLQ.

@@ -66,7 +66,7 @@ module AceMQ
                   last_prune = monotonic
                   @store.prune(queue: @queue, **@retention)
                 end
-                @received += @store.send(:_ingest_batch, feed, @batch, @linger, 0.25)
+                @received += @store.ingest_batch(feed, @batch, @linger, 0.25)
               end
             rescue StandardError => e
               note(e, "cannot ingest #{@queue}.dlq: #{e.message}; trying again in #{@retry}s")

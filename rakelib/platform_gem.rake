@@ -86,7 +86,10 @@ module PlatformGem
   # (abi => stripped .so); each build is refused if it needs a glibc newer
   # than glibc_max. Returns [gem path, the newest glibc any build needs].
   def package(platform, builds, glibc_max:)
-    spec = Gem::Specification.load("acemq.gemspec")
+    # A copy: load caches the spec it read, and platform= on that one
+    # object would leave the first gem's platform in the second's metadata
+    # (its file name right, its `platform:` x86_64-linux).
+    spec = Gem::Specification.load("acemq.gemspec").dup
     stage = "#{stage_dir}/#{platform}"
     FileUtils.rm_rf stage
     FileUtils.mkdir_p stage
@@ -115,6 +118,8 @@ module PlatformGem
     built = Dir.chdir(stage) { Gem::Package.build(spec) }
     FileUtils.mkdir_p "pkg"
     FileUtils.mv File.join(stage, built), "pkg/#{built}"
+    written = Gem::Package.new("pkg/#{built}").spec.platform.to_s
+    abort "platform_gem: pkg/#{built} says platform #{written}, not #{platform}" unless written == platform
     puts format("platform_gem: pkg/%s, %.1f MB", built, File.size("pkg/#{built}") / 1e6)
     ["pkg/#{built}", needed.max_by { |v| Gem::Version.new(v) }]
   end

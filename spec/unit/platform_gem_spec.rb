@@ -40,6 +40,26 @@ RSpec.describe "rake platform_gem" do
     expect(out).not_to include("platform_gem: Ruby")
   end
 
+  it "writes each gem's own platform into its metadata when one run packages both (a .ci/run shipped x86_64-linux inside the aarch64 gem)" do
+    allow(PlatformGem).to receive(:glibc_needed).and_return("2.17")
+    Dir.mktmpdir do |dir|
+      so = File.join(dir, "fake.so")
+      File.write(so, "not a library")
+      builds = PlatformGem::BUILDS.keys.to_h { |abi| [abi, so] }
+      gems = Dir.chdir(File.expand_path("../..", __dir__)) do
+        [PlatformGem::PLATFORM, PlatformGem::CROSS_PLATFORM].map do |platform|
+          path, = PlatformGem.package(platform, builds, glibc_max: "2.34")
+          [platform, File.expand_path(path)]
+        end
+      end
+      gems.each do |platform, path|
+        expect(File.basename(path)).to end_with("-#{platform}.gem")
+        expect(Gem::Package.new(path).spec.platform.to_s).to eq(platform)
+        File.delete(path)
+      end
+    end
+  end
+
   it "refuses a PLATFORMS that names none, rather than building nothing and passing" do
     ["", ","].each do |value|
       out = `cd #{File.expand_path('../..', __dir__)} && PLATFORMS=#{value} rake platform_gem 2>&1`

@@ -333,9 +333,6 @@ module AceMQ
         true
       end
 
-      # An exception's class and message for a report, whatever it does: a
-      # message that raises, is nil or not a String, a class whose name is
-      # overridden or nil.
       # Whether the process is exiting: Ruby kills the threads left once the
       # main thread has ended (returned, exit, or a signal such as TERM), so
       # a handler thread killed then is the process ending, not a handler
@@ -343,6 +340,9 @@ module AceMQ
       # some servers run for the process's whole life inside at_exit.
       def self.exiting? = !Thread.main.alive?
 
+      # An exception's class and message for a report, whatever it does: a
+      # message that raises, is nil or not a String, a class whose name is
+      # overridden or nil.
       def self.describe(error)
         name = Module.instance_method(:name).bind_call(error.class) || "an anonymous #{error.class.superclass}"
         message = begin

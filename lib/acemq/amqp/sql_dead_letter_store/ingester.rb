@@ -14,6 +14,9 @@ module AceMQ
       # the subscription closes, what it held goes back to the DLQ, and it
       # tries again after retry_every:.
       class Ingester
+        # received: the deliveries this ingester committed and acknowledged,
+        # counted after the acknowledgement, so a moment after their rows
+        # can be read.
         attr_reader :queue, :received, :last_error
 
         def initialize(store, mq, queue, prefetch: 200, batch: 100, linger: 0.02, retry_every: 5, max_age: nil,

@@ -10,13 +10,23 @@ module AceMQ
       # soon as rows are committed by any process. A connection of its own
       # because the wait blocks it: the store's connection stays free for the
       # sweeps (and for another thread's OutboxRelay#sweep).
+      #
+      # Why not core's LISTEN (the Rust relay's, sql/postgres.rs): that one is
+      # tokio-postgres without TLS, and the gem links no PostgreSQL client;
+      # this one is the application's own libpq, with whatever sslmode and
+      # certificates its conninfo names. It behaves as core's does where it
+      # matters: a lost connection is opened again before the relay's next
+      # sweep (at most once an interval while the server is away, each
+      # failure told to on_error), and that sweep runs before the next wait,
+      # since rows may have been committed while nobody listened
+      # (outbox_wake_spec: three cuts in a row).
       class OutboxListener
         # conninfo: a PG conninfo string or hash; channel: a plain identifier
         # (the store's, made by core from a checked table name).
         def initialize(conninfo, channel)
           require "pg"
           @conn = PG.connect(conninfo)
-          @conn.exec("LISTEN #{channel}")
+          @conn.exec("LISTEN #{@conn.quote_ident(channel)}")
         end
 
         # Forget what was delivered before a sweep: that sweep claims it.

@@ -2,13 +2,14 @@
 //! verdicts, the shutdown deadline, the health endpoint) for the Ruby runner
 //! in lib/acemq/runner.rb, which owns signals, threads and logging.
 
+mod budget;
 mod verdict;
 
 use crate::convert::seconds;
 use crate::errors::IntoRuby;
 use crate::gvl;
 use crate::keywords::Keywords;
-use acemq::runner::{serve_health, HealthServer, IngesterState, Observation, RestartPolicy, RunnerOptions, Supervisor};
+use acemq::runner::{authorize_control, serve_health, HealthServer, IngesterState, Observation, RestartPolicy, RunnerOptions, Supervisor};
 use magnus::{function, method, prelude::*, Error, RHash, RModule, Ruby};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -176,6 +177,13 @@ impl RbSupervisor {
     }
 }
 
+/// Core's check of a control request (runner/health.rs), for the
+/// `--processes` parent's endpoint: nil when `request` (its head) may change
+/// the runner, else the 403 body. An empty token reads as none.
+fn authorize(token: Option<String>, request: String, loopback: bool) -> Option<&'static str> {
+    authorize_control(token.as_deref().filter(|t| !t.is_empty()), &request, loopback).err()
+}
+
 /// A default in seconds as Ruby shows it to a user (a configuration
 /// reader, a log line): an Integer when whole (25, not 25.0), else a Float.
 pub(crate) fn whole_seconds(ruby: &Ruby, d: std::time::Duration) -> magnus::Value {
@@ -211,6 +219,8 @@ pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     class.define_method("_ingester", method!(RbSupervisor::ingester, 4))?;
     class.define_method("_serve_health", method!(RbSupervisor::serve_health, 2))?;
     class.define_method("_close_health", method!(RbSupervisor::close_health, 0))?;
+    class.define_singleton_method("authorize_control", function!(authorize, 3))?;
+    budget::init(ruby, amqp)?;
     // Core's restart rules, for `acemq run --processes N`'s parent, which
     // supervises its workers by the same rules without starting the engine.
     let restart = RestartPolicy::default();

@@ -201,9 +201,12 @@ module AceMQ
     rescue AceMQ::Control::Refused => e
       @err.puts("acemq: #{e.message}")
       e.code == 404 ? 65 : 1
-    rescue SystemCallError, IOError, Timeout::Error => e
-      @err.puts("acemq: no runner answered at #{urls&.join(', ')}: #{e.message} (is it running with a health_port? give --runner URL)")
+    rescue AceMQ::Control::Unreachable => e
+      @err.puts("acemq: no runner answered at #{e.message} (is it running with a health_port? give --runner URL)")
       1
+    rescue AceMQ::Control::InvalidURL => e
+      @err.puts("acemq: #{e.message} (--runner)")
+      64
     end
 
     def boot(files)

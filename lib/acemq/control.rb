@@ -4,15 +4,17 @@ require "net/http"
 require "uri"
 
 module AceMQ
-  # A runner's control requests, over its health endpoint: what `acemq ctl`
-  # sends, and what a dashboard or a script can send.
+  # The one client of a runner's health and control endpoint: what
+  # `acemq ctl` sends, what the dashboard reads and sends, what the
+  # --processes parent asks its workers, and what a script can send.
   #
   #   AceMQ::Control.new("http://127.0.0.1:9394").pause("PaymentsConsumer")
   #
-  # A runner takes them from 127.0.0.1, or from anywhere with its control
-  # token (config.control_token, ACEMQ_CONTROL_TOKEN), sent here as
-  # Authorization: Bearer. Against `acemq run --processes N` the parent
-  # passes them on to every worker, and to each one forked later.
+  # A runner takes control requests from 127.0.0.1, or from anywhere with
+  # its control token (config.control_token, ACEMQ_CONTROL_TOKEN), sent here
+  # as Authorization: Bearer. Once a runner has a token it asks for it from
+  # 127.0.0.1 too. Against `acemq run --processes N` the parent passes them
+  # on to every worker (with the same token), and to each one forked later.
   class Control
     # The runner answered, but not 200: the message is its own (an unknown
     # consumer names the ones it runs; a refusal says what to send).
@@ -25,10 +27,28 @@ module AceMQ
       end
     end
 
-    def initialize(url, token: ENV.fetch("ACEMQ_CONTROL_TOKEN", nil), timeout: 10)
-      @uri = URI(url.to_s.sub(%r{/+\z}, ""))
+    # Nothing answered at the URL within the timeout: no runner there, or a
+    # runner too busy to answer. The message names the URL.
+    class Unreachable < StandardError; end
+
+    # The URL is not a runner's endpoint (http://HOST:PORT).
+    class InvalidURL < ArgumentError; end
+
+    # timeout: seconds to connect; read_timeout: seconds for the answer (by
+    # default timeout:). A pause waits for the runner's broker round trips.
+    def initialize(url, token: ENV.fetch("ACEMQ_CONTROL_TOKEN", nil), timeout: 10, read_timeout: nil)
+      @uri = begin
+        URI(url.to_s.sub(%r{/+\z}, ""))
+      rescue URI::Error
+        nil
+      end
+      unless @uri.is_a?(URI::HTTP) && @uri.host && !@uri.host.empty?
+        raise InvalidURL, "a runner's endpoint is an http:// URL such as http://127.0.0.1:9394, got #{url.to_s.inspect}"
+      end
+
       @token = token
       @timeout = timeout
+      @read_timeout = read_timeout || timeout
     end
 
     # Pause the consumer class `name`: it takes nothing more and gives back
@@ -41,23 +61,29 @@ module AceMQ
     # The runner's /status, parsed.
     def status
       require "json"
-      JSON.parse(request(Net::HTTP::Get.new(path("/status"))).body)
+      JSON.parse(accepted(call(:get, "/status")))
+    end
+
+    # One request to the endpoint, with the token when there is one:
+    # [code, body] whatever the code. Raises Unreachable when nothing
+    # answers.
+    def call(method, path)
+      req = (method.to_s.casecmp?("post") ? Net::HTTP::Post : Net::HTTP::Get).new("#{@uri.path}#{path}")
+      req["Authorization"] = "Bearer #{@token}" if @token && !@token.to_s.empty?
+      res = Net::HTTP.start(@uri.host, @uri.port, open_timeout: @timeout, read_timeout: @read_timeout) { |h| h.request(req) }
+      [res.code.to_i, res.body.to_s]
+    rescue SystemCallError, IOError, SocketError, Timeout::Error, Net::HTTPBadResponse => e
+      raise Unreachable, "#{@uri}#{path}: #{e.message}"
     end
 
     private
 
-    def post(name, action)
-      request(Net::HTTP::Post.new(path("/consumers/#{URI.encode_www_form_component(name.to_s)}/#{action}"))).body.strip
-    end
+    def post(name, action) = accepted(call(:post, "/consumers/#{URI.encode_www_form_component(name.to_s)}/#{action}")).strip
 
-    def path(p) = "#{@uri.path}#{p}"
+    def accepted((code, body))
+      raise Refused.new(code, body.strip) unless code == 200
 
-    def request(req)
-      req["Authorization"] = "Bearer #{@token}" if @token && !@token.empty?
-      res = Net::HTTP.start(@uri.host, @uri.port, open_timeout: @timeout, read_timeout: @timeout) { |h| h.request(req) }
-      raise Refused.new(res.code.to_i, res.body.to_s.strip) unless res.code == "200"
-
-      res
+      body
     end
   end
 end

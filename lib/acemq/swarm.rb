@@ -16,11 +16,10 @@ module AceMQ
   # first, for what the application holds (see docs/lifecycle.md).
   #
   # Restarts: a child that dies while the parent is not stopping is forked
-  # again after a pause doubling from initial_backoff to max_backoff, at
-  # most max_restarts within restart_window per child: the runner's rules
-  # for a consumer, with core's defaults (RestartPolicy::default(), read as
-  # NativeSupervisor::RESTART_DEFAULTS). Past that the parent stops every
-  # child and exits 2.
+  # again after a pause doubling from 1 s to 30 s, at most max_restarts
+  # within restart_window per child: core's restart rule, the one the
+  # runner keeps for each consumer (AMQP::RestartBudget, one per child).
+  # Past that the parent stops every child and exits 2.
   #
   # Signals: TERM or INT is sent to every child, which drains within
   # shutdown_timeout; a child still there KILL_GRACE seconds after that is
@@ -45,8 +44,10 @@ module AceMQ
     SIGNALS = %w[TERM INT TSTP TTIN CHLD].freeze
 
     # One child process: its index (0...N) is kept across restarts.
-    Child = Struct.new(:index, :pid, :state, :report, :health_port, :restarts, :total_restarts, :restart_at,
-                       :last_exit, :started_at, keyword_init: true)
+    Child = Struct.new(:index, :pid, :state, :report, :health_port, :budget, :restart_at,
+                       :last_exit, :started_at, keyword_init: true) do
+      def total_restarts = budget.total
+    end
 
     attr_reader :processes, :children, :health_port
 
@@ -58,13 +59,14 @@ module AceMQ
       @config = config
       @executor = executor
       @logger = config.logger
-      # Core's restart rules (read from the extension, which starts no
-      # runtime by being loaded), unless configured.
-      @restart = AMQP::NativeSupervisor::RESTART_DEFAULTS
-      @max_restarts = config.max_restarts ? Integer(config.max_restarts) : @restart.fetch(:max_restarts)
-      @window = config.restart_window ? Float(config.restart_window) : @restart.fetch(:window)
+      # Core's restart rule, one budget a child (the extension starts no
+      # runtime by being loaded or by these).
+      @max_restarts = config.max_restarts && Integer(config.max_restarts)
+      @window = config.restart_window && Float(config.restart_window)
       @check = Float(config.check_interval || AMQP::NativeSupervisor::RUNNER_DEFAULTS.fetch(:heartbeat))
-      @children = Array.new(@processes) { |i| Child.new(index: i, state: :new, restarts: [], total_restarts: 0) }
+      @children = Array.new(@processes) do |i|
+        Child.new(index: i, state: :new, budget: AMQP::RestartBudget.new(max_restarts: @max_restarts, window: @window))
+      end
       @signal_in, @signal_out = IO.pipe
       @lock = Mutex.new
       @stopping = false
@@ -116,7 +118,7 @@ module AceMQ
     def snapshot
       @lock.synchronize do
         { state: @state, pid: Process.pid, processes: @processes, quiet: @quiet, beat: @beat,
-          children: @children.map { |c| c.to_h.slice(:index, :pid, :state, :health_port, :total_restarts, :last_exit, :started_at) } }
+          children: @children.map { |c| c.to_h.slice(:index, :pid, :state, :health_port, :last_exit, :started_at).merge(total_restarts: c.total_restarts) } }
       end
     end
 
@@ -256,14 +258,11 @@ module AceMQ
         child.last_exit = how
         child.pid = nil
         child.health_port = nil
-        child.restarts.shift while child.restarts.first && now - child.restarts.first > @window
-        if child.restarts.size >= @max_restarts
+        after = child.budget.spend
+        if after.nil?
           child.state = :failed
           @state = :failed
         else
-          after = [@restart.fetch(:initial_backoff) * (2**child.restarts.size), @restart.fetch(:max_backoff)].min
-          child.restarts << now
-          child.total_restarts += 1
           child.state = :restarting
           child.restart_at = now + after
           @logger.error("acemq: process #{child.index} #{how}; forking it again in #{after.round(1)}s")
@@ -272,7 +271,7 @@ module AceMQ
     end
 
     def give_up(child, how)
-      reason = "process #{child.index} #{how}; restarted #{child.restarts.size} times within #{@window.round}s, giving up"
+      reason = "process #{child.index} #{how}; restarted #{child.budget.recent} times within #{child.budget.window.round}s, giving up"
       @logger.error("acemq: #{reason}")
       status = shutdown("TERM")
       status.zero? ? EXIT_GAVE_UP : [status, EXIT_GAVE_UP].max

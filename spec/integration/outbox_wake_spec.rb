@@ -79,6 +79,47 @@ module OutboxWakeSpec
       end
     end
 
+    context "on PostgreSQL, when the LISTEN connection is cut" do
+      let(:table) { outbox_table }
+      let(:relay_db) { outbox_pg }
+      let(:admin) { outbox_pg }
+      let(:store) { Patterns::SQLOutboxStore.new(connection: relay_db, table: table) }
+      before do
+        pg_tables_to_drop << table
+        store.create_schema
+      end
+      after do
+        relay_db.close
+        admin.close
+      end
+
+      def listeners
+        admin.exec_params("SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() " \
+                          "AND query ILIKE $1", ["LISTEN%#{table}%"]).map { _1["pid"].to_i }
+      end
+
+      # The relay's LISTEN connection goes (a server restart, a failover, an
+      # idle-connection reaper): it listens again, and a row committed after
+      # that is published at once, not an hour later.
+      it "listens again on a connection of its own and is woken by the next commit, each of 3 times" do
+        exchange, queue = destination(mq)
+        relay = relay_for(store)
+        adding = Patterns::SQLOutboxStore.new(connection: admin, table: table)
+        3.times do |round|
+          eventually(timeout: 10) { listeners.size == 1 }
+          cut = listeners.first
+          admin.exec_params("SELECT pg_terminate_backend($1)", [cut])
+          eventually(timeout: 10) { listeners.size == 1 && listeners.first != cut }
+          id = add_in_transaction(adding, admin, [exchange])
+          (props, _), = drain(queue, expect: 1, timeout: 5)
+          expect(props && props[:message_id]).to eq(id), "round #{round}: the row was not published within 5 s"
+        end
+        relay.close
+        expect(listeners).to eq([])
+        expect(store.backlog[:count]).to eq(0)
+      end
+    end
+
     context "on SQLite, a path: store and an add in this process" do
       let(:path) { outbox_sqlite_path }
       let(:table) { outbox_table }

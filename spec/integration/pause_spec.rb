@@ -107,6 +107,27 @@ RSpec.describe "pausing a consumer at run time (processes)" do
     eventually { runner.done == [1] }
   end
 
+  # The break-it run of issue 50: with a control token the workers asked for
+  # it from the parent too, and the parent sent none (503: "2 of 2 processes
+  # did not answer 200"); one client now carries it for every caller.
+  it "passes a control request with the control token on to every worker of --processes, and refuses one without it" do
+    runner = start_runner(env.merge("ACEMQ_CONTROL_TOKEN" => "s3cret"), app: SWARM_FIXTURE, args: %w[--processes 2])
+    eventually(timeout: 20) { runner.health("/ready").code == "200" }
+    expect(post(runner, "/consumers/SwarmSpecConsumer/pause").code).to eq("403")
+    expect(post(runner, "/consumers/SwarmSpecConsumer/pause", token: "wrong").code).to eq("403")
+    _, err, status = ctl("pause", "SwarmSpecConsumer", "--runner", "http://127.0.0.1:#{runner.health_port}", token: "s3cret")
+    expect(status.exitstatus).to eq(0), err
+    children = JSON.parse(runner.health("/status").body)["children"]
+    expect(children.map { |c| c.dig("runner", "consumers", 0, "paused") }).to eq([true, true])
+    publish({ "n" => 1 })
+    sleep 0.5
+    expect(runner.handled.grep(/\Astart /)).to eq([])
+    res = post(runner, "/consumers/SwarmSpecConsumer/resume", token: "s3cret")
+    expect(res.code).to eq("200"), res.body
+    expect(res.body).to include("in 2 processes")
+    eventually(timeout: 10) { runner.handled.grep(/\Adone /).size == 1 }
+  end
+
   it "pauses every worker of --processes through the parent, and a worker forked again after kill -9 boots paused" do
     runner = start_runner(env.merge("CONCURRENCY" => "2"), app: SWARM_FIXTURE, args: %w[--processes 2])
     eventually(timeout: 20) { runner.health("/ready").code == "200" }

@@ -118,23 +118,7 @@ pub async fn serve_health(addr: SocketAddr, supervisor: Arc<Supervisor>) -> Resu
 /// `POST /consumers/NAME/pause` or `/resume`.
 async fn control(supervisor: &Supervisor, path: &str, request: &str, loopback: bool) -> (u16, &'static str, String) {
     let plain = |code, body: String| (code, "text/plain", body);
-    let token = supervisor.options().control_token.as_deref();
-    let bearer = request
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
-        .and_then(|(_, v)| v.trim().strip_prefix("Bearer "))
-        .map(str::trim);
-    let allowed = match token {
-        Some(t) => bearer.is_some_and(|b| constant_time_eq(b.as_bytes(), t.as_bytes())),
-        None => loopback,
-    };
-    if !allowed {
-        let why = if token.is_some() {
-            "forbidden: send Authorization: Bearer with the runner's control token (ACEMQ_CONTROL_TOKEN)\n"
-        } else {
-            "forbidden: control requests are taken from 127.0.0.1 only; set a control token (ACEMQ_CONTROL_TOKEN) to send them from elsewhere\n"
-        };
+    if let Err(why) = authorize_control(supervisor.options().control_token.as_deref(), request, loopback) {
         return plain(403, why.to_owned());
     }
     let path = path.split('?').next().unwrap_or("/");
@@ -148,6 +132,26 @@ async fn control(supervisor: &Supervisor, path: &str, request: &str, loopback: b
         Ok(()) => plain(200, format!("{} {name}\n", if action == "pause" { "paused" } else { "resumed" })),
         Err(e) if *e.kind() == ErrorKind::InvalidArgument => plain(404, format!("{e}\n")),
         Err(e) => plain(503, format!("{e}\n")),
+    }
+}
+
+/// Whether a control request may change the runner: with a control token
+/// set, only one whose `Authorization: Bearer` header (in the request's
+/// head, `request`) carries it, from anywhere; without one, any request
+/// from the loopback interface. `Err` is the 403 body, which says what to
+/// send. The `--processes` parent checks its requests with this too.
+pub fn authorize_control(token: Option<&str>, request: &str, loopback: bool) -> std::result::Result<(), &'static str> {
+    let bearer = request
+        .lines()
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
+        .and_then(|(_, v)| v.trim().strip_prefix("Bearer "))
+        .map(str::trim);
+    match token {
+        Some(t) if bearer.is_some_and(|b| constant_time_eq(b.as_bytes(), t.as_bytes())) => Ok(()),
+        Some(_) => Err("forbidden: send Authorization: Bearer with the runner's control token (ACEMQ_CONTROL_TOKEN)\n"),
+        None if loopback => Ok(()),
+        None => Err("forbidden: control requests are taken from 127.0.0.1 only; set a control token (ACEMQ_CONTROL_TOKEN) to send them from elsewhere\n"),
     }
 }
 

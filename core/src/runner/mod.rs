@@ -31,14 +31,15 @@
 //! # }
 //! ```
 
+mod budget;
 mod control;
 mod health;
 mod shutdown;
 
-pub use health::{serve_health, HealthServer};
+pub use budget::RestartBudget;
+pub use health::{authorize_control, serve_health, HealthServer};
 pub use shutdown::{drain, Drained, Signal, StopSignals};
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -231,8 +232,7 @@ struct Slot {
     up: bool,
     /// Paused by an operator: not down, not restarted, taking nothing.
     paused: bool,
-    restarts: VecDeque<Instant>,
-    total_restarts: u64,
+    restarts: RestartBudget,
     last_failure: Option<String>,
 }
 
@@ -289,8 +289,7 @@ impl Supervisor {
             prefetch,
             up: true,
             paused: false,
-            restarts: VecDeque::new(),
-            total_restarts: 0,
+            restarts: RestartBudget::default(),
             last_failure: None,
         });
         inner.slots.len() - 1
@@ -437,26 +436,14 @@ impl Supervisor {
         slot.up = false;
         slot.last_failure = Some(reason.clone());
         let policy = &self.options.restart;
-        let now = Instant::now();
-        while slot.restarts.front().is_some_and(|t| now.duration_since(*t) > policy.window) {
-            slot.restarts.pop_front();
-        }
-        if slot.restarts.len() as u32 >= policy.max_restarts {
-            let reason = format!(
-                "{reason}; restarted {} times within {}s, giving up",
-                slot.restarts.len(),
-                policy.window.as_secs()
-            );
+        let Some(after) = slot.restarts.spend(policy, Instant::now()) else {
+            let reason = format!("{reason}; restarted {} times within {}s, giving up", slot.restarts.recent(), policy.window.as_secs());
             inner.state = RunnerState::Failed;
             inner.failure.get_or_insert_with(|| reason.clone());
             drop(inner);
             crate::events::runner("failed", Some(&reason));
             return Verdict::GiveUp { reason };
-        }
-        let n = slot.restarts.len() as u32;
-        slot.restarts.push_back(now);
-        slot.total_restarts += 1;
-        let after = policy.initial_backoff.saturating_mul(2u32.saturating_pow(n)).min(policy.max_backoff);
+        };
         Verdict::Restart { after, reason }
     }
 
@@ -498,7 +485,7 @@ impl Supervisor {
             .map(|(i, s)| {
                 serde_json::json!({
                     "name": s.name, "queue": s.queue, "concurrency": s.concurrency, "prefetch": s.prefetch,
-                    "up": s.up, "restarts": s.total_restarts, "last_failure": s.last_failure,
+                    "up": s.up, "restarts": s.restarts.total(), "last_failure": s.last_failure,
                     "paused": s.paused, "breaker": self.attached.breaker(i).map(crate::BreakerState::as_str),
                 })
             })

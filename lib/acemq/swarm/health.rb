@@ -4,7 +4,7 @@ require "json"
 require "socket"
 require "time"
 require "uri"
-require "acemq/secure_compare"
+require "acemq/control"
 
 module AceMQ
   class Swarm
@@ -27,9 +27,11 @@ module AceMQ
     #   /status   JSON: the parent's state and each child's index, pid, state,
     #             restarts, last exit and the child's own /status.
     #   POST /consumers/NAME/pause (or /resume): passed on to every running
-    #             child, and remembered for the children forked later; 200
-    #             when every child answered 200. Taken from 127.0.0.1, or
-    #             with the control token as Authorization: Bearer.
+    #             child (with the control token, which each child asks for
+    #             too), and remembered for the children forked later; 200
+    #             when every child answered 200. Taken as a runner takes
+    #             them: from 127.0.0.1, or with the control token as
+    #             Authorization: Bearer once one is set (core's check).
     class Health
       # A child that does not answer within this is neither live nor ready.
       CHILD_TIMEOUT = 1.0
@@ -157,10 +159,10 @@ module AceMQ
       # POST /consumers/NAME/pause|resume from `peer` (an Addrinfo):
       # [code, content type, body].
       def control(path, request, peer)
-        token = @swarm.control_token
-        bearer = request[/^authorization:\s*Bearer\s+(\S+)/i, 1]
-        allowed = token ? bearer && AceMQ.secure_compare(bearer, token) : peer&.ipv4_loopback? || peer&.ipv6_loopback?
-        return [403, "text/plain", "forbidden: control requests are taken from 127.0.0.1, or with the control token (ACEMQ_CONTROL_TOKEN)\n"] unless allowed
+        # Core's check, the one each worker's endpoint makes.
+        loopback = peer ? (peer.ipv4_loopback? || peer.ipv6_loopback?) : false
+        refused = AMQP::NativeSupervisor.authorize_control(@swarm.control_token, request, loopback)
+        return [403, "text/plain", refused] if refused
 
         m = path.match(%r{\A/consumers/([^/]+)/(pause|resume)\z})
         return [404, "text/plain", "not found: POST /consumers/NAME/pause or /consumers/NAME/resume\n"] unless m
@@ -177,26 +179,15 @@ module AceMQ
         [200, "text/plain", "#{m[2] == 'pause' ? 'paused' : 'resumed'} #{name} in #{answers.size} processes\n"]
       end
 
-      # GET (or POST) to a child's endpoint: [code, body], or nil when it does not answer.
+      # GET (or POST) to a child's endpoint, through the one control client
+      # and with the control token a worker asks for as the parent does:
+      # [code, body], or nil when it does not answer. A pause waits for the
+      # child's broker round trips.
       def ask(port, path, method: "GET")
-        Socket.tcp("127.0.0.1", port, connect_timeout: CHILD_TIMEOUT) do |s|
-          s.write("#{method} #{path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-          data = +""
-          # A pause waits for the child's broker round trips.
-          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + (method == "POST" ? 10 : CHILD_TIMEOUT)
-          loop do
-            left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-            return nil if left <= 0 || !s.wait_readable(left)
-
-            chunk = s.read_nonblock(65_536, exception: false)
-            break if chunk.nil?
-
-            data << chunk unless chunk == :wait_readable
-          end
-          head, body = data.split("\r\n\r\n", 2)
-          [head[/\AHTTP\/1\.\d (\d+)/, 1].to_i, body.to_s]
-        end
-      rescue SystemCallError, IOError, SocketError
+        post = method == "POST"
+        Control.new("http://127.0.0.1:#{port}", token: @swarm.control_token, timeout: CHILD_TIMEOUT,
+                                                read_timeout: post ? 10 : CHILD_TIMEOUT).call(method, path)
+      rescue Control::Unreachable
         nil
       end
 

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-require "net/http"
+require "acemq/control"
 require "acemq/status"
 require "acemq/web/management"
 
@@ -410,13 +410,10 @@ module AceMQ
       # POST /consumers/NAME/pause|resume on a runner's health endpoint, with
       # its control token when one is set (ACEMQ_CONTROL_TOKEN): [code, body].
       def control(base, name, action)
-        uri = URI("#{base}/consumers/#{URI.encode_www_form_component(name)}/#{action}")
-        req = Net::HTTP::Post.new(uri.request_uri)
         token = @config.control_token || ENV.fetch("ACEMQ_CONTROL_TOKEN", nil)
-        req["Authorization"] = "Bearer #{token}" if token && !token.empty?
-        res = Net::HTTP.start(uri.host, uri.port, open_timeout: RUNNER_TIMEOUT, read_timeout: 5) { |h| h.request(req) }
-        [res.code.to_i, res.body.to_s]
-      rescue SystemCallError, IOError, SocketError, Timeout::Error => e
+        Control.new(base, token: token, timeout: RUNNER_TIMEOUT, read_timeout: 5)
+               .call(:post, "/consumers/#{URI.encode_www_form_component(name)}/#{action}")
+      rescue Control::Unreachable, Control::InvalidURL => e
         [502, e.message]
       end
 
@@ -582,11 +579,8 @@ module AceMQ
       # state, restarts and consumers (with a paused state where the runner
       # reports one).
       def runner(base)
-        uri = URI("#{base}/status")
-        res = Net::HTTP.start(uri.host, uri.port, open_timeout: RUNNER_TIMEOUT, read_timeout: RUNNER_TIMEOUT) do |h|
-          h.get(uri.request_uri)
-        end
-        body = JSON.parse(res.body.to_s)
+        code, text = Control.new(base, token: nil, timeout: RUNNER_TIMEOUT).call(:get, "/status")
+        body = JSON.parse(text)
         processes = if body["children"]
                       body["children"].map do |c|
                         own = c["runner"].is_a?(Hash) ? c["runner"] : {}
@@ -597,9 +591,9 @@ module AceMQ
                       [{ label: "runner", pid: body["pid"], state: body["state"], ready: body["ready"],
                          restarts: consumers_of(body).sum { |c| c[:restarts].to_i }, consumers: consumers_of(body) }]
                     end
-        { url: base, ok: res.is_a?(Net::HTTPSuccess), state: body["state"], quiet: body["quiet"],
+        { url: base, ok: code == 200, state: body["state"], quiet: body["quiet"],
           processes: processes }
-      rescue SystemCallError, IOError, SocketError, Timeout::Error, JSON::ParserError, URI::Error => e
+      rescue Control::Unreachable, Control::InvalidURL, JSON::ParserError => e
         { url: base, ok: false, error: e.message, processes: [] }
       end
 

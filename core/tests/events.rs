@@ -175,3 +175,41 @@ async fn metrics_count_what_was_consumed() {
     c.close().await;
     mq.close().await;
 }
+
+/// The Rust relay's `outbox` event is the Ruby relay's: what the sweep
+/// claimed and published, and the backlog read after it (issue 50: both
+/// drivers emit the same event; the Rust one left the backlog out).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_relay_reports_each_sweep_with_the_backlog_after_it() {
+    use acemq::outbox::{AsyncSqlOutboxStore, OutboxRecord, OutboxRelay, OutboxStoreOptions, RelayOptions};
+    use acemq::sql::{AsyncConnectionSource, AsyncSqliteConnection};
+    let mq = Connection::open(&format!("memory://{}", unique("ev"))).await.unwrap();
+    let queue = unique("outbox-events");
+    mq.apply(&Topology::new().queue(&queue)).await.unwrap();
+    let file = std::env::temp_dir().join(format!("acemq-{}.db", unique("events"))).to_str().unwrap().to_owned();
+    let options = OutboxStoreOptions { table: format!("outbox_{}", uuid::Uuid::now_v7().simple()), ..OutboxStoreOptions::default() };
+    let store = AsyncSqlOutboxStore::new(AsyncSqliteConnection::open(&file).await.unwrap(), options).unwrap();
+    store.create_schema().await.unwrap();
+    let app = AsyncSqliteConnection::open(&file).await.unwrap();
+    for n in 0..5 {
+        let record = OutboxRecord::json("", &queue, &json!({ "n": n }), mq.envelope_for(&PublishOptions::default())).unwrap();
+        store.add(&record, &app.connection().await.unwrap()).await.unwrap();
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let id = events::subscribe(move |e| {
+        if let Event::Outbox(o) = e {
+            s.lock().unwrap().push((o.claimed, o.published, o.failed, o.backlog, o.oldest_age));
+        }
+    });
+    let relay = OutboxRelay::new(Arc::new(mq.clone()), store, RelayOptions { batch_size: 3, ..RelayOptions::default() });
+    assert_eq!(relay.sweep().await.unwrap(), 3);
+    assert_eq!(relay.sweep().await.unwrap(), 2);
+    events::unsubscribe(id);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!((seen[0].0, seen[0].1, seen[0].2, seen[0].3), (3, 3, 0, Some(2)), "{seen:?}");
+    assert!(seen[0].4.is_some(), "two rows wait: the oldest has an age ({seen:?})");
+    assert_eq!((seen[1].0, seen[1].1, seen[1].2, seen[1].3, seen[1].4), (2, 2, 0, Some(0), None), "{seen:?}");
+    let _ = std::fs::remove_file(&file);
+}

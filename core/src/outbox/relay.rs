@@ -1,6 +1,6 @@
 //! The relay for Rust services: claim, publish, complete, on a tokio task.
 
-use super::{Action, AsyncSqlOutboxStore, Completion, Confirms, Cycle, Input, LocalWake, OutboxPublisher, OutboxRecord, SqlOutboxStore, Swept};
+use super::{Action, AsyncSqlOutboxStore, Backlog, Completion, Confirms, Cycle, Input, LocalWake, OutboxPublisher, OutboxRecord, SqlOutboxStore, Swept};
 use crate::error::{Error, Result};
 use crate::sql::blocking::off_runtime;
 use crate::sql::{AsyncConnectionSource, ConnectionSource};
@@ -106,6 +106,13 @@ pub trait RelayStore: Send + Sync + 'static {
         let _ = stop;
         false
     }
+    /// [`SqlOutboxStore::backlog`], for the `outbox` event a sweep emits
+    /// while somebody listens (the same event the Ruby relay emits); `None`
+    /// when it cannot be read, which the event says by leaving it out. The
+    /// default reads nothing.
+    fn backlog_for_relay(self: Arc<Self>) -> impl Future<Output = Option<Backlog>> + Send {
+        async { None }
+    }
 }
 
 /// The blocking store's SQL runs on tokio's blocking pool (`spawn_blocking`)
@@ -131,6 +138,9 @@ impl<S: ConnectionSource + Send + Sync + 'static> RelayStore for SqlOutboxStore<
     fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send {
         off_runtime(move || self.delete_confirmed(&ids))
     }
+    fn backlog_for_relay(self: Arc<Self>) -> impl Future<Output = Option<Backlog>> + Send {
+        async move { off_runtime(move || self.backlog()).await.ok() }
+    }
 }
 
 impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
@@ -152,6 +162,9 @@ impl<S: AsyncConnectionSource + 'static> RelayStore for AsyncSqlOutboxStore<S> {
     }
     fn delete_for_relay(self: Arc<Self>, ids: Vec<i64>) -> impl Future<Output = Result<usize>> + Send {
         async move { self.delete_confirmed(&ids).await }
+    }
+    fn backlog_for_relay(self: Arc<Self>) -> impl Future<Output = Option<Backlog>> + Send {
+        async move { self.backlog().await.ok() }
     }
     fn listen_for_relay(&self, stop: watch::Receiver<bool>) -> bool {
         let wake = self.local_wake().clone();
@@ -342,7 +355,14 @@ impl<T: RelayStore> Inner<T> {
                     for f in &report.failures {
                         self.report(&f.error, f.exchange.as_deref().unwrap_or(""), f.routing_key.as_deref().unwrap_or(""));
                     }
-                    report.emit(None);
+                    // The backlog as it is now, as the Ruby relay's event
+                    // carries it: read only when the event goes to somebody.
+                    let backlog = if report.has_event() && crate::events::enabled() {
+                        self.store.clone().backlog_for_relay().await.map(|b| (b.count, b.oldest_age))
+                    } else {
+                        None
+                    };
+                    report.emit(backlog);
                     Input::Next
                 }
                 Action::Again => {

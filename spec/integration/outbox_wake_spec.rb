@@ -114,7 +114,16 @@ module OutboxWakeSpec
           (props, _), = drain(queue, expect: 1, timeout: 5)
           expect(props && props[:message_id]).to eq(id), "round #{round}: the row was not published within 5 s"
         end
+        # Each loss was told to on_error, and nothing else was.
+        expect(errors.size).to eq(3), errors.inspect
+        expect(errors).to all(be_a(PG::Error))
+        # Its interval is an hour: close ends the wait between sweeps and the
+        # LISTEN thread at once.
+        t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         relay.close
+        expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 3
+        expect(relay).not_to be_running
+        expect(Thread.list.map(&:name)).not_to include("acemq-outbox-listen")
         expect(listeners).to eq([])
         expect(store.backlog[:count]).to eq(0)
       end

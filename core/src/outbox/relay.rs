@@ -373,11 +373,7 @@ impl<T: RelayStore> Inner<T> {
                 }
                 Action::Wait => {
                     if let Some(stop) = stop.as_deref_mut() {
-                        tokio::select! {
-                            _ = wake.wait_past(seen, self.options.interval) => {}
-                            // Err: the relay was dropped; either way, stop.
-                            _ = stop.changed() => {}
-                        }
+                        wake.between_sweeps(Some(seen), self.options.interval, stop).await;
                     }
                     next(&stop)
                 }

@@ -42,8 +42,9 @@ impl LocalWake {
     }
 
     /// A row was added in this process, or a PostgreSQL `NOTIFY` said rows
-    /// were committed (the relay's `LISTEN`).
-    pub(crate) fn rows_added(&self) {
+    /// were committed (the relay's `LISTEN`: core's for the Rust relay, the
+    /// application's libpq for the Ruby one, through the extension).
+    pub fn rows_added(&self) {
         self.tx.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -68,5 +69,65 @@ impl LocalWake {
         // The sender lives in the map for the life of the process, so
         // changed() never fails; the timeout is the fallback poll.
         matches!(tokio::time::timeout(timeout, rx.changed()).await, Ok(Ok(())))
+    }
+
+    /// What a relay waits for between two sweeps, written once for the Rust
+    /// relay and the Ruby one: this wake-up moving past `seen` (`None` for
+    /// a relay that is not woken by it), `stop` turning true (the relay is
+    /// closing; a dropped sender counts too), or `interval`, the fallback
+    /// poll. Whether the wake-up moved.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe, as [`wait_past`](Self::wait_past).
+    pub async fn between_sweeps(&self, seen: Option<u64>, interval: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+        let woken = async {
+            match seen {
+                Some(seen) => self.wait_past(seen, interval).await,
+                None => {
+                    tokio::time::sleep(interval).await;
+                    false
+                }
+            }
+        };
+        tokio::select! {
+            woken = woken => woken,
+            () = stopped(stop) => false,
+        }
+    }
+}
+
+/// Until `stop` is true or its sender is gone.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_relay_waits_for_the_wake_up_the_stop_or_the_interval() {
+        let wake = LocalWake::of("wake_between_sweeps_test");
+        let (tx, mut stop) = watch::channel(false);
+        let long = Duration::from_secs(30);
+        let seen = wake.seen();
+        wake.rows_added();
+        assert!(wake.between_sweeps(Some(seen), long, &mut stop).await, "moved already: at once");
+        let t = std::time::Instant::now();
+        assert!(!wake.between_sweeps(None, Duration::from_millis(50), &mut stop).await);
+        assert!(t.elapsed() >= Duration::from_millis(50), "not woken by a wake-up it does not watch: the interval");
+        tx.send_replace(true);
+        let t = std::time::Instant::now();
+        assert!(!wake.between_sweeps(Some(wake.seen()), long, &mut stop).await);
+        assert!(!wake.between_sweeps(None, long, &mut stop).await, "a stop stays seen");
+        assert!(t.elapsed() < Duration::from_secs(5), "stopped at once");
+        drop(tx);
+        let (_, mut gone) = { let (tx, rx) = watch::channel(false); drop(tx); (0, rx) };
+        assert!(!wake.between_sweeps(None, long, &mut gone).await, "a dropped sender stops it too");
     }
 }

@@ -2,8 +2,9 @@
 //! core's relay `Cycle`. The cycle decides; this does what it is told on the
 //! calling Ruby thread: the store's SQL there (GVL held for a Ruby
 //! connection, released for a `path:` file), the publish and its confirms
-//! without the GVL. lib/acemq/amqp/patterns/outbox_relay.rb keeps the
-//! thread, the waits between sweeps and `on_error`.
+//! without the GVL, and the wait between sweeps (core's, the Rust relay's).
+//! lib/acemq/amqp/patterns/outbox_relay.rb keeps the threads (the relay's
+//! and its LISTEN's) and `on_error`.
 
 use super::failure::RbFailure;
 use super::store::RbOutboxStore;
@@ -24,6 +25,8 @@ pub struct RbCycle {
     batch_size: usize,
     wake: LocalWake,
     wakes_on_add: bool,
+    /// True once the relay closes: ends its wait between sweeps at once.
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 struct State {
@@ -45,6 +48,7 @@ impl RbCycle {
             batch_size,
             wake: store.wake().clone(),
             wakes_on_add: store.wakes_on_add(),
+            stop: tokio::sync::watch::channel(false).0,
         }
     }
 
@@ -106,23 +110,42 @@ impl RbCycle {
         }
     }
 
-    /// The wake-up counter now (read before a sweep), or nil when this
-    /// relay waits out its interval instead. Only a `path:` store wakes on
-    /// an add: its claim waits for the adder's commit on SQLite's write lock
-    /// without the GVL. A claim through the sqlite3 gem waits holding the
-    /// GVL, so the adding thread could never commit (a stall until the busy
-    /// timeout).
-    fn wake_seen(&self) -> Option<u64> {
-        self.wakes_on_add.then(|| self.wake.seen())
+    /// The wake-up counter now: read before a sweep, waited past after it.
+    fn wake_seen(&self) -> u64 {
+        self.wake.seen()
     }
 
-    /// Wait without the GVL until an add in this process moves the counter
-    /// past `seen`, or `timeout` seconds; whether an add did. Interruptible
-    /// (Thread#kill, close) between slices.
-    fn wait_for_add(ruby: &Ruby, rb_self: &Self, seen: u64, timeout: f64) -> Result<bool, Error> {
-        let timeout = crate::convert::seconds(ruby, "interval", timeout)?;
+    /// Whether an add in this process wakes this relay. Only a `path:`
+    /// store's: its claim waits for the adder's commit on SQLite's write
+    /// lock without the GVL. A claim through the sqlite3 gem waits holding
+    /// the GVL, so the adding thread could never commit (a stall until the
+    /// busy timeout); such a relay waits out its interval.
+    fn wakes_on_add(&self) -> bool {
+        self.wakes_on_add
+    }
+
+    /// Rows were committed (the Ruby relay's LISTEN heard a NOTIFY, or
+    /// listens again after losing its connection): wake the relays of this
+    /// table in this process.
+    fn notify(&self) {
+        self.wake.rows_added();
+    }
+
+    /// The wait between two sweeps, core's (`LocalWake::between_sweeps`),
+    /// without the GVL: until the wake-up moves past `seen` (nil: not
+    /// watched), the relay closes (`_interrupt`), or `interval` seconds.
+    /// Whether the wake-up moved.
+    fn wait(ruby: &Ruby, rb_self: &Self, seen: Option<u64>, interval: f64) -> Result<bool, Error> {
+        let interval = crate::convert::seconds(ruby, "interval", interval)?;
         let wake = rb_self.wake.clone();
-        gvl::block_on(ruby, async move { wake.wait_past(seen, timeout).await })
+        let mut stop = rb_self.stop.subscribe();
+        gvl::block_on(ruby, async move { wake.between_sweeps(seen, interval, &mut stop).await })
+    }
+
+    /// The relay is closing: a wait in progress ends, and every later one
+    /// returns at once.
+    fn interrupt(&self) {
+        self.stop.send_replace(true);
     }
 }
 
@@ -239,7 +262,10 @@ pub fn init(ruby: &Ruby, patterns: RModule) -> Result<(), Error> {
     class.define_method("_stop", method!(RbCycle::stop, 3))?;
     class.define_method("_sweep", method!(RbCycle::sweep, 3))?;
     class.define_method("wake_seen", method!(RbCycle::wake_seen, 0))?;
-    class.define_method("_wait_for_add", method!(RbCycle::wait_for_add, 2))?;
+    class.define_method("wakes_on_add?", method!(RbCycle::wakes_on_add, 0))?;
+    class.define_method("_notify", method!(RbCycle::notify, 0))?;
+    class.define_method("_wait", method!(RbCycle::wait, 2))?;
+    class.define_method("_interrupt", method!(RbCycle::interrupt, 0))?;
     super::failure::init(ruby, relay)?;
     Ok(())
 }

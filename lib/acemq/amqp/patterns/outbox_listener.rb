@@ -14,45 +14,26 @@ module AceMQ
       # Why not core's LISTEN (the Rust relay's, sql/postgres.rs): that one is
       # tokio-postgres without TLS, and the gem links no PostgreSQL client;
       # this one is the application's own libpq, with whatever sslmode and
-      # certificates its conninfo names. It behaves as core's does where it
-      # matters: a lost connection is opened again before the relay's next
-      # sweep (at most once an interval while the server is away, each
-      # failure told to on_error), and that sweep runs before the next wait,
-      # since rows may have been committed while nobody listened
-      # (outbox_wake_spec: three cuts in a row).
+      # certificates its conninfo names. It feeds the same wake-up as
+      # core's (OutboxRelay's LISTEN thread tells the cycle), and is opened
+      # again as core's is: after a pause doubling from 0.1 s to 5 s, with
+      # a sweep once it listens again, since rows may have been committed
+      # while nobody listened (outbox_wake_spec: three cuts in a row).
       class OutboxListener
         # conninfo: a PG conninfo string or hash; channel: a plain identifier
         # (the store's, made by core from a checked table name).
         def initialize(conninfo, channel)
           require "pg"
           @conn = PG.connect(conninfo)
+          # A lost connection is raised by wait and told to on_error; libpq
+          # would also print the server's parting FATAL to stderr.
+          @conn.set_notice_processor { |_| }
           @conn.exec("LISTEN #{@conn.quote_ident(channel)}")
-        end
-
-        # Forget what was delivered before a sweep: that sweep claims it.
-        def drain
-          @pending = false
-          @conn.consume_input
-          nil while @conn.notifies
-        end
-
-        # Whether a notification has arrived (since the last drain), without
-        # waiting; the next wait then returns at once.
-        def pending?
-          return true if @pending
-
-          @conn.consume_input
-          @pending = !@conn.notifies.nil?
         end
 
         # Whether a notification came within timeout seconds. ruby-pg waits
         # on the socket with the GVL released.
         def wait(timeout)
-          if @pending
-            @pending = false
-            return true
-          end
-
           !@conn.wait_for_notify(timeout).nil?
         end
 

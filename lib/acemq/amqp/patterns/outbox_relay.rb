@@ -14,7 +14,8 @@ module AceMQ
       # A started relay sweeps as soon as rows are committed rather than an
       # interval later: on PostgreSQL every add sends a NOTIFY that is
       # delivered at commit, and the relay LISTENs on a connection of its own
-      # (opened with the store connection's settings, or listen:); on SQLite
+      # (opened with the store connection's settings, or listen:), on a
+      # second thread of its own; on SQLite
       # an add in this process wakes a relay whose store is path: (its claim
       # then waits on the adder's write lock, without the GVL, and runs just
       # after the commit). interval is the fallback poll: for rows added by
@@ -25,8 +26,8 @@ module AceMQ
       # one the Rust relay runs; Cycle drives it on the calling Ruby thread:
       # the claim and the completion through the store's connection (a Ruby
       # driver can be used nowhere else), the publish and its confirms
-      # without the GVL. This class keeps the thread, the waits between
-      # sweeps and on_error. Several relays, in one process or many, can
+      # without the GVL; the wait between sweeps is core's too. This class
+      # keeps the threads and on_error. Several relays, in one process or many, can
       # share one table: a claimed row is leased to one of them (BEGIN
       # IMMEDIATE on SQLite, FOR UPDATE SKIP LOCKED on PostgreSQL).
       #
@@ -68,7 +69,6 @@ module AceMQ
           # would otherwise interleave statements on the store's connection.
           @sweeping = Mutex.new
           @lock = Mutex.new
-          @wake = ConditionVariable.new
           @thread = nil
           @stopping = false
         end
@@ -100,7 +100,8 @@ module AceMQ
         def close
           thread = @lock.synchronize do
             @stopping = true
-            @wake.broadcast
+            # Ends the wait between sweeps at once (core's wait).
+            @cycle._interrupt
             @thread
           end
           thread&.join unless thread == Thread.current
@@ -133,28 +134,35 @@ module AceMQ
           failures.each { |f| report(f.error, f.exchange, f.routing_key) }
         end
 
-        # How long one wait lasts at most before close is noticed. Not a
-        # poll of the database: nothing is queried between slices.
+        # How long the LISTEN thread's wait for a notification lasts before
+        # it looks whether the relay is closing.
         SLICE = 0.25
+        # Its pause before listening again after losing its connection,
+        # doubling: core's listener's (sql/postgres.rs).
+        RELISTEN = (0.1..5.0).freeze
 
+        # Sweep; wait (core's wait: rows committed, close, or interval); again.
+        # A PostgreSQL store's notifications reach that wait through a
+        # thread of the relay's that LISTENs and tells the cycle.
         def run
-          listener = nil
+          listening = start_listening
+          wakes = listening || @cycle.wakes_on_add?
           until @stopping
-            listener ||= open_listener
             # Read before the sweep: what is added or committed while it runs
-            # ends the wait below at once. nil: this store is not woken by adds.
+            # ends the wait below at once.
             seen = @cycle.wake_seen
-            listener = drain(listener)
-            woken = -> { woken?(listener, seen) }
+            woken = -> { wakes && @cycle.wake_seen != seen }
             # True: more is waiting, or a claim must come at once for what
             # the cycle holds or has in flight.
             next if sweep_again?(woken)
 
-            listener = wait(listener, seen)
+            @cycle._wait(wakes ? seen : nil, @interval)
           end
         ensure
           stop_cycle
-          listener&.close
+          # It sees @stopping within a SLICE; a connect to an unreachable
+          # server can take longer, and is not worth holding close for.
+          listening&.join(2)&.then { nil } || listening&.kill
         end
 
         # One sweep of the cycle. A sweep that failed as a whole (the
@@ -163,16 +171,6 @@ module AceMQ
           locked { |failures| @cycle._step(@store, @mq, woken, failures) }
         rescue StandardError => e
           report(e, nil, nil)
-          false
-        end
-
-        # Whether a wake-up came while the last sweep published.
-        def woken?(listener, seen)
-          return listener.pending? if listener
-          return @cycle.wake_seen != seen if seen
-
-          false
-        rescue StandardError
           false
         end
 
@@ -185,46 +183,43 @@ module AceMQ
           report(e, nil, nil)
         end
 
-        # Until a wake-up or interval: a NOTIFY on the listener, an add in
-        # this process, or close. The listener back, nil if it failed.
-        def wait(listener, seen)
-          unless listener || seen
-            @lock.synchronize { @wake.wait(@lock, @interval) unless @stopping }
-            return nil
-          end
-
-          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @interval
-          until @stopping
-            left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-            break if left <= 0
-
-            slice = [left, SLICE].min
-            break if listener ? listener.wait(slice) : @cycle._wait_for_add(seen, slice)
-          end
-          listener
-        rescue StandardError => e
-          report(e, nil, nil)
-          listener&.close
-          nil
-        end
-
-        def drain(listener)
-          listener&.drain
-          listener
-        rescue StandardError => e
-          report(e, nil, nil)
-          listener.close
-          nil
-        end
-
-        def open_listener
+        # The LISTEN thread, on PostgreSQL (nil elsewhere, or with listen:
+        # false): each notification, and each time it listens again after
+        # losing its connection (rows may have been committed meanwhile),
+        # wakes the relay. A failure is told to on_error; it listens again
+        # after a pause doubling from 0.1 s to 5 s.
+        def start_listening
           return nil unless @listen
 
-          OutboxListener.new(@listen, @store.channel)
+          thread = Thread.new do
+            pause = RELISTEN.begin
+            until @stopping
+              pause = listen_once ? RELISTEN.begin : [pause * 2, RELISTEN.end].min
+              deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + pause
+              sleep(SLICE) while !@stopping && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+            end
+          end
+          thread.name = "acemq-outbox-listen" if thread.respond_to?(:name=)
+          thread
+        end
+
+        # Listen until the connection fails or the relay closes; whether it
+        # got to listen at all.
+        def listen_once
+          listener = OutboxListener.new(@listen, @store.channel)
+          begin
+            @cycle._notify
+            @cycle._notify if listener.wait(SLICE) until @stopping
+          rescue StandardError => e
+            report(e, nil, nil)
+          ensure
+            listener.close
+          end
+          true
         rescue StandardError => e
           # Without it the relay still sweeps every interval; say why it is slower.
           report(e, nil, nil)
-          nil
+          false
         end
 
         def report(error, exchange, routing_key)

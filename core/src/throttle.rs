@@ -53,7 +53,10 @@ impl Throttle {
         Throttle { limit, per }
     }
 
-    pub(crate) fn validate(&self) -> crate::Result<()> {
+    /// The rules a throttle must meet (a limit of at least 1, a positive
+    /// period), checked by `open` and, through the extension, by Ruby's
+    /// `consume` and the Rails DSL as they are given.
+    pub fn validate(&self) -> crate::Result<()> {
         if self.limit == 0 || self.per.is_zero() {
             return Err(crate::Error::invalid(format!(
                 "throttle needs a limit of at least 1 and a positive period (got {} per {}s)",

@@ -333,6 +333,42 @@ fn check_sizes(ruby: &Ruby, concurrency: i64, prefetch: Option<i64>, batch: i64)
     ConsumeOptions::check_sizes(count(concurrency), prefetch.map(count), count(batch)).rb(ruby)
 }
 
+/// Seconds as core's rules read them: what cannot be a Duration (negative,
+/// NaN, infinite) is zero, which every rule here refuses.
+fn rule_seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)
+}
+
+/// A count for a 32-bit rule: a negative one is refused by the rule as 0
+/// is; one past u32 cannot be represented, and says so.
+fn rule_count(ruby: &Ruby, what: &str, n: i64) -> Result<u32, Error> {
+    match u32::try_from(n) {
+        Ok(n) => Ok(n),
+        Err(_) if n < 0 => Ok(0),
+        Err(_) => Err(Error::new(
+            ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
+            format!("{what} must be at most {} (got {n})", u32::MAX),
+        )),
+    }
+}
+
+/// `BreakerOptions`' check, so `consume`'s and the Rails DSL's: core's rules
+/// for a circuit breaker (`CircuitBreaker::validate`), as it is given.
+fn check_breaker(ruby: &Ruby, failures: i64, within: f64, pause: f64, probe: Option<f64>) -> Result<(), Error> {
+    let failures = rule_count(ruby, "circuit_breaker: failures", failures)?;
+    let mut breaker = acemq::CircuitBreaker::new(failures, rule_seconds(within), rule_seconds(pause));
+    if let Some(p) = probe {
+        breaker = breaker.probe(rule_seconds(p));
+    }
+    breaker.validate().rb(ruby)
+}
+
+/// `consume(throttle:)`'s and the Rails DSL's check: core's rules for a
+/// throttle (`Throttle::validate`).
+fn check_throttle(ruby: &Ruby, limit: i64, per: f64) -> Result<(), Error> {
+    acemq::Throttle::new(rule_count(ruby, "throttle: limit", limit)?, rule_seconds(per)).validate().rb(ruby)
+}
+
 /// `Topology#exchange(type:)`'s check: core's name for the kind, or its
 /// ConfigurationError.
 fn exchange_type(ruby: &Ruby, kind: String) -> Result<&'static str, Error> {
@@ -348,6 +384,15 @@ fn queue_type(ruby: &Ruby, kind: String) -> Result<&'static str, Error> {
 pub fn init(ruby: &Ruby, amqp: RModule) -> Result<(), Error> {
     amqp.define_module_function("_check_retries", magnus::function!(check_retries, 3))?;
     amqp.define_module_function("_check_sizes", magnus::function!(check_sizes, 3))?;
+    amqp.define_module_function("_check_breaker", magnus::function!(check_breaker, 4))?;
+    amqp.define_module_function("_check_throttle", magnus::function!(check_throttle, 2))?;
+    // Core's consumer defaults, for `consume` and the Rails DSL to read
+    // rather than repeat.
+    let defaults = ruby.hash_new();
+    let consume = ConsumeOptions::default();
+    defaults.aset(ruby.to_symbol("concurrency"), consume.concurrency)?;
+    defaults.freeze();
+    amqp.const_set("CONSUME_DEFAULTS", defaults)?;
     amqp.define_module_function("_exchange_type", magnus::function!(exchange_type, 1))?;
     amqp.define_module_function("_queue_type", magnus::function!(queue_type, 1))?;
     amqp.const_set("EXCHANGE_TYPES", ruby.ary_from_iter(ExchangeKind::ALL.iter().map(|k| k.as_str())))?;

@@ -64,8 +64,24 @@ RSpec.describe "circuit breaker and throttle (Ruby)" do
     sub = klass.subscribe(mq, instance: klass.new.tap { |c| c.define_singleton_method(:call) { |_m| accept } })
     expect(sub.breaker).to eq("closed")
     sub.cancel
-    expect { Class.new(AceMQ::Rails::Consumer) { circuit_breaker failures: 0, within: 1, pause: 1 } }
-      .to raise_error(AceMQ::AMQP::ConfigurationError, /failures must be at least 1/)
+    # The class refuses them as consume would, by core's rules (issue 50:
+    # checked once), with its own name in front.
+    named = lambda do |&body|
+      Class.new(AceMQ::Rails::Consumer) do
+        define_singleton_method(:to_s) { "BadSpecConsumer" } # what a named class says
+        class_eval(&body)
+      end
+    end
+    expect { named.call { circuit_breaker failures: 0, within: 1, pause: 1 } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /\ABadSpecConsumer: circuit_breaker needs failures of at least 1/)
+    expect { named.call { circuit_breaker failures: 3, within: 1, pause: 1, probe: 2 } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /BadSpecConsumer: .*probe interval above zero and at most pause/)
+    expect { named.call { circuit_breaker failures: 2**40, within: 1, pause: 1 } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /failures must be at most 4294967295/)
+    expect { named.call { throttle 0 } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /\ABadSpecConsumer: throttle needs a limit of at least 1/)
+    expect { named.call { throttle 5, per: -1 } }.to raise_error(AceMQ::AMQP::ConfigurationError, /positive period/)
+    expect { named.call { throttle "many" } }.to raise_error(AceMQ::AMQP::ConfigurationError, /limit is a whole number/)
     expect { mq.consume(queue, throttle: { limit: 0 }) { nil } }
       .to raise_error(AceMQ::AMQP::ConfigurationError, /throttle needs a limit of at least 1/)
     expect { mq.consume(queue, circuit_breaker: { failures: 3 }) { nil } }

@@ -6,6 +6,17 @@ require "acemq/rails"
 # helpers return, and the pipeline a runner subscribes.
 RSpec.describe AceMQ::Rails::Consumer do
   let(:mq) { AceMQ::AMQP::Connection.open(memory_url) }
+  it "takes its default concurrency from core, as consume does (one place for it)" do
+    core = AceMQ::AMQP::CONSUME_DEFAULTS.fetch(:concurrency)
+    expect(core).to eq(1)
+    expect(Class.new(described_class).concurrency).to eq(core)
+    AceMQ::AMQP::Topology.new.queue("defaults-spec").apply(mq)
+    sub = mq.consume("defaults-spec") { AceMQ::AMQP::Ack.accept }
+    expect(sub.concurrency).to eq(core)
+  ensure
+    sub&.cancel
+  end
+
   let(:message) do
     AceMQ::AMQP::Message.new(payload: { "order_id" => "A-1" },
                              envelope: AceMQ::AMQP::Envelope.new(id: "m-1", type: "payment.due.v1"))

@@ -180,7 +180,11 @@ impl CircuitBreaker {
         self.on.as_ref().is_none_or(|p| p(failed))
     }
 
-    pub(crate) fn validate(&self) -> crate::Result<()> {
+    /// The rules a breaker must meet, checked by `open` and, through the
+    /// extension, by Ruby's `BreakerOptions` and the Rails DSL as they are
+    /// given: failures at least 1, within and pause positive, the probe
+    /// interval above zero and at most pause.
+    pub fn validate(&self) -> crate::Result<()> {
         let probe = self.probe_interval();
         if self.failures == 0 || self.within.is_zero() || self.pause.is_zero() || probe.is_zero() || probe > self.pause {
             return Err(crate::Error::invalid(format!(

@@ -46,12 +46,14 @@ module AceMQ
                                     "(got failures #{failures.inspect}, within #{within.inspect}, pause #{pause.inspect}, " \
                                     "probe #{probe.inspect})"
         end
-        # The engine counts in 32 bits; -1 or 2**70 was a RangeError from
-        # the conversion rather than this class.
-        unless @failures.between?(1, 2**32 - 1) && (!failures.is_a?(Float) || failures == @failures)
+        # 2.5 failures is not a count (Integer would make it 2); 2**70 does
+        # not cross into the engine (a RangeError from the conversion).
+        unless @failures.between?(-2**62, 2**62) && (!failures.is_a?(Float) || failures == @failures)
           raise ConfigurationError, "circuit_breaker: failures is how many failures within `within` open it: " \
                                     "1 to #{2**32 - 1} (got #{failures.inspect})"
         end
+        # Core's rules, once, as given: the ones consume would refuse it by.
+        AMQP._check_breaker(@failures, @within, @pause, @probe)
         @on = on.nil? ? nil : matchers(:on, on)
         @ignore = ignore.nil? ? nil : matchers(:ignore, ignore)
         freeze

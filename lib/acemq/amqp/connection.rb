@@ -231,7 +231,7 @@ module AceMQ
       # until the close gives back what it held, in order (docs/ordering.md);
       # and a Patterns.idempotent handler holds a message whose key another
       # worker claims in place rather than send it round the ladder.
-      def consume(queue, concurrency: 1, prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil,
+      def consume(queue, concurrency: CONSUME_DEFAULTS.fetch(:concurrency), prefetch: nil, retries: nil, on_error: nil, batch: 1, queue_type: nil,
                   timeout: nil, consumer_timeout: nil, name: nil, circuit_breaker: nil, throttle: nil, keep_order: false,
                   &handler)
         raise ConfigurationError, "consume needs a block (the handler)" unless handler
@@ -300,10 +300,16 @@ module AceMQ
                                     "across processes, optional), e.g. { limit: 100, per: 1 } " \
                                     "(got #{options.inspect})"
         end
-        values = [Integer(o[:limit], exception: false), Float(o.fetch(:per, 1), exception: false)]
-        return values unless values.include?(nil)
+        limit = o[:limit].is_a?(Float) ? nil : Integer(o[:limit], exception: false)
+        per = Float(o.fetch(:per, 1), exception: false)
+        if limit.nil? || per.nil? || !limit.between?(-2**62, 2**62)
+          raise ConfigurationError, "throttle: limit is a whole number of messages, per seconds (got #{options.inspect})"
+        end
 
-        raise ConfigurationError, "throttle: limit is a whole number of messages, per seconds (got #{options.inspect})"
+        # Core's rules (a limit of at least 1, a positive period), here where
+        # they were given.
+        AMQP._check_throttle(limit, per)
+        [limit, per]
       end
 
       # The SQL adapter of a throttle's store:, or nil.

@@ -25,9 +25,10 @@ module AceMQ
     class Consumer
       # Every setting a class can make, with its default where one is the
       # library's (nil leaves the choice to the engine: prefetch and the
-      # retry ladder have their defaults in core).
+      # retry ladder have their defaults in core; concurrency is core's).
       SETTINGS = {
-        queue: nil, queue_arguments: nil, queue_type: nil, retries: nil, concurrency: 1, prefetch: nil, batch: 1,
+        queue: nil, queue_arguments: nil, queue_type: nil, retries: nil,
+        concurrency: AMQP::CONSUME_DEFAULTS.fetch(:concurrency), prefetch: nil, batch: 1,
         bindings: [].freeze, on_error: nil, idempotency: nil, timeout: nil, circuit_breaker: nil, throttle: nil,
         partitions: nil, single_active_consumer: false
       }.freeze
@@ -140,7 +141,7 @@ module AceMQ
           return setting(:partitions) if count.nil?
           raise AMQP::ConfigurationError, "#{self}: partitions needs by: (a callable returning the key)" unless by.respond_to?(:call)
 
-          AMQP.partition_queues("check", positive(:partitions, count))
+          ruled { AMQP.partition_queues("check", whole(:partitions, count)) }
           set(:partitions, { count: Integer(count), by: by }.freeze)
         end
 
@@ -194,9 +195,8 @@ module AceMQ
           given = { failures: failures, within: within, pause: pause, probe: probe, on: on, ignore: ignore }.compact
           return setting(:circuit_breaker) if given.empty?
 
-          breaker = AMQP::BreakerOptions.new(failures: positive(:failures, failures), within: positive_seconds(:within, within),
-                                             pause: positive_seconds(:pause, pause),
-                                             probe: probe && positive_seconds(:probe, probe), on: on, ignore: ignore)
+          # Checked as given, by core's rules (BreakerOptions asks core).
+          breaker = ruled { AMQP::BreakerOptions.new(failures: failures, within: within, pause: pause, probe: probe, on: on, ignore: ignore) }
           set(:circuit_breaker, breaker.to_h)
         end
 
@@ -209,7 +209,9 @@ module AceMQ
         def throttle(limit = nil, per: 1, store: nil)
           return setting(:throttle) if limit.nil?
 
-          settings = { limit: positive(:throttle, limit), per: positive_seconds(:per, per) }
+          # Checked as given, by core's rules (as consume checks it).
+          limit, per = ruled { AMQP::Connection.throttle({ limit: limit, per: per }) }
+          settings = { limit: limit, per: per }
           settings[:store] = store if store
           set(:throttle, settings)
         end
@@ -368,11 +370,12 @@ module AceMQ
           raise AMQP::ConfigurationError, "#{self}: #{name} must be a whole number, got #{value.inspect}"
         end
 
-        def positive(name, value)
-          n = whole(name, value)
-          raise AMQP::ConfigurationError, "#{self}: #{name} must be at least 1 (got #{n})" if n < 1
-
-          n
+        # The block's ConfigurationError (core's rule, said by the
+        # extension) with this class's name in front.
+        def ruled
+          yield
+        rescue AMQP::ConfigurationError => e
+          raise AMQP::ConfigurationError, "#{self}: #{e.message}"
         end
 
         def current?(klass)

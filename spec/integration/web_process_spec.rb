@@ -99,7 +99,9 @@ RSpec.describe "AceMQ::Web with the management API, as a process" do
     # ignored before (issue 48); HOME holds the node's cookie.
     ctl = "#{Drill::Node::BIN}/rabbitmqctl -n #{@node.name}"
     pid, base, = acemq_web("--queue", queue, "--rabbitmqctl", ctl, env: { "HOME" => File.join(@node.dir, "home") })
-    values = eventually(timeout: 20) { json(base, "/overview.json")["values"].then { |v| v["q:#{queue}:unacked"] == "3" && v } }
+    # rabbitmqctl boots an Erlang VM for each listing (a second or two
+    # here, past 20 s once in a .ci/run with builds beside it).
+    values = eventually(timeout: 60) { json(base, "/overview.json")["values"].then { |v| v["q:#{queue}:unacked"] == "3" && v } }
     expect(values["q:#{queue}:total"]).to eq("3")
     # No ladder assumed without --rungs or the management API.
     expect(Net::HTTP.get(URI("#{base}/queues/#{queue}"))).not_to include("#{queue}.retry.")

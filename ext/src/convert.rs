@@ -15,7 +15,7 @@ pub(crate) fn seconds(ruby: &Ruby, what: &str, secs: f64) -> Result<Duration, Er
     Duration::try_from_secs_f64(secs).map_err(|_| {
         Error::new(
             ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
-            format!("{what} must be a number of seconds, zero or more (got {secs})"),
+            format!("{what} must be a number of seconds: zero or more, and below 2**64 (got {secs})"),
         )
     })
 }

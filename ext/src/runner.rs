@@ -38,10 +38,10 @@ impl RbSupervisor {
         if let Some(d) = secs("recovery_bound")? {
             options.recovery_bound = d;
         }
-        if let Some(n) = kw.get::<u32>("max_restarts")? {
-            restart.max_restarts = n;
+        if let Some(n) = kw.whole("max_restarts", "max_restarts", u32::MAX.into())? {
+            restart.max_restarts = n as u32;
         }
-        if let Some(d) = secs("restart_window")? {
+        if let Some(d) = kw.seconds("restart_window", "restart_window")? {
             restart.window = d;
         }
         if let Some(d) = secs("heartbeat")? {

@@ -204,8 +204,8 @@ module AceMQ
     rescue AceMQ::Control::Unreachable => e
       @err.puts("acemq: no runner answered at #{e.message} (is it running with a health_port? give --runner URL)")
       1
-    rescue AceMQ::Control::InvalidURL => e
-      @err.puts("acemq: #{e.message} (--runner)")
+    rescue AceMQ::Control::InvalidURL, AceMQ::Control::InvalidRequest => e
+      @err.puts("acemq: #{e.message}")
       64
     end
 

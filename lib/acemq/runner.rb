@@ -41,8 +41,7 @@ module AceMQ
       @supervisor = AMQP::NativeSupervisor._new(
         shutdown_timeout: config.shutdown_timeout && Float(config.shutdown_timeout),
         recovery_bound: config.recovery_bound && Float(config.recovery_bound),
-        max_restarts: config.max_restarts && Integer(config.max_restarts),
-        restart_window: config.restart_window && Float(config.restart_window),
+        **Runner.restart_rule(config).then { |r| { max_restarts: r[:max_restarts], restart_window: r[:window] } },
         heartbeat: Runner.check_interval(config), control_token: Runner.control_token(config)
       )
       @slots = []
@@ -99,6 +98,15 @@ module AceMQ
     # core's (RunnerOptions heartbeat).
     def self.check_interval(config)
       Float(config.check_interval || AMQP::NativeSupervisor::RUNNER_DEFAULTS.fetch(:heartbeat))
+    end
+
+    # max_restarts: and restart_window: as core takes them (the runner's
+    # supervisor, the --processes parent's RestartBudget): digits in a
+    # String (an environment variable) read as numbers; anything else as
+    # given, for core's check to refuse by name (1.5 restarts is not 1).
+    def self.restart_rule(config)
+      number = ->(v, kind) { v.is_a?(String) ? (Kernel.public_send(kind, v.strip, exception: false) || v) : v }
+      { max_restarts: number.(config.max_restarts, :Integer), window: number.(config.restart_window, :Float) }
     end
 
     def self.control_token(config)

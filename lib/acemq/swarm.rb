@@ -60,12 +60,11 @@ module AceMQ
       @executor = executor
       @logger = config.logger
       # Core's restart rule, one budget a child (the extension starts no
-      # runtime by being loaded or by these).
-      @max_restarts = config.max_restarts && Integer(config.max_restarts)
-      @window = config.restart_window && Float(config.restart_window)
+      # runtime by being loaded or by these); refused here, before any fork.
+      rule = Runner.restart_rule(config)
       @check = Float(config.check_interval || AMQP::NativeSupervisor::RUNNER_DEFAULTS.fetch(:heartbeat))
       @children = Array.new(@processes) do |i|
-        Child.new(index: i, state: :new, budget: AMQP::RestartBudget.new(max_restarts: @max_restarts, window: @window))
+        Child.new(index: i, state: :new, budget: AMQP::RestartBudget.new(**rule))
       end
       @signal_in, @signal_out = IO.pipe
       @lock = Mutex.new
@@ -99,7 +98,7 @@ module AceMQ
       compact
       trap_signals
       start_health
-      @logger.info("acemq: supervising #{@processes} processes (pid #{Process.pid}, #{compaction_note}" \
+      @logger.info("acemq: supervising #{processes_text(@processes)} (pid #{Process.pid}, #{compaction_note}" \
                    "#{@health_port ? ", health on :#{@health_port}" : ''})")
       @children.each { |c| spawn(c) }
       @state = :running
@@ -273,8 +272,7 @@ module AceMQ
     def give_up(child, how)
       reason = "process #{child.index} #{how}; restarted #{child.budget.recent} times within #{child.budget.window.round}s, giving up"
       @logger.error("acemq: #{reason}")
-      status = shutdown("TERM")
-      status.zero? ? EXIT_GAVE_UP : [status, EXIT_GAVE_UP].max
+      shutdown("TERM", at_least: EXIT_GAVE_UP)
     end
 
     def restart_due
@@ -284,15 +282,15 @@ module AceMQ
 
     # TERM to every child, then wait for each until the deadline; KILL what
     # is left. The status says the worst of what happened.
-    def shutdown(sig)
+    def shutdown(sig, at_least: EXIT_CLEAN)
       @stopping = true
       @lock.synchronize { @state = :stopping if @state != :failed }
       timeout = Float(@config.shutdown_timeout || AMQP::NativeSupervisor::RUNNER_DEFAULTS.fetch(:shutdown_timeout))
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout + KILL_GRACE
-      @logger.info("acemq: stopping #{@processes} processes: letting running handlers finish (up to #{timeout.round}s)")
       live = @children.select(&:pid)
+      @logger.info("acemq: stopping #{processes_text(live.size)}: letting running handlers finish (up to #{timeout.round}s)")
       live.each { |c| kill(sig, c.pid) }
-      status = EXIT_CLEAN
+      status = at_least
       terms_seen = 1
       until live.empty?
         live.reject! do |c|
@@ -334,6 +332,8 @@ module AceMQ
       @logger.info("acemq: stopped (exit #{status})")
       status
     end
+
+    def processes_text(n) = n == 1 ? "1 process" : "#{n} processes"
 
     # Fork one child. In it: drop the parent's pipes and sockets, hold off
     # signals until the runner takes them, run on_worker_boot, then run a

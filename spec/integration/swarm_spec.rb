@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "json"
+require "socket"
 require "tmpdir"
 
 # `acemq run --processes 2` as an operator meets it: a parent and its forked
@@ -155,6 +156,50 @@ RSpec.describe "acemq run --processes (a supervisor of forked runners)" do
     Process.kill("KILL", child_pids(runner).first)
     expect(runner.wait(15)).to eq(2)
     expect(runner.text).to include("restarted 1 times within 300s, giving up")
+    # The last line says the status it exits with (break-it: "exit 0"), and
+    # counts the one process left to stop.
+    expect(runner.text).to include("acemq: stopped (exit 2)", "stopping 1 process:")
+    expect(runner.text).not_to include("stopped (exit 0)")
+  end
+
+  it "refuses max_restarts it cannot keep before forking (exit 64), naming it" do
+    ["-1", "4294967296"].each do |bad|
+      out = File.join(Dir.mktmpdir("acemq-swarm"), "out")
+      pid = spawn({ "AMQP_URL" => AMQP_URL, "LOG" => File.join(File.dirname(out), "log"), "MAX_RESTARTS" => bad }.merge(env),
+                  RbConfig.ruby, "-I", File.join(RunnerHelpers::ROOT, "lib"), RunnerHelpers::EXE, "run", "-r", SWARM_APP,
+                  "--processes", "2", out: out, err: %i[child out])
+      _, status = Process.wait2(pid)
+      expect(status.exitstatus).to eq(64), File.read(out)
+      expect(File.read(out)).to include("max_restarts must be a whole number from 0 to 4294967295 (got #{bad})")
+      expect(File.read(out)).not_to include("forked", "RangeError")
+    end
+  end
+
+  # Break-it: the parent answered one connection at a time, so ten idle
+  # connections held /live for 19.6 s, and a pause waiting on a stopped
+  # worker held every probe behind it.
+  it "answers probes at once beside idle connections and a pause waiting on a stopped worker" do
+    runner = start_swarm
+    port = runner.health_port
+    idle = Array.new(10) { TCPSocket.new("127.0.0.1", port) }
+    t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    expect(runner.health("/live").code).to eq("200")
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 3
+    stopped = child_pids(runner).last
+    Process.kill("STOP", stopped)
+    pausing = Thread.new do
+      Net::HTTP.start("127.0.0.1", port, read_timeout: 30) { |h| h.request(Net::HTTP::Post.new("/consumers/SwarmSpecConsumer/pause")) }
+    end
+    sleep 0.5
+    t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    expect(runner.health("/live").code).to eq("503") # a worker that does not answer is not live
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 5
+    res = pausing.value
+    expect(res.code).to eq("503")
+    expect(res.body).to include("1 of 2 did not answer 200", "(pid #{stopped}): no answer")
+  ensure
+    idle&.each(&:close)
+    Process.kill("CONT", stopped) if stopped
   end
 
   it "sends TSTP on: no child takes a new delivery, /ready is 503, and TERM still stops them" do

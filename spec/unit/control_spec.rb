@@ -57,6 +57,99 @@ RSpec.describe AceMQ::Control do
     end
   end
 
+  # The break-it run's findings, each as it was found.
+  describe "what a hostile or careless caller gives it" do
+    it "speaks TLS to an https:// URL: the token never goes in clear to a URL that said https" do
+      server, seen, = serve(200, "paused X\n")
+      control = described_class.new("https://127.0.0.1:#{server.addr[1]}", token: "SECRET", timeout: 2)
+      expect { control.pause("X") }.to raise_error(described_class::Unreachable)
+      expect(seen.empty? || !seen.pop.include?("SECRET")).to be(true)
+    ensure
+      server&.close
+    end
+
+    it "refuses a port out of range, a user and password, and a query, saying which, and never shows the password" do
+      { "http://127.0.0.1:99999" => /port 99999 is not 1 to 65535/, "http://ops:hunter2@127.0.0.1:9394" => /user and password/,
+        "http://127.0.0.1:9394?x=1" => /query or fragment/ }.each do |url, why|
+        expect { described_class.new(url) }.to raise_error(described_class::InvalidURL, why) { |e| expect(e.message).not_to include("hunter2") }
+      end
+    end
+
+    it "reaches an IPv6 literal" do
+      server = begin
+        TCPServer.new("::1", 0)
+      rescue SystemCallError
+        skip "no IPv6 loopback here"
+      end
+      Thread.new do
+        c = server.accept
+        c.readpartial(4096)
+        c.write("HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\npaused X\n")
+        c.close
+      end
+      expect(described_class.new("http://[::1]:#{server.addr[1]}", timeout: 2).pause("X")).to eq("paused X")
+    ensure
+      server&.close
+    end
+
+    it "reads a token as a secret file holds it (a line break at the end), and refuses one with a line break inside" do
+      server, seen, = serve(200, "paused X\n")
+      described_class.new("http://127.0.0.1:#{server.addr[1]}", token: "s3cret\n").pause("X")
+      expect(seen.pop).to match(/^Authorization: Bearer s3cret\r$/i)
+      expect { described_class.new("http://127.0.0.1:1", token: "tok\r\nX-Evil: 1") }
+        .to raise_error(described_class::InvalidRequest, /line break/)
+    ensure
+      server&.close
+    end
+
+    it "sends a name as one path segment, and refuses an empty one" do
+      server, seen, = serve(404, "")
+      control = described_class.new("http://127.0.0.1:#{server.addr[1]}", timeout: 2)
+      expect { control.pause("..") }.to raise_error(described_class::Refused) do |e|
+        # An empty 404 (another service on the port) names the URL and the code.
+        expect(e.message).to match(%r{http://127\.0\.0\.1:\d+/consumers/%2E%2E/pause answered 404 with no message})
+      end
+      expect(seen.pop).to start_with("POST /consumers/%2E%2E/pause ")
+      expect { control.pause("a b") }.to raise_error(described_class::Refused)
+      expect(seen.pop).to start_with("POST /consumers/a%20b/pause ")
+      ["", " ", nil].each { |bad| expect { control.pause(bad) }.to raise_error(described_class::InvalidRequest, /class name/) }
+    ensure
+      server&.close
+    end
+
+    it "keeps a Refused message short, and says a /status that is not JSON is not a runner's" do
+      server, = serve(500, "x" * 100_000)
+      expect { described_class.new("http://127.0.0.1:#{server.addr[1]}").pause("X") }
+        .to raise_error(described_class::Refused) { |e| expect(e.message.length).to be <= described_class::MESSAGE_LIMIT + 1 }
+      server.close
+      server, = serve(200, "<html>hello</html>")
+      expect { described_class.new("http://127.0.0.1:#{server.addr[1]}").status }
+        .to raise_error(described_class::Refused, /not a runner's JSON status/)
+    ensure
+      server&.close
+    end
+
+    it "gives up within timeout + read_timeout in all on a server that drips its answer or says 100 Continue for ever" do
+      server = TCPServer.new("127.0.0.1", 0)
+      Thread.new do
+        c = server.accept
+        c.readpartial(4096)
+        loop do
+          c.write("HTTP/1.1 100 Continue\r\n\r\n")
+          sleep 0.1
+        end
+      rescue IOError, SystemCallError
+        nil
+      end
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      expect { described_class.new("http://127.0.0.1:#{server.addr[1]}", timeout: 1, read_timeout: 1).pause("X") }
+        .to raise_error(described_class::Unreachable)
+      expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 4
+    ensure
+      server&.close
+    end
+  end
+
   it "raises Unreachable when the endpoint accepts and never answers" do
     server = TCPServer.new("127.0.0.1", 0)
     t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)

@@ -20,10 +20,16 @@ RSpec.describe AceMQ::AMQP::RestartBudget do
     expect(pauses.compact).to eq(Array.new(defaults[:max_restarts]) { |i| [defaults[:initial_backoff] * 2**i, defaults[:max_backoff]].min })
   end
 
-  it "refuses what is not a count or a number of seconds, saying which" do
-    expect { described_class.new(max_restarts: -1) }.to raise_error(RangeError)
-    expect { described_class.new(window: -5) }.to raise_error(AceMQ::AMQP::ConfigurationError, /restart_window/)
-    expect { described_class.new(window: "soon") }.to raise_error(TypeError)
+  it "refuses what is not a count or a number of seconds, naming the setting (never 1.5 read as 1)" do
+    [-1, 2**32, 2**70, 1.5, 0.5, Float::INFINITY, Float::NAN, "5", Rational(1, 3)].each do |bad|
+      expect { described_class.new(max_restarts: bad) }
+        .to raise_error(AceMQ::AMQP::ConfigurationError, /\Amax_restarts must be a whole number from 0 to 4294967295 \(got /)
+    end
+    [-5, 2**64, Float::INFINITY, Float::NAN].each do |bad|
+      expect { described_class.new(window: bad) }
+        .to raise_error(AceMQ::AMQP::ConfigurationError, /\Arestart_window must be a number of seconds: zero or more, and below 2\*\*64/)
+    end
+    expect { described_class.new(window: "soon") }.to raise_error(AceMQ::AMQP::ConfigurationError, /restart_window must be a number of seconds \(got "soon"\)/)
     expect(described_class.new(max_restarts: 0).spend).to be_nil
   end
 end
@@ -35,6 +41,12 @@ RSpec.describe "AceMQ::AMQP::NativeSupervisor.authorize_control" do
     expect(check.call(nil, "POST /x HTTP/1.1\r\n\r\n", true)).to be_nil
     expect(check.call("", "POST /x HTTP/1.1\r\n\r\n", true)).to be_nil
     expect(check.call(nil, "POST /x HTTP/1.1\r\n\r\n", false)).to include("127.0.0.1 only")
+  end
+
+  it "reads the scheme in any case, and a configured token without the line break a secret file ends in" do
+    head = "POST /x HTTP/1.1\r\nauthorization: bearer s3cret\r\n\r\n"
+    expect(check.call("s3cret\n", head, false)).to be_nil
+    expect(check.call(" \n", "POST /x HTTP/1.1\r\n\r\n", true)).to be_nil # blank: no token
   end
 
   it "takes only the bearer token once one is set, from loopback too" do

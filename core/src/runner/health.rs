@@ -141,13 +141,17 @@ async fn control(supervisor: &Supervisor, path: &str, request: &str, loopback: b
 /// from the loopback interface. `Err` is the 403 body, which says what to
 /// send. The `--processes` parent checks its requests with this too.
 pub fn authorize_control(token: Option<&str>, request: &str, loopback: bool) -> std::result::Result<(), &'static str> {
+    // The scheme's case is the client's to choose (RFC 9110); a token read
+    // from a secret file often ends in a line break, which is not part of it.
     let bearer = request
         .lines()
         .filter_map(|l| l.split_once(':'))
         .find(|(k, _)| k.trim().eq_ignore_ascii_case("authorization"))
-        .and_then(|(_, v)| v.trim().strip_prefix("Bearer "))
-        .map(str::trim);
-    match token {
+        .and_then(|(_, v)| {
+            let v = v.trim();
+            v.get(..7).filter(|s| s.eq_ignore_ascii_case("bearer ")).map(|_| v[7..].trim())
+        });
+    match token.map(str::trim).filter(|t| !t.is_empty()) {
         Some(t) if bearer.is_some_and(|b| constant_time_eq(b.as_bytes(), t.as_bytes())) => Ok(()),
         Some(_) => Err("forbidden: send Authorization: Bearer with the runner's control token (ACEMQ_CONTROL_TOKEN)\n"),
         None if loopback => Ok(()),

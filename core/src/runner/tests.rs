@@ -145,3 +145,17 @@ fn ingesters_are_in_the_status_and_a_standby_leaves_the_runner_ready() {
     assert_eq!(IngesterState::parse("standby"), Some(IngesterState::Standby));
     assert_eq!(IngesterState::parse("asleep"), None);
 }
+
+#[test]
+fn control_requests_are_authorized_by_token_or_loopback() {
+    let head = |auth: &str| format!("POST /consumers/C/pause HTTP/1.1\r\nHost: h\r\n{auth}\r\n\r\n");
+    assert_eq!(authorize_control(None, &head(""), true), Ok(()));
+    assert!(authorize_control(None, &head(""), false).unwrap_err().contains("127.0.0.1 only"));
+    assert_eq!(authorize_control(Some("s3cret"), &head("Authorization: Bearer s3cret"), false), Ok(()));
+    assert_eq!(authorize_control(Some("s3cret"), &head("authorization: bearer  s3cret "), false), Ok(()), "any case, spaces");
+    assert_eq!(authorize_control(Some("s3cret\n"), &head("Authorization: Bearer s3cret"), false), Ok(()), "a secret file's line break");
+    for bad in ["Authorization: Bearer s3cre", "Authorization: Basic s3cret", "Authorization: Bearers3cret", "X: Bearer s3cret", "Authorization: Bé"] {
+        assert!(authorize_control(Some("s3cret"), &head(bad), true).unwrap_err().contains("control token"), "{bad}");
+    }
+    assert_eq!(authorize_control(Some(" "), &head(""), true), Ok(()), "a blank token is none");
+}

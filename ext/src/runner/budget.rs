@@ -2,7 +2,6 @@
 //! thing, for the `--processes` parent (lib/acemq/swarm.rb), which forks its
 //! workers from a process that runs no engine. Nothing here starts one.
 
-use crate::convert::seconds;
 use crate::keywords::Keywords;
 use acemq::runner::{RestartBudget, RestartPolicy};
 use magnus::{function, method, prelude::*, Error, RClass, RHash, Ruby};
@@ -21,11 +20,11 @@ impl RbRestartBudget {
     fn new(ruby: &Ruby, options: RHash) -> Result<Self, Error> {
         let kw = Keywords::read(ruby, options, "RestartBudget.new", &["max_restarts", "window"])?;
         let mut policy = RestartPolicy::default();
-        if let Some(n) = kw.get::<u32>("max_restarts")? {
-            policy.max_restarts = n;
+        if let Some(n) = kw.whole("max_restarts", "max_restarts", u32::MAX.into())? {
+            policy.max_restarts = n as u32;
         }
-        if let Some(s) = kw.get::<f64>("window")? {
-            policy.window = seconds(ruby, "restart_window", s)?;
+        if let Some(d) = kw.seconds("window", "restart_window")? {
+            policy.window = d;
         }
         Ok(RbRestartBudget { policy, budget: Mutex::new(RestartBudget::default()) })
     }

@@ -168,15 +168,18 @@ module AceMQ
         return [404, "text/plain", "not found: POST /consumers/NAME/pause or /consumers/NAME/resume\n"] unless m
 
         name = URI.decode_www_form_component(m[1])
-        answers = @swarm.snapshot[:children].select { |c| c[:state] == :running && c[:health_port] }
-                        .map { |c| ask(c[:health_port], "/consumers/#{m[1]}/#{m[2]}", method: "POST") }
+        running = @swarm.snapshot[:children].select { |c| c[:state] == :running && c[:health_port] }
+        answers = running.map { |c| ask(c[:health_port], "/consumers/#{m[1]}/#{m[2]}", method: "POST") }
         return [404, "text/plain", answers.find { |a| a&.first == 404 }[1]] if answers.any? { |a| a&.first == 404 }
 
         @swarm.note_paused(name, m[2] == "pause")
         failed = answers.count { |a| a&.first != 200 }
-        return [503, "text/plain", "#{m[2]} #{name}: #{failed} of #{answers.size} processes did not answer 200\n"] unless failed.zero?
+        unless failed.zero?
+          which = running.zip(answers).reject { |_, a| a&.first == 200 }.map { |c, a| "process #{c[:index]} (pid #{c[:pid]}): #{a ? "#{a.first} #{a.last.strip}" : 'no answer'}" }
+          return [503, "text/plain", "#{m[2]} #{name}: #{failed} of #{answers.size} did not answer 200: #{which.join('; ')}\n"]
+        end
 
-        [200, "text/plain", "#{m[2] == 'pause' ? 'paused' : 'resumed'} #{name} in #{answers.size} processes\n"]
+        [200, "text/plain", "#{m[2] == 'pause' ? 'paused' : 'resumed'} #{name} in #{answers.size == 1 ? '1 process' : "#{answers.size} processes"}\n"]
       end
 
       # GET (or POST) to a child's endpoint, through the one control client
@@ -191,10 +194,22 @@ module AceMQ
         nil
       end
 
+      # Each connection on a thread of its own, at most CLIENTS at once: a
+      # probe is never held up by an idle connection (a port scanner, a
+      # TCP-only load-balancer check) or by a pause waiting on a stopped
+      # worker. Past CLIENTS a connection is closed at once.
+      CLIENTS = 16
+
       def serve
+        clients = []
         loop do
           client = @server.accept
-          handle(client)
+          clients.select!(&:alive?)
+          if clients.size >= CLIENTS
+            client.close
+            next
+          end
+          clients << Thread.new(client) { |c| handle(c) }
         rescue IOError, Errno::EBADF
           break # closed
         rescue StandardError

@@ -157,7 +157,7 @@ stores = <<~'RUBY'
   relay.close
   subscription.cancel
   abort "outbox relay: consumed #{got.inspect}" unless got&.fetch("order", nil) == "A-1"
-  abort "outbox relay: #{relay_store.backlog.inspect} left" unless relay_store.backlog[:count].zero?
+  abort "outbox relay: #{relay_store.backlog.inspect} left" unless relay_store.backlog.count.zero?
   puts "outbox relay: a row committed by Ruby #{got['by']} relayed by #{RUBY_VERSION} and consumed, backlog 0"
   mq.close
 RUBY

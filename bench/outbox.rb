@@ -82,7 +82,7 @@ module OutboxBench
     # N rows added in one transaction through the adding connection, as an
     # application would inside its own transaction. Not timed.
     def preload(store, raw, adding, q, n)
-      raise "backlog not empty before the run" unless store.backlog[:count].zero?
+      raise "backlog not empty before the run" unless store.backlog.count.zero?
 
       @admin.queue_purge(q)
       raw.transaction do
@@ -91,7 +91,7 @@ module OutboxBench
     end
 
     def check(store, q, n, who)
-      left = store.backlog[:count]
+      left = store.backlog.count
       got = count_in(q)
       raise "#{who}: backlog #{left} after the run, queue has #{got} of #{n}" unless left.zero? && got == n
     end

@@ -51,7 +51,7 @@ module OutboxSQLiteCPU
                       ["bench", *ids])
         end
       end
-      raise "SQLite alone: rows left" unless store.backlog[:count].zero?
+      raise "SQLite alone: rows left" unless store.backlog.count.zero?
     end
 
     def run

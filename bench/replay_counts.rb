@@ -63,7 +63,7 @@ module ReplayCounts
     report = mq.replay_dead_letters(queue)
     wait_until(120) { mq.queue_counts("#{queue}.dlq")&.fetch(:ready) == n && mq.queue_counts(queue)&.fetch(:ready).zero? }
     sleep 0.5 # a copy sent twice would show here
-    { mode: "queue mode", n: n, replayed: report[:replayed], runs: runs.value - before, dlq: mq.queue_counts("#{queue}.dlq")[:ready],
+    { mode: "queue mode", n: n, replayed: report.replayed, runs: runs.value - before, dlq: mq.queue_counts("#{queue}.dlq")[:ready],
       seconds: C.now - t }
   ensure
     sub&.cancel

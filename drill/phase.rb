@@ -143,7 +143,7 @@ module Drill
 
     def dlq_reasons(queue)
       letters = publisher.mq.peek_dead_letters(queue, limit: 3)
-      letters.empty? ? "" : " (DLQ: #{letters.map { |l| l[:reason] }.uniq.join(' | ')})"
+      letters.empty? ? "" : " (DLQ: #{letters.map(&:reason).uniq.join(' | ')})"
     rescue AceMQ::AMQP::Error => e
       " (DLQ unreadable: #{e.message})"
     end

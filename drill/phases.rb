@@ -247,7 +247,7 @@ module Drill
       result.faults = KILLS
       @killed = true
       join(inserting, 30, "inserting the outbox rows")
-      Drill.eventually(60, "the outbox to empty (backlog #{store.backlog.inspect})", interval: 0.2) { store.backlog[:count].zero? }
+      Drill.eventually(60, "the outbox to empty (backlog #{store.backlog.inspect})", interval: 0.2) { store.backlog.count.zero? }
       await_charged(charges, all, queue)
       settle(queue)
       account(charges, all, queue)

@@ -369,9 +369,9 @@ module Soak
 
     def op(i)
       case i % 3
-      when 0 then "replayed #{mq.replay_dead_letters(@missing)[:replayed]}"
-      when 1 then "browsed #{mq.browse_dead_letters(@missing)[:dead_letters].size}"
-      else "purged #{mq.purge_dead_letters(@missing)[:discarded]}"
+      when 0 then "replayed #{mq.replay_dead_letters(@missing).replayed}"
+      when 1 then "browsed #{mq.browse_dead_letters(@missing).dead_letters.size}"
+      else "purged #{mq.purge_dead_letters(@missing).discarded}"
       end
     end
   end

@@ -176,14 +176,15 @@ module AceMQ
       @mq.peek_dead_letters(queue, limit: [[depth, PEEK_LIMIT].min, 1].max).last(NEWEST).reverse.map do |d|
         # The backtrace is in --json only: the text keeps to 80 columns, one
         # line a letter.
-        { id: d[:id], type: d[:type], attempt: d[:attempt], reason: d[:reason], error_class: d[:error_class],
-          backtrace: d[:backtrace], failed_at: d[:failed_at]&.utc&.iso8601 }
+        { id: d.id, type: d.type, attempt: d.attempt, reason: d.reason, error_class: d.error_class,
+          backtrace: d.backtrace, failed_at: d.failed_at&.utc&.iso8601 }
       end
     end
 
-    # The delay cascade's levels holding messages (Connection#delayed).
+    # The delay cascade's levels holding messages (Connection#delayed), as
+    # Hashes: the snapshot is a document (--json, the dashboard's /status).
     def delayed
-      @mq.delayed
+      @mq.delayed.map(&:to_h)
     rescue AMQP::Error => e
       { error: "#{e.class}: #{e.message}" }
     end
@@ -192,8 +193,8 @@ module AceMQ
       return nil unless @outbox
 
       b = @outbox.backlog
-      { table: @outbox.respond_to?(:table) ? @outbox.table : nil, waiting: b[:count],
-        oldest_age: b[:oldest_age]&.round(1), failing: b[:stuck] }
+      { table: @outbox.respond_to?(:table) ? @outbox.table : nil, waiting: b.count,
+        oldest_age: b.oldest_age&.round(1), failing: b.stuck }
     rescue StandardError => e
       { error: "#{e.class}: #{e.message}" }
     end

@@ -341,21 +341,23 @@ module AceMQ
       # count reset and the failure kept in x-acemq-history. All of them, or
       # at most limit:, optionally only those whose reason contains reason:
       # or whose type is type:. A message leaves the DLQ only once its copy
-      # is confirmed. Returns { replayed:, skipped: }.
+      # is confirmed. Returns a DeadLetters::ReplayReport (report.replayed,
+      # report.skipped).
       # error_class: and ids: narrow it further (the class exactly; the
       # message ids, any of them).
       def replay_dead_letters(queue, limit: nil, reason: nil, type: nil, error_class: nil, ids: nil)
         report = _replay(Connection.text(:queue, queue.to_s), limit: Connection.count(:limit, limit),
                          reason: reason&.to_s, type: type&.to_s, error_class: error_class&.to_s,
                          ids: Array(ids).map(&:to_s))
-        { replayed: report.moved, skipped: report.skipped }
+        DeadLetters::ReplayReport.new(replayed: report.moved, skipped: report.skipped)
       end
 
       # Remove dead letters from {queue}.dlq for good: those whose id is in
       # ids:, or all matching reason:/type:/error_class:. Read as a replay
       # reads them; the rest stay in order. With neither ids nor a filter it
       # refuses: purge_dead_letters says "all" out loud.
-      # Returns { discarded:, skipped: }.
+      # Returns a DeadLetters::DiscardReport (report.discarded,
+      # report.skipped).
       def discard_dead_letters(queue, ids: nil, reason: nil, type: nil, error_class: nil)
         ids = Array(ids).map(&:to_s)
         if ids.empty? && [reason, type, error_class].all?(&:nil?)
@@ -364,48 +366,50 @@ module AceMQ
 
         report = _replay(Connection.text(:queue, queue.to_s), reason: reason&.to_s, type: type&.to_s,
                          error_class: error_class&.to_s, ids: ids, discard: true)
-        { discarded: report.moved, skipped: report.skipped }
+        DeadLetters::DiscardReport.new(discarded: report.moved, skipped: report.skipped)
       end
 
-      # What waits in the delay cascade (docs/delays.md): a Hash per level that
-      # holds anything, level 0 first: { level:, queue:, seconds: (what the
-      # level holds a message for), waiting: }. On RabbitMQ the level queues'
+      # What waits in the delay cascade (docs/delays.md): a Delays::Level per
+      # level that holds anything, level 0 first: level, queue, seconds
+      # (what the level holds a message for), waiting. On RabbitMQ the level queues'
       # ready counts (a passive declare each); on memory:// each delayed
       # message counted in the level it would be in now. What `acemq status`
       # and the web dashboard show.
       def delayed
         _delayed_waiting.filter_map do |l|
-          { level: l.level, queue: l.queue, seconds: l.seconds, waiting: l.waiting } if l.waiting.positive?
+          Delays::Level.new(level: l.level, queue: l.queue, seconds: l.seconds, waiting: l.waiting) if l.waiting.positive?
         end
       end
 
-      # Every dead letter in {queue}.dlq removed. Returns { discarded: }.
+      # Every dead letter in {queue}.dlq removed. Returns a
+      # DeadLetters::PurgeReport (report.discarded).
       def purge_dead_letters(queue)
-        { discarded: _replay(Connection.text(:queue, queue.to_s), discard: true).moved }
+        DeadLetters::PurgeReport.new(discarded: _replay(Connection.text(:queue, queue.to_s), discard: true).moved)
       end
 
       # Up to limit: dead letters in {queue}.dlq, oldest first, left where
-      # they are: each a Hash of id, type, attempt, reason, error_class,
-      # backtrace (x-acemq-backtrace: where the error was raised, its first
-      # frames one a line; nil when it had none), failed_at (a Time), body
-      # (the bytes as they arrived), exchange and routing_key (where it was
-      # first published), headers and history (x-acemq-history: earlier
-      # failures, oldest first).
+      # they are: an Array of DeadLetters::Letter, each with id, type,
+      # attempt, reason, error_class, backtrace (x-acemq-backtrace: where the
+      # error was raised, its first frames one a line; nil when it had
+      # none), failed_at (a Time), body (the bytes as they arrived),
+      # exchange and routing_key (where it was first published), headers
+      # and history (x-acemq-history: earlier failures, oldest first).
       def peek_dead_letters(queue, limit: 10)
-        browse_dead_letters(queue, limit: limit)[:dead_letters]
+        browse_dead_letters(queue, limit: limit).dead_letters
       end
 
       # One page of {queue}.dlq, left where it is: the dead letters matching
       # reason: (contained), type:, error_class: and ids:, after the first
-      # skip: matches, at most limit:. Returns { dead_letters: [as
-      # peek_dead_letters], scanned: (messages read: what the page cost),
-      # more: (another match follows), moved: (put back at the tail as fresh
-      # copies, near a delivery limit: the DLQ's order changed), partial:
-      # (the read stopped before the end of a DLQ deeper than 1,000; on a
-      # broker that puts returned messages at the tail, RabbitMQ 3.10's
-      # quorum queues, the DLQ has rotated by scanned), total: (what the DLQ
-      # held when the read began), gave_up: (it stopped at within: seconds),
-      # most_held: (the most held unacknowledged at once, at most 1,000) }.
+      # skip: matches, at most limit:. Returns a DeadLetters::Page:
+      # dead_letters (Letters, as peek_dead_letters), scanned (messages
+      # read: what the page cost), more (another match follows), moved (put
+      # back at the tail as fresh copies, near a delivery limit: the DLQ's
+      # order changed), partial (the read stopped before the end of a DLQ
+      # deeper than 1,000; on a broker that puts returned messages at the
+      # tail, RabbitMQ 3.10's quorum queues, the DLQ has rotated by
+      # scanned), total (what the DLQ held when the read began), gave_up
+      # (it stopped at within: seconds), most_held (the most held
+      # unacknowledged at once, at most 1,000).
       # One reader at a time per DLQ, across processes: a second waits up to
       # 2 s, then raises BrokerError with reply_code 405 (docs/web.md).
       def browse_dead_letters(queue, limit: 25, skip: 0, reason: nil, type: nil, error_class: nil, ids: nil,
@@ -414,16 +418,9 @@ module AceMQ
                                                   limit: Connection.count(:limit, limit), reason: reason&.to_s,
                                                   type: type&.to_s, error_class: error_class&.to_s,
                                                   ids: Array(ids).map(&:to_s), within: within&.then { |w| Float(w) })
-        { dead_letters: page.letters.map { |d| Connection.dead_letter_hash(d) }, scanned: page.scanned,
-          more: page.more?, moved: page.moved, partial: page.partial?, total: total, gave_up: gave_up,
-          most_held: most_held }
-      end
-
-      def self.dead_letter_hash(d)
-        headers = d.headers
-        { id: d.id, type: d.type, attempt: d.attempt, reason: d.reason, error_class: d.error_class,
-          backtrace: d.backtrace, failed_at: d.failed_at && Time.at(d.failed_at), body: d.body, exchange: d.exchange,
-          routing_key: d.routing_key, headers: headers, history: Array(headers["x-acemq-history"]) }
+        DeadLetters::Page.new(dead_letters: page.letters.map { |d| DeadLetters::Letter.from(d) }, scanned: page.scanned,
+                              more: page.more?, moved: page.moved, partial: page.partial?, total: total,
+                              gave_up: gave_up, most_held: most_held)
       end
 
       # memory:// only: move the broker's clock forward, so messages waiting

@@ -35,13 +35,13 @@ module AceMQ
     # The text the task prints, and whether ACEMQ_OUTBOX_MAX_AGE is passed.
     def self.backlog_report(store, max_age: ENV.fetch("ACEMQ_OUTBOX_MAX_AGE", nil), limit: 20)
       b = store.backlog
-      age = b[:oldest_age] ? format("%.1fs", b[:oldest_age]) : "-"
-      lines = ["outbox #{store.table}: #{b[:count]} waiting, oldest #{age}, #{b[:stuck]} failing"]
+      age = b.oldest_age ? format("%.1fs", b.oldest_age) : "-"
+      lines = ["outbox #{store.table}: #{b.count} waiting, oldest #{age}, #{b.stuck} failing"]
       store.stuck(limit).each do |row|
-        lines << "  ##{row[:id]} #{row[:exchange].empty? ? '(default)' : row[:exchange]}/#{row[:routing_key]} " \
-                 "attempts=#{row[:attempts]} next=#{row[:next_attempt_at].utc.iso8601}: #{row[:last_error]}"
+        lines << "  ##{row.id} #{row.exchange.empty? ? '(default)' : row.exchange}/#{row.routing_key} " \
+                 "attempts=#{row.attempts} next=#{row.next_attempt_at.utc.iso8601}: #{row.last_error}"
       end
-      alarm = max_age && (b[:stuck].positive? || (b[:oldest_age] || 0) > Float(max_age))
+      alarm = max_age && (b.stuck.positive? || (b.oldest_age || 0) > Float(max_age))
       { text: lines.join("\n"), alarm: alarm ? true : false, backlog: b }
     end
 

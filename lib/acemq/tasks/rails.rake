@@ -55,12 +55,12 @@ namespace :acemq do
         letters = mq.peek_dead_letters(queue, limit: Integer(args[:limit] || 10))
         puts "#{queue}.dlq: #{letters.empty? ? 'empty' : "#{letters.size} shown"}"
         letters.each do |d|
-          puts "  #{d[:id]} #{d[:type] || '-'} attempt #{d[:attempt]}" \
-               "#{d[:failed_at] ? " at #{d[:failed_at].utc.strftime('%F %T')}Z" : ''}: " \
-               "#{d[:reason]}#{d[:error_class] ? " (#{d[:error_class]})" : ''}"
+          puts "  #{d.id} #{d.type || '-'} attempt #{d.attempt}" \
+               "#{d.failed_at ? " at #{d.failed_at.utc.strftime('%F %T')}Z" : ''}: " \
+               "#{d.reason}#{d.error_class ? " (#{d.error_class})" : ''}"
           # Where it was raised (x-acemq-backtrace), one frame a line.
-          d[:backtrace]&.each_line { |frame| puts "      #{frame.chomp}" }
-          puts "    #{d[:body].byteslice(0, 200).inspect}"
+          d.backtrace&.each_line { |frame| puts "      #{frame.chomp}" }
+          puts "    #{d.body.byteslice(0, 200).inspect}"
         end
       ensure
         mq.close
@@ -74,7 +74,7 @@ namespace :acemq do
                                         tls: AceMQ::Rails.config.tls)
       begin
         report = mq.replay_dead_letters(queue, limit: args[:limit] && Integer(args[:limit]))
-        puts "replayed #{report[:replayed]} from #{queue}.dlq (#{report[:skipped]} left)"
+        puts "replayed #{report.replayed} from #{queue}.dlq (#{report.skipped} left)"
       ensure
         mq.close
       end

@@ -136,7 +136,7 @@ module AceMQ
 
         if moved[:dead_lettered].positive?
           letter = dead_letter_of(message)
-          Outcome.new(kind: :dead_lettered, attempt: letter ? letter[:attempt] : attempt, dead_letter: letter, **common)
+          Outcome.new(kind: :dead_lettered, attempt: letter ? letter.attempt : attempt, dead_letter: letter, **common)
         elsif moved[:retried].positive?
           Outcome.new(kind: :retried, attempt: attempt, **common)
         elsif moved[:waited].positive?
@@ -193,7 +193,7 @@ module AceMQ
         return nil unless depth && depth[:ready].positive?
 
         id = message.envelope&.id.to_s
-        connection.peek_dead_letters(queue, limit: depth[:ready]).reverse.find { |l| l[:id].to_s == id }
+        connection.peek_dead_letters(queue, limit: depth[:ready]).reverse.find { |l| l.id.to_s == id }
       end
 
       def duplicate?(message, since)

@@ -15,7 +15,8 @@ module AceMQ
     #                  (1 after the first attempt), advance_clock or
     #                  next_attempt brings it back;
     # - dead_lettered? it is in {queue}.dlq: rejected, or out of attempts;
-    #                  reason, error_class and attempt are the dead letter's own;
+    #                  reason, error_class and attempt are the dead letter's own,
+    #                  and dead_letter is it (an AMQP::DeadLetters::Letter);
     # - waiting?       after advance_clock: the clock did not reach the end of
     #                  the rung it waits in, so nothing happened yet.
     #
@@ -66,14 +67,14 @@ module AceMQ
       # Why: the dead letter's x-acemq-reason, or what the handler answered
       # (retry_later's reason, or the error it raised as "Class: message").
       def reason
-        return dead_letter[:reason] if dead_letter
+        return dead_letter.reason if dead_letter
         return ack.reason if ack&.reason
 
         "#{error.class}: #{error.message}" if error
       end
 
       def error_class
-        return dead_letter[:error_class] if dead_letter
+        return dead_letter.error_class if dead_letter
 
         ack&.error_class || error&.class&.name
       end

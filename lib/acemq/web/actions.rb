@@ -61,18 +61,18 @@ module AceMQ
         case @action
         when "replay"
           r = @scope == :ids ? @source.replay(q, ids: @ids) : @source.replay(q, filter: filter_for_engine(@filter))
-          missing = @scope == :ids ? @ids.size - r[:replayed] : 0
-          "Replayed #{plural(r[:replayed], 'dead letter')} from #{@target.dlq} to #{q}" \
+          missing = @scope == :ids ? @ids.size - r.replayed : 0
+          "Replayed #{plural(r.replayed, 'dead letter')} from #{@target.dlq} to #{q}" \
             "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}" \
-            "; #{plural(r[:skipped], 'other')} left in the DLQ."
+            "; #{plural(r.skipped, 'other')} left in the DLQ."
         when "discard"
           r = @source.discard(q, ids: @ids)
-          missing = @ids.size - r[:discarded]
-          "Discarded #{plural(r[:discarded], 'dead letter')} from #{@target.dlq}" \
+          missing = @ids.size - r.discarded
+          "Discarded #{plural(r.discarded, 'dead letter')} from #{@target.dlq}" \
             "#{missing.positive? ? "; #{plural(missing, 'selected one')} no longer in the DLQ" : ''}."
         when "purge"
           r = @source.purge(q)
-          "Purged #{@target.dlq}: #{plural(r[:discarded], 'dead letter')} discarded."
+          "Purged #{@target.dlq}: #{plural(r.discarded, 'dead letter')} discarded."
         end
       end
 

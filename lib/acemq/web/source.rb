@@ -320,7 +320,8 @@ module AceMQ
         result = reading(queue) do
           connection.browse_dead_letters(queue, limit: size, skip: (page - 1) * size, within: read_within, **filter)
         end
-        result.merge(dead_letters: result[:dead_letters].map { |d| Source.readable(d) },
+        # The page's own Hash (the views add what it cost): DeadLetters::Page#to_h.
+        result.to_h.merge(dead_letters: result.dead_letters.map { |d| Source.readable(d.to_h) },
                      ms: ((now - t0) * 1000).round, page: page, page_size: size, within: read_within)
       end
 
@@ -329,11 +330,12 @@ module AceMQ
       # The newest dead letters: the last `count` of the first NEWEST_SCAN.
       def newest(queue, count)
         r = reading(queue) { connection.browse_dead_letters(queue, limit: NEWEST_SCAN, within: read_within) }
-        all = r[:dead_letters].map { |d| Source.readable(d) }
-        r.merge(dead_letters: all.last(count).reverse, oldest_at: all.first&.dig(:failed_at))
+        all = r.dead_letters.map { |d| Source.readable(d.to_h) }
+        r.to_h.merge(dead_letters: all.last(count).reverse, oldest_at: all.first&.dig(:failed_at))
       end
 
-      # The actions, each a Hash of what was done.
+      # The actions, each a report of what was done (DeadLetters::ReplayReport,
+      # DiscardReport, PurgeReport).
       def replay(queue, ids: nil, filter: {})
         reading(queue) do
           ids ? connection.replay_dead_letters(queue, ids: ids) : connection.replay_dead_letters(queue, **filter)
@@ -472,7 +474,7 @@ module AceMQ
             mq = connection
             @delayed_thread = Thread.new do
               value = begin
-                mq.delayed
+                mq.delayed.map(&:to_h)
               rescue AMQP::Error => e
                 { error: "#{e.class}: #{e.message}" }
               end

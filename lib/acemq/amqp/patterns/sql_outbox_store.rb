@@ -86,26 +86,20 @@ module AceMQ
           _add(record, adapter)
         end
 
-        # { count:, oldest_age:, stuck: } — rows waiting (leased ones
-        # included), seconds the oldest has waited (nil when empty), rows that
-        # have failed at least once. A count that keeps growing means the
+        # A Patterns::OutboxBacklog: count (rows waiting, leased ones
+        # included), oldest_age (seconds the oldest has waited, nil when
+        # empty), stuck (rows that have failed at least once). A count that keeps growing means the
         # relay is not keeping up or not running; stuck above zero means a
         # destination keeps failing.
         def backlog
           b = _backlog
-          { count: b.count, oldest_age: b.oldest_age, stuck: b.stuck }
+          OutboxBacklog.new(count: b.count, oldest_age: b.oldest_age, stuck: b.stuck)
         end
 
         # Up to limit rows that have failed at least once, oldest first:
-        # where each is going, how often it failed and why. Times are the
-        # database's, as Time.
-        def stuck(limit = 100)
-          _stuck(Integer(limit)).map do |r|
-            { id: r.id, exchange: r.exchange, routing_key: r.routing_key, message_id: r.message_id, attempts: r.attempts,
-              last_error: r.last_error, next_attempt_at: Time.at(r.next_attempt_at / 1000.0),
-              created_at: Time.at(r.created_at / 1000.0) }
-          end
-        end
+        # where each is going, how often it failed and why: an Array of
+        # Patterns::OutboxStuckRow. Times are the database's, as Time.
+        def stuck(limit = 100) = _stuck(Integer(limit)).map { |r| OutboxStuckRow.from(r) }
 
         # The statements create_schema runs, for a migration: dialect is
         # :sqlite or :postgres.

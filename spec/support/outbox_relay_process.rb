@@ -60,7 +60,7 @@ if $PROGRAM_NAME == __FILE__
   end
   loop do
     sent = relay.sweep
-    break if sent.zero? && store.backlog[:count].zero?
+    break if sent.zero? && store.backlog.count.zero?
     break if Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
 
     sleep 0.01 if sent.zero?

@@ -33,7 +33,7 @@ RSpec.describe "delayed publish on memory://" do
     env = mq.publish({ "order_id" => "A-1" }, to: queue, delay: 30 * 60)
     nothing_yet
     # 1800 s = 1024 + 512 + 256 + 8: on RabbitMQ it waits in level 10 first.
-    expect(mq.delayed).to eq([{ level: 10, queue: "acemq.delay.10", seconds: 1024, waiting: 1 }])
+    expect(mq.delayed.map(&:to_h)).to eq([{ level: 10, queue: "acemq.delay.10", seconds: 1024, waiting: 1 }])
     report = AceMQ::Status.render(AceMQ::Status.new(connection: mq, targets: [], interval: 0).collect)
     expect(report).to include("delayed: 1 waiting (1024s: 1)")
     # The dashboard's overview says the same, and refreshes it.
@@ -42,7 +42,7 @@ RSpec.describe "delayed publish on memory://" do
     expect(JSON.parse(web.get("/overview.json").body)["values"]).to include("delayed" => "1 waiting (1024s: 1)")
     mq.advance_clock(29 * 60)
     nothing_yet
-    expect(mq.delayed.map { |l| l[:level] }).to eq([5]) # 60 s left
+    expect(mq.delayed.map(&:level)).to eq([5]) # 60 s left
     mq.advance_clock(60)
     message = eventually { got.pop(true) rescue nil }
     expect(message.envelope.id).to eq(env.id)
@@ -62,7 +62,7 @@ RSpec.describe "delayed publish on memory://" do
     mq.publish({ "n" => "now" }, to: queue)
     expect(eventually { got.pop(true) rescue nil }.payload["n"]).to eq("now")
     nothing_yet
-    expect(mq.delayed.sum { |l| l[:waiting] }).to eq(4)
+    expect(mq.delayed.sum(&:waiting)).to eq(4)
     mq.advance_clock(5)
     expect(Array.new(4) { eventually { got.pop(true) rescue nil }.payload["n"] })
       .to contain_exactly("held", "streamed", "at", "outbox")

@@ -32,7 +32,7 @@ RSpec.describe "idempotency keys that cannot be had" do
       expect(sub).to be_alive
       expect(sub.stats[:retried]).to eq(0) # fatal, not a climb up the ladder
       expect(Array.new(handled.size) { handled.pop }.sort).to eq([1, 4])
-      reasons = mq.peek_dead_letters(queue, limit: 10).map { |d| d[:reason] }
+      reasons = mq.peek_dead_letters(queue, limit: 10).map(&:reason)
       expect(reasons).to contain_exactly(a_string_including("key: raised ArgumentError: no order id"),
                                          a_string_including("key is not UTF-8 text"))
       sub.cancel

@@ -126,12 +126,12 @@ RSpec.describe "memory:// transport" do
     before = Time.now.to_i
     letter = eventually { mq.peek_dead_letters(q, limit: 1).first }
     sub.cancel
-    expect(letter).to include(id: sent.id, type: "order.placed.v1", attempt: 1,
-                              error_class: "AceMQ::AMQP::FatalError", body: '{"order_id":"A-1"}')
-    expect(letter[:reason]).to include("no such order")
-    expect(letter[:failed_at]).to be_a(Time).and(be_within(5).of(Time.at(before)))
-    expect(letter[:body].encoding).to eq(Encoding::BINARY)
-    expect(mq.peek_dead_letters(q, limit: 5).map { |d| d[:id] }).to eq([sent.id])
+    expect(letter).to have_attributes(id: sent.id, type: "order.placed.v1", attempt: 1,
+                                      error_class: "AceMQ::AMQP::FatalError", body: '{"order_id":"A-1"}')
+    expect(letter.reason).to include("no such order")
+    expect(letter.failed_at).to be_a(Time).and(be_within(5).of(Time.at(before)))
+    expect(letter.body.encoding).to eq(Encoding::BINARY)
+    expect(mq.peek_dead_letters(q, limit: 5).map(&:id)).to eq([sent.id])
     mq.close
   end
 

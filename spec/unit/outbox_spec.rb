@@ -74,13 +74,13 @@ module OutboxUnitSpec
             raise KeyError, "the business write failed"
           end
         end.to raise_error(KeyError)
-        expect(store.backlog).to eq(count: 0, oldest_age: nil, stuck: 0)
+        expect(store.backlog.to_h).to eq(count: 0, oldest_age: nil, stuck: 0)
         id = nil
         db.transaction { id = store.add(Patterns.record(mq, {}, to: queue), connection: db) }
         expect(id).to be_a(Integer)
         expect(db.closed?).to be(false)
-        expect(store.backlog).to include(count: 1, stuck: 0)
-        expect(store.backlog[:oldest_age]).to be_between(0, 5)
+        expect(store.backlog).to have_attributes(count: 1, stuck: 0)
+        expect(store.backlog.oldest_age).to be_between(0, 5)
       end
 
       it "names its table in the schema it would create, for a migration" do
@@ -107,7 +107,7 @@ module OutboxUnitSpec
         eventually(timeout: 3) { mq.queue_depth(queue)[:ready] == 50 }
         relay.close
         expect(relay.running?).to be(false)
-        expect(store.backlog[:count]).to eq(0)
+        expect(store.backlog.count).to eq(0)
         expect { relay.start }.to raise_error(AceMQ::AMQP::ConnectionClosed)
       end
 
@@ -119,12 +119,12 @@ module OutboxUnitSpec
         })
         mq.close
         relay.start
-        eventually(timeout: 3) { store.backlog[:stuck] == 3 }
+        eventually(timeout: 3) { store.backlog.stuck == 3 }
         sleep 0.4 # the 1 s backoff has not passed: nothing is tried again
         relay.close
         expect(errors.size).to eq(3)
         expect(errors.pop).to eq([AceMQ::AMQP::ConnectionClosed, "", queue])
-        expect(store.stuck.map { |r| r[:attempts] }).to eq([1, 1, 1])
+        expect(store.stuck.map(&:attempts)).to eq([1, 1, 1])
       end
 
       it "reports a failed sweep with no destination and keeps going after a brief database error" do
@@ -170,7 +170,7 @@ module OutboxUnitSpec
           eventually(timeout: 3) { mq.queue_depth(queue)[:ready] == 1 }
           relay.close
         end.to output(/on_error raised RuntimeError: broken logger/).to_stderr
-        expect(store.stuck.first).to include(exchange: "no-such-exchange", attempts: 1)
+        expect(store.stuck.first).to have_attributes(exchange: "no-such-exchange", attempts: 1)
       end
 
       it "refuses what it cannot work with" do

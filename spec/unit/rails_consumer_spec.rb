@@ -176,7 +176,7 @@ RSpec.describe AceMQ::Rails::Consumer do
     expect(Array.new(handled.size) { handled.pop }.tally).to eq("A-1" => 1, "B-1" => 2)
     expect(wraps).to be >= 3
     letters = mq.peek_dead_letters("payments", limit: 10)
-    expect(letters.map { |d| d[:reason] }).to include(a_string_matching(/key is missing/), a_string_matching(/not yet/))
+    expect(letters.map(&:reason)).to include(a_string_matching(/key is missing/), a_string_matching(/not yet/))
     expect(errors).to eq([])
   end
 

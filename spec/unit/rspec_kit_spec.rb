@@ -156,7 +156,7 @@ RSpec.describe AceMQ::RSpec, acemq_kit: true do
       last = second.next_attempt
       expect(last).to be_dead_lettered
       expect([last.attempt, last.reason]).to eq([3, "retries exhausted after 3 attempts: gateway down"])
-      expect(last.dead_letter).to include(id: "m-1", attempt: 3, body: '{"order_id":"A-1"}')
+      expect(last.dead_letter).to have_attributes(id: "m-1", attempt: 3, body: '{"order_id":"A-1"}')
       expect(last.history.map(&:kind)).to eq(%i[retried retried dead_lettered])
       expect(acemq_broker.queue_depth("kit.flaky.dlq")).to eq(ready: 1, unacked: 0)
     end

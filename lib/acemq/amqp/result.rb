@@ -124,7 +124,9 @@ module AceMQ
       def dig(key, *rest)
         deprecated(:dig, "#{as}.dig(#{key.inspect}, ...)", reader(key))
         value = field(key)
-        rest.empty? || value.nil? ? value : value.dig(*rest)
+        # Deeper through the Hashes (to_h's), so a letter inside a page does
+        # not warn a second time, from here.
+        rest.empty? || value.nil? ? value : to_h[key].dig(*rest)
       end
 
       def key?(key)

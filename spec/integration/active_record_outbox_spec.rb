@@ -43,7 +43,7 @@ module ActiveRecordOutboxSpec
         orders.create!(id: "R-1", total: 10)
         raise ActiveRecord::Rollback
       end
-      expect(outbox.backlog[:count]).to eq(0)
+      expect(outbox.backlog.count).to eq(0)
       expect(orders.count).to eq(0)
 
       expect do
@@ -53,7 +53,7 @@ module ActiveRecordOutboxSpec
           raise "the charge failed"
         end
       end.to raise_error(RuntimeError, "the charge failed")
-      expect(outbox.backlog[:count]).to eq(0)
+      expect(outbox.backlog.count).to eq(0)
 
       id = nil
       ActiveRecord::Base.transaction do
@@ -61,7 +61,7 @@ module ActiveRecordOutboxSpec
         id = outbox.add(record("C-1"))
       end
       expect(id).to be_a(Integer).and be_positive
-      expect(outbox.backlog[:count]).to eq(1)
+      expect(outbox.backlog.count).to eq(1)
       expect(orders.count).to eq(1)
     end
 
@@ -72,7 +72,7 @@ module ActiveRecordOutboxSpec
         store.add(record("P-2"), connection: ActiveRecord::Base.connection_pool)
         raise ActiveRecord::Rollback
       end
-      expect(store.backlog[:count]).to eq(0)
+      expect(store.backlog.count).to eq(0)
 
       ids = ActiveRecord::Base.transaction do
         [store.add(record("P-3"), connection: ActiveRecord::Base.connection),
@@ -82,7 +82,7 @@ module ActiveRecordOutboxSpec
       expect(ids[1]).to eq(ids[0] + 1)
       ActiveRecord::Base.connection_pool.release_connection
       expect(store.add(record("P-5"), connection: ActiveRecord::Base.connection_pool)).to eq(ids[1] + 1)
-      expect(store.backlog[:count]).to eq(3)
+      expect(store.backlog.count).to eq(3)
     end
 
     it "relays from a connection of its own, on the same database as ActiveRecord's" do
@@ -97,7 +97,7 @@ module ActiveRecordOutboxSpec
       expect(got.size).to eq(1)
       expect(JSON.parse(got[0][1])).to eq("order_id" => "S-1")
       expect(got[0][0].to_hash).to include(type: "order.placed.v2", message_id: added.id)
-      expect(outbox.backlog[:count]).to eq(0)
+      expect(outbox.backlog.count).to eq(0)
       expect(dedicated_source).not_to be_nil
     end
 
@@ -123,12 +123,12 @@ module ActiveRecordOutboxSpec
         child_store = box.store
         o.puts(child_store.equal?(parent_store) ? "shared" : "own")
         ActiveRecord::Base.transaction { box.add(Patterns.record(AceMQ::AMQP::Connection.open("memory://x"), {}, to: "q")) }
-        o.puts(child_store.backlog[:count])
+        o.puts(child_store.backlog.count)
       end
       expect(read_line(out)).to eq("own")
       expect(read_line(out)).to eq("1")
       expect(wait_child(pid)).to be_success
-      expect(outbox.backlog[:count]).to eq(1)
+      expect(outbox.backlog.count).to eq(1)
     end
 
     it "refuses unknown options, saying which ones there are" do
@@ -199,7 +199,7 @@ module ActiveRecordOutboxSpec
         expect(relay.sweep).to eq(0) # its own connection: the row is not committed
         raise ActiveRecord::Rollback
       end
-      expect(outbox.backlog[:count]).to eq(0)
+      expect(outbox.backlog.count).to eq(0)
       expect(drain(queue, timeout: 1)).to be_empty
     ensure
       outbox&.close

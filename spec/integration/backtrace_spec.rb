@@ -48,14 +48,14 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     mq.publish({ "order_id" => "B-1" }, to: queue)
     letter = dead_letters(1).first
     sub.cancel
-    lines = letter[:backtrace].split("\n")
-    expect(letter[:headers][header]).to eq(letter[:backtrace])
+    lines = letter.backtrace.split("\n")
+    expect(letter.headers[header]).to eq(letter.backtrace)
     expect(lines[0]).to match(frame(raising_line, "validate"))
     expect(lines[1]).to match(frame(nil, "charge"))
     expect(lines.last).to start_with("#{__FILE__}:") # the handler block, the last frame kept
     expect(lines.grep(%r{lib/acemq/})).to eq([])
-    expect(letter[:error_class]).to eq("BacktraceSpecError")
-    expect(letter[:reason]).to include("amount missing")
+    expect(letter.error_class).to eq("BacktraceSpecError")
+    expect(letter.reason).to include("amount missing")
   end
 
   it "keeps 20 frames of a deep recursion and says how many more there were" do
@@ -71,11 +71,11 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     sub.cancel
     frames = without_gem_tail(raised.pop)
     expect(frames.size).to be > 200
-    lines = letter[:backtrace].split("\n")
+    lines = letter.backtrace.split("\n")
     expect(lines.size).to eq(21)
     expect(lines.first(20)).to eq(frames.first(20))
     expect(lines.last).to eq("… #{frames.size - 20} more frames")
-    expect(letter[:backtrace].bytesize).to be <= 4096
+    expect(letter.backtrace.bytesize).to be <= 4096
   end
 
   it "cuts at 4 KiB on a frame boundary when 20 frames are longer" do
@@ -95,7 +95,7 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     letter = dead_letters(1).first
     sub.cancel
     frames = without_gem_tail(raised.pop)
-    text = letter[:backtrace]
+    text = letter.backtrace
     lines = text.split("\n")
     shown = lines.size - 1
     expect(text.bytesize).to be <= 4096
@@ -123,7 +123,7 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     eventually { handled.size == 2 }
     sub.cancel
     expect(Array.new(2) { handled.pop }.sort).to eq([1, 2])
-    text = letter[:backtrace]
+    text = letter.backtrace
     expect(text.encoding).to eq(Encoding::UTF_8)
     expect(text).to be_valid_encoding
     lines = text.split("\n")
@@ -133,7 +133,7 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     expect(lines[1]).to end_with("… [line cut from #{100 * 1024 + 19} bytes]")
     expect(lines[1].bytesize).to be <= 512
     expect(lines[2]).to eq("app/after.rb:3:in `y'")
-    expect(letter[:reason]).to include("<img src=x onerror=alert(1)> \u{FFFD}\u{FFFD}")
+    expect(letter.reason).to include("<img src=x onerror=alert(1)> \u{FFFD}\u{FFFD}")
     expect(mq.queue_counts(queue)).to include(ready: 0)
   end
 
@@ -150,8 +150,8 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     sub.cancel
     first_line = File.readlines(__FILE__).index { |l| l.include?("# FIRS" + "T") } + 1
     expect(seen.pop.split("\n").first).to start_with("#{__FILE__}:#{first_line}:")
-    expect(letter[:backtrace].split("\n").first).to match(frame(raising_line, "validate"))
-    expect(letter[:backtrace]).not_to include(":#{first_line}:")
+    expect(letter.backtrace.split("\n").first).to match(frame(raising_line, "validate"))
+    expect(letter.backtrace).not_to include(":#{first_line}:")
   end
 
   it "comes from a consumer class and from a handler guarded by Patterns.idempotent" do
@@ -169,17 +169,17 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     class_letter = dead_letters(1).first
     sub.cancel
     class_line = File.readlines(__FILE__).index { |l| l.include?("# CLASS" + " RAISES") } + 1
-    expect(class_letter[:backtrace].split("\n").first).to match(frame("#{__FILE__}:#{class_line}", "call"))
+    expect(class_letter.backtrace.split("\n").first).to match(frame("#{__FILE__}:#{class_line}", "call"))
 
     store = AceMQ::AMQP::Patterns::InMemoryIdempotencyStore.new
     guarded = AceMQ::AMQP::Patterns.idempotent(store) { |m| charge(m) }
     sub = mq.consume(queue, retries: { max_attempts: 2, initial_delay: 0.1, max_delay: 0.1 }, &guarded)
     mq.publish({ "from" => "idempotent" }, to: queue)
     letter = eventually(timeout: 10) do
-      mq.peek_dead_letters(queue, limit: 10).find { |l| l[:reason].to_s.include?("amount missing") }
+      mq.peek_dead_letters(queue, limit: 10).find { |l| l.reason.to_s.include?("amount missing") }
     end
     sub.cancel
-    lines = letter[:backtrace].split("\n")
+    lines = letter.backtrace.split("\n")
     expect(lines.first).to match(frame(raising_line, "validate"))
     expect(lines.grep(%r{lib/acemq/})).to eq([]) # the guard's frames are below the handler's: left out
   end
@@ -193,8 +193,8 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     letter = dead_letters(1).first
     sub.cancel
     line = File.readlines(__FILE__).index { |l| l.include?("-- ABORTS" + " HERE") } + 1
-    expect(letter[:error_class]).to eq("AceMQ::AMQP::HandlerAborted")
-    expect(letter[:backtrace].split("\n").first).to start_with("#{__FILE__}:#{line}:")
+    expect(letter.error_class).to eq("AceMQ::AMQP::HandlerAborted")
+    expect(letter.backtrace.split("\n").first).to start_with("#{__FILE__}:#{line}:")
   end
 
   it "puts none on a retry or reject asked for with an Ack" do
@@ -202,8 +202,8 @@ RSpec.describe "a failure's backtrace on its copy, on RabbitMQ" do
     mq.publish({ "ack" => true }, to: queue)
     letter = dead_letters(1).first
     sub.cancel
-    expect(letter[:error_class]).to eq("BacktraceSpecError")
-    expect(letter[:backtrace]).to be_nil
-    expect(letter[:headers]).not_to have_key(header)
+    expect(letter.error_class).to eq("BacktraceSpecError")
+    expect(letter.backtrace).to be_nil
+    expect(letter.headers).not_to have_key(header)
   end
 end

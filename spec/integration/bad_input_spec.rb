@@ -161,8 +161,8 @@ RSpec.describe "bad input from the code that uses AceMQ" do
       errors = []
       relay = AceMQ::AMQP::Patterns::OutboxRelay.new(mq, store, on_error: ->(e, exchange:, routing_key:) { errors << e })
       expect(relay.sweep).to eq(2)
-      expect(store.backlog).to include(count: 1, stuck: 1)
-      expect(store.stuck(1).first[:last_error]).to include("routing key is 300 bytes")
+      expect(store.backlog).to have_attributes(count: 1, stuck: 1)
+      expect(store.stuck(1).first.last_error).to include("routing key is 300 bytes")
       expect(errors.map(&:class)).to eq([AceMQ::AMQP::ConfigurationError])
       db.close
       mq.close

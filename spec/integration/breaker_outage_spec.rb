@@ -70,8 +70,8 @@ RSpec.describe "circuit breaker on: and probe: (Ruby)" do
     sleep 0.5
     expect(mq.queue_counts(dlq)[:ready]).to eq(bugs.size)
     letters = mq.peek_dead_letters(queue, limit: 100)
-    expect(letters.map { |d| JSON.parse(d[:body])["n"] }.sort).to eq(bugs)
-    expect(letters.map { |d| d[:error_class] }.uniq).to eq(["NoMethodError"])
+    expect(letters.map { |d| JSON.parse(d.body)["n"] }.sort).to eq(bugs)
+    expect(letters.map(&:error_class).uniq).to eq(["NoMethodError"])
     expect(accepted.keys.sort).to eq(good)
     expect(accepted.values.uniq).to eq([1]) # exactly once
     expect(sub.stats[:accepted]).to eq(good.size)

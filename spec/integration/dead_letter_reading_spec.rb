@@ -44,19 +44,19 @@ RSpec.describe "reading a quorum DLQ" do
     ids.sort
   end
 
-  def ids_peeked = mq.peek_dead_letters(queue, limit: 100).map { |d| d[:id] }.sort
+  def ids_peeked = mq.peek_dead_letters(queue, limit: 100).map(&:id).sort
 
   def read_it_all_over_and_over(ids)
     30.times { |i| expect(ids_peeked).to eq(ids), -> { "peek #{i + 1}: #{mq.peek_dead_letters(queue, limit: 100).inspect}" } }
-    broker = mq.peek_dead_letters(queue, limit: 100).find { |d| d[:reason]&.start_with?("dead-lettered by the broker") }
-    expect(broker[:reason]).to match(/delivery_limit on #{queue}/)
+    broker = mq.peek_dead_letters(queue, limit: 100).find { |d| d.reason&.start_with?("dead-lettered by the broker") }
+    expect(broker.reason).to match(/delivery_limit on #{queue}/)
     status = AceMQ::Status.new(connection: mq, targets: [AceMQ::Status.target(queue)], interval: 0)
     # Each collect peeks as many as the broker counts ready, a count that
     # catches up with the last read's give-back a moment after it.
     5.times { eventually { status.collect[:consumers].first[:dlq].then { |d| d[:ready] == 3 && d[:newest].size == 3 } } }
-    5.times { expect(mq.replay_dead_letters(queue, reason: "no reason like this")).to eq(replayed: 0, skipped: 3) }
+    5.times { expect(mq.replay_dead_letters(queue, reason: "no reason like this").to_h).to eq(replayed: 0, skipped: 3) }
     expect(ids_peeked).to eq(ids)
-    expect(mq.replay_dead_letters(queue, reason: "declined 0")).to eq(replayed: 1, skipped: 2)
+    expect(mq.replay_dead_letters(queue, reason: "declined 0").to_h).to eq(replayed: 1, skipped: 2)
     expect(ids_peeked.size).to eq(2)
     # The broker's ready count catches up with the give-back a moment later.
     eventually { mq.queue_counts("#{queue}.dlq")[:ready] == 2 }
@@ -95,7 +95,7 @@ RSpec.describe "reading a quorum DLQ" do
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     report = Timeout.timeout(60) { mq.replay_dead_letters(queue) }
     took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-    expect(report).to eq(replayed: 300, skipped: 0)
+    expect(report.to_h).to eq(replayed: 300, skipped: 0)
     expect(took).to be < 30
     eventually(timeout: 30) { mq.queue_counts("#{queue}.dlq")[:ready] == 300 }
     sleep 0.3
@@ -105,8 +105,8 @@ RSpec.describe "reading a quorum DLQ" do
     expect(counts.values.uniq).to eq([1])
     expect(mq.queue_counts("#{queue}.dlq")[:ready]).to eq(300)
     again = mq.peek_dead_letters(queue, limit: 1).first
-    expect(again[:history].last["reason"]).to start_with("still declined")
-    expect(again[:headers]["x-acemq-replayed-by"]).to be_a(String)
+    expect(again.history.last["reason"]).to start_with("still declined")
+    expect(again.headers["x-acemq-replayed-by"]).to be_a(String)
   ensure
     sub&.cancel
   end

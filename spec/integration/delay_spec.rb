@@ -35,7 +35,7 @@ RSpec.describe "delayed publish on RabbitMQ" do
     trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     env = mq.publish({ "n" => 1 }, to: queue, delay: 3, headers: { "traceparent" => trace })
     sleep 0.5
-    expect(mq.delayed.sum { |l| l[:waiting] }).to be >= 1
+    expect(mq.delayed.sum(&:waiting)).to be >= 1
     message, after = take
     expect(after).to be >= 3.0
     expect(message.envelope.id).to eq(env.id)

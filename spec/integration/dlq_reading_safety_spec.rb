@@ -51,7 +51,7 @@ RSpec.describe "reading a DLQ: one reader, bounded" do
       require "acemq"; require "json"
       mq = AceMQ::AMQP::Connection.open(ENV.fetch("AMQP_URL"))
       r = mq.browse_dead_letters(ENV.fetch("Q"), reason: "no reason like this", within: #{within})
-      puts JSON.generate(r.slice(:scanned, :total, :gave_up, :most_held, :partial))
+      puts JSON.generate(r.to_h.slice(:scanned, :total, :gave_up, :most_held, :partial))
       mq.close
     RUBY
     Open3.popen2({ "AMQP_URL" => AMQP_URL, "Q" => queue, "RUBYLIB" => File.join(SAFETY_ROOT, "lib") }, RbConfig.ruby, "-e", code)
@@ -89,7 +89,7 @@ RSpec.describe "reading a DLQ: one reader, bounded" do
     expect(theirs[:scanned]).to be_between(1, SAFETY_DEEP - 1)
     # Once it has finished, the lock is gone with its channel.
     mine = @mq.browse_dead_letters(queue, limit: 5)
-    expect(mine[:dead_letters].size).to eq(5)
+    expect(mine.dead_letters.size).to eq(5)
     expect(@mq.queue_counts(lock)[:consumers]).to eq(0)
     expect_all_back
   end
@@ -111,17 +111,17 @@ RSpec.describe "reading a DLQ: one reader, bounded" do
     took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
     watcher[:go] = false
     watcher.join
-    expect(r).to include(total: SAFETY_DEEP, gave_up: true, partial: true, dead_letters: [])
-    expect(r[:scanned]).to be_between(1, SAFETY_DEEP - 1)
-    expect(r[:most_held]).to be_between(1, 1_000)
+    expect(r).to have_attributes(total: SAFETY_DEEP, gave_up: true, partial: true, dead_letters: [])
+    expect(r.scanned).to be_between(1, SAFETY_DEEP - 1)
+    expect(r.most_held).to be_between(1, 1_000)
     # Ready never fell by more than what one read may hold.
     expect(held.compact.min).to be >= SAFETY_DEEP - 1_000
     expect(took).to be < 30 # it stopped (the filter asked for 2 s)
     expect_all_back
     # The copies put back at the tail are the same letters: the head now
     # starts where the read left off, after the 800 it held and gave back.
-    head = @mq.browse_dead_letters(queue, limit: 1, within: 10)[:dead_letters].first
-    expect(head[:id]).to match(/\Adl-\d+\z/)
-    expect(head[:reason]).to eq("declined #{head[:id].delete_prefix('dl-')}")
+    head = @mq.browse_dead_letters(queue, limit: 1, within: 10).dead_letters.first
+    expect(head.id).to match(/\Adl-\d+\z/)
+    expect(head.reason).to eq("declined #{head.id.delete_prefix('dl-')}")
   end
 end

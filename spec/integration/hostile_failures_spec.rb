@@ -58,13 +58,13 @@ RSpec.describe "hostile failures in a handler" do
         names = failures.keys.flat_map { |k| ["good-#{k}-1", k, "good-#{k}-2"] }
         names.each { |n| mq.publish({ "n" => n }, to: queue) }
         eventually(timeout: 20) { letters.size == failures.size }
-        by_id = letters.to_h { |l| [JSON.parse(l[:body])["n"], l] }
-        expect(by_id.transform_values { |l| l[:error_class] })
+        by_id = letters.to_h { |l| [JSON.parse(l.body)["n"], l] }
+        expect(by_id.transform_values(&:error_class))
           .to eq("nil" => "HostileNilMessage", "raises" => "HostileRaisingMessage", "int" => "HostileIntegerMessage",
                  "name" => "HostileRaisingName")
-        expect(by_id["raises"][:reason]).to include("its message raised")
-        expect(by_id["int"][:reason]).to include("42")
-        expect(by_id.values.map { |l| l[:backtrace].to_s.lines.first }).to all(include("hostile_failures_spec.rb"))
+        expect(by_id["raises"].reason).to include("its message raised")
+        expect(by_id["int"].reason).to include("42")
+        expect(by_id.values.map { |l| l.backtrace.to_s.lines.first }).to all(include("hostile_failures_spec.rb"))
         drained = take(seen, names.size)
         expect(drained.sort).to eq(names.sort) # each once: no HandlerAborted retry
         expect(sub.stats).to include(accepted: failures.size * 2, dead_lettered: failures.size)
@@ -83,7 +83,7 @@ RSpec.describe "hostile failures in a handler" do
         end
         %w[good-1 bin good-2 bad good-3].each { |n| mq.publish({ "n" => n }, to: queue) }
         eventually(timeout: 20) { letters.size == 2 && calls.values.sum == 5 }
-        by_id = letters.to_h { |l| [JSON.parse(l[:body])["n"], l[:reason]] }
+        by_id = letters.to_h { |l| [JSON.parse(l.body)["n"], l.reason] }
         expect(by_id["bin"]).to eq("no such café")
         expect(by_id["bad"]).to eq("no \uFFFD")
         expect(calls).to eq("good-1" => 1, "bin" => 1, "good-2" => 1, "bad" => 1, "good-3" => 1)

@@ -368,7 +368,7 @@ module IdempotencySQLSpec
         eventually { sub.stats[:accepted] == 2 && sub.stats[:dead_lettered] == 1 }
         expect(sub.stats[:retried]).to eq(0) # not a store outage: no wait, no climb
         expect(Array.new(handled.size) { handled.pop }.sort).to eq([1, 3])
-        expect(mq.peek_dead_letters("long", limit: 5).map { |d| d[:reason] })
+        expect(mq.peek_dead_letters("long", limit: 5).map(&:reason))
           .to contain_exactly(a_string_including("300 bytes is longer than the 255"))
         sub.cancel
       ensure

@@ -54,7 +54,7 @@ module OutboxRelayFailureSpec
         relay.close
       end
       expect(drain(queue, expect: 6).map { |_, body| JSON.parse(body)["n"] }).to eq((0...6).to_a)
-      expect(setup.backlog[:count]).to eq(0)
+      expect(setup.backlog.count).to eq(0)
     end
   end
 
@@ -83,7 +83,7 @@ module OutboxRelayFailureSpec
       counts = []
       begin
         relay.start
-        eventually(timeout: 20, interval: 0) { (counts << store.backlog[:count]).last.zero? }
+        eventually(timeout: 20, interval: 0) { (counts << store.backlog.count).last.zero? }
       ensure
         relay.close
       end

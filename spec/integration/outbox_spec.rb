@@ -36,14 +36,14 @@ module OutboxSpec
           raise ArgumentError, "the business write failed"
         end
       end.to raise_error(ArgumentError)
-      expect(store.backlog[:count]).to eq(0)
+      expect(store.backlog.count).to eq(0)
       expect(orders.count).to eq(0)
 
       db.transaction do
         orders.insert("id" => "A-2", "total" => 42)
         store.add(record.call, connection: db)
       end
-      expect(store.backlog).to include(count: 1, stuck: 0)
+      expect(store.backlog).to have_attributes(count: 1, stuck: 0)
       expect(orders.count).to eq(1)
     end
 
@@ -64,7 +64,7 @@ module OutboxSpec
       (props, body), = drain(queue, expect: 1)
       expect(JSON.parse(body)).to eq(event)
       expect(props[:type]).to eq("order.placed.v2")
-      expect(store.backlog).to include(count: 0)
+      expect(store.backlog).to have_attributes(count: 0)
       expect(relay.sweep).to eq(0)
     end
 
@@ -120,10 +120,10 @@ module OutboxSpec
       expect(errors).to eq([[AceMQ::AMQP::NotFound, missing, "order.placed"]])
       stuck = store.stuck
       expect(stuck.size).to eq(1)
-      expect(stuck.first).to include(exchange: missing, routing_key: "order.placed", attempts: 1)
-      expect(stuck.first[:last_error]).to match(/NOT_FOUND|no exchange/i)
-      expect(stuck.first[:next_attempt_at]).to be > Time.now
-      expect(store.backlog).to include(count: 1, stuck: 1)
+      expect(stuck.first).to have_attributes(exchange: missing, routing_key: "order.placed", attempts: 1)
+      expect(stuck.first.last_error).to match(/NOT_FOUND|no exchange/i)
+      expect(stuck.first.next_attempt_at).to be > Time.now
+      expect(store.backlog).to have_attributes(count: 1, stuck: 1)
 
       # Backing off: not due again at once, so a sweep now publishes nothing
       # and reports nothing.
@@ -158,8 +158,8 @@ module OutboxSpec
 
       expect(drain(queue, expect: 9).map { |_, body| JSON.parse(body)["n"] }).to eq([0, 1, 2, 3, 5, 6, 7, 8, 9])
       expect(errors).to eq([[AceMQ::AMQP::NotFound, missing]])
-      expect(store.stuck.map { |row| [row[:exchange], row[:attempts]] }).to eq([[missing, 1]])
-      expect(store.backlog).to include(count: 1, stuck: 1)
+      expect(store.stuck.map { |row| [row.exchange, row.attempts] }).to eq([[missing, 1]])
+      expect(store.backlog).to have_attributes(count: 1, stuck: 1)
     end
 
     it "leaves nothing leased when relay.close stops it in the middle of a backlog" do
@@ -181,7 +181,7 @@ module OutboxSpec
                                                                           worker: "other"))
       nil until other.sweep.zero?
       expect(drain(queue, expect: 300).map { |_, body| JSON.parse(body)["n"] }.sort).to eq((0...300).to_a)
-      expect(store.backlog[:count]).to eq(0)
+      expect(store.backlog.count).to eq(0)
     end
 
     it "calls the guide's on_error with the destination" do
@@ -316,7 +316,7 @@ module OutboxSpec
         relay_store.add(record.call, connection: ActiveRecord::Base.connection.raw_connection)
         raise ActiveRecord::Rollback
       end
-      expect(relay_store.backlog[:count]).to eq(0)
+      expect(relay_store.backlog.count).to eq(0)
       ActiveRecord::Base.transaction do
         relay_store.add(record.call, connection: ActiveRecord::Base.connection.raw_connection)
       end

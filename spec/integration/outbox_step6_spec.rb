@@ -61,7 +61,7 @@ module OutboxStep6Spec
         mq.publish({ "id" => "P-2", "total" => 200 }, to: payments_queue)
 
         reader = OutboxSpecHelpers::Orders.new(connect.call, payments_table)
-        eventually(timeout: 10) { reader.count == 2 && outbox.backlog[:count] == 2 && subscription.stats[:accepted].to_i >= 3 rescue false }
+        eventually(timeout: 10) { reader.count == 2 && outbox.backlog.count == 2 && subscription.stats[:accepted].to_i >= 3 rescue false }
         subscription.cancel
         expect(failed_once.size).to eq(1)
         expect(store.confirmed?(duplicate.id)).to be(true)
@@ -70,7 +70,7 @@ module OutboxStep6Spec
         expect(relay.sweep).to eq(2)
         receipts = drain(receipts_queue, expect: 2).map { |_, body| JSON.parse(body)["payment_id"] }
         expect(receipts).to match_array(%w[P-1 P-2])
-        expect(outbox.backlog[:count]).to eq(0)
+        expect(outbox.backlog.count).to eq(0)
       end
     end
 

@@ -72,7 +72,7 @@ module OutboxWakeSpec
         local = Patterns::SQLOutboxStore.new(connection: outbox_pg, table: table)
         add_in_transaction(local, local_db = outbox_pg, [exchange], rollback: true)
         expect(drain(queue, timeout: 1)).to be_empty
-        expect(store.backlog[:count]).to eq(0)
+        expect(store.backlog.count).to eq(0)
         local_db.close
         relay.close
         expect(errors).to be_empty
@@ -125,7 +125,7 @@ module OutboxWakeSpec
         expect(relay).not_to be_running
         expect(Thread.list.map(&:name)).not_to include("acemq-outbox-listen")
         expect(listeners).to eq([])
-        expect(store.backlog[:count]).to eq(0)
+        expect(store.backlog.count).to eq(0)
       end
     end
 

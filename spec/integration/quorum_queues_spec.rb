@@ -63,7 +63,7 @@ RSpec.describe "quorum queues" do
     eventually(timeout: 10) { failing.stats[:dead_lettered] == 1 }
     failing.cancel
     letter = mq.peek_dead_letters(queue, limit: 1).first
-    expect(letter).to include(attempt: 2, reason: "retries exhausted after 2 attempts: gateway down")
+    expect(letter).to have_attributes(attempt: 2, reason: "retries exhausted after 2 attempts: gateway down")
   end
 
   it "lands a message past the broker's delivery limit in the DLQ, with the broker's reason readable" do
@@ -79,7 +79,7 @@ RSpec.describe "quorum queues" do
       ch.close
     end
     letter = eventually(timeout: 10) { mq.peek_dead_letters(queue, limit: 1).first }
-    expect(letter[:reason]).to match(/dead-lettered by the broker: delivery_limit on #{queue}/)
+    expect(letter.reason).to match(/dead-lettered by the broker: delivery_limit on #{queue}/)
     got = Queue.new
     sub = mq.consume("#{queue}.dlq") { |m| got << m; AceMQ::AMQP::Ack.accept }
     m = eventually { got.pop(true) rescue nil }
@@ -126,12 +126,12 @@ RSpec.describe "quorum queues" do
     end
     mq.publish({ "n" => 1 }, to: queue)
     past_the_limit.call
-    expect(mq.peek_dead_letters(queue, limit: 1).first[:reason]).to match(/by the broker: delivery_limit on #{queue}/)
-    expect(mq.replay_dead_letters(queue)).to eq(replayed: 1, skipped: 0)
+    expect(mq.peek_dead_letters(queue, limit: 1).first.reason).to match(/by the broker: delivery_limit on #{queue}/)
+    expect(mq.replay_dead_letters(queue).to_h).to eq(replayed: 1, skipped: 0)
     past_the_limit.call
     letter = mq.peek_dead_letters(queue, limit: 1).first
-    expect(letter[:reason]).to match(/by the broker: delivery_limit on #{queue}/)
-    expect(letter[:attempt]).to eq(1)
+    expect(letter.reason).to match(/by the broker: delivery_limit on #{queue}/)
+    expect(letter.attempt).to eq(1)
   end
 
   it "refuses to redeclare a classic queue as quorum, naming the argument" do

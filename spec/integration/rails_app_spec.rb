@@ -249,7 +249,7 @@ RSpec.describe "AceMQ in a Rails application (spec/dummy)" do
             outbox.add(AceMQ::AMQP::Patterns.record(mq, { "order_id" => "A-1" }, to: "order.placed", exchange: "orders"))
           end
           store = AceMQ::Rails::ActiveRecordIdempotencyStore.new
-          puts "backlog=\#{outbox.backlog[:count]} first=\#{store.first_time?("k")},\#{store.first_time?("k")}"
+          puts "backlog=\#{outbox.backlog.count} first=\#{store.first_time?("k")},\#{store.first_time?("k")}"
           outbox.close
           AceMQ::Rails::ActiveRecordIdempotencyStore.new(retention: 0.001).first_time?("old")
           sleep 0.01

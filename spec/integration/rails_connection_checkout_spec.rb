@@ -97,7 +97,7 @@ module RailsConnectionCheckoutSpec
         outbox.add(record("C-1"))
       end
       expect(outbox.add(record("C-2"))).to be_a(Integer)
-      expect(outbox.backlog[:count]).to eq(2)
+      expect(outbox.backlog.count).to eq(2)
       expect(orders.count).to eq(1)
 
       # The SQL seam on the pool: a statement on a lent connection, and a
@@ -123,7 +123,7 @@ module RailsConnectionCheckoutSpec
       relay = outbox.relay(mq)
       expect(relay.sweep).to eq(2) # confirmed by the broker
       relay.close
-      expect(outbox.backlog[:count]).to eq(0)
+      expect(outbox.backlog.count).to eq(0)
       # Nothing kept a connection. On Rails 6.1 ActiveRecord's own
       # transaction and queries keep the thread's (a permanent checkout);
       # 7.2's give it back, and so must the stores.

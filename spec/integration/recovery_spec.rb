@@ -56,7 +56,7 @@ RSpec.describe "surviving the broker going away and coming back" do
       broker_closes_connections(origin)
       5.times { |n| add.call(5 + n) }
       relay.start
-      eventually(timeout: 15) { store.backlog[:count].zero? }
+      eventually(timeout: 15) { store.backlog.count.zero? }
       relay.close
       expect(errors.size).to be < 10 # a few failed sweeps while it dialled again, not a busy loop
       got = []

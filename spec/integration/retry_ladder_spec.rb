@@ -102,7 +102,7 @@ RSpec.describe "the retry ladder and the DLQ on RabbitMQ" do
     4.times { |n| mq.publish({ "n" => n }, to: queue, type: "payment.v1") }
     eventually { sub.stats[:dead_lettered] == 4 }
     sub.cancel
-    expect(mq.replay_dead_letters(queue, reason: "gateway")).to eq(replayed: 2, skipped: 2)
+    expect(mq.replay_dead_letters(queue, reason: "gateway").to_h).to eq(replayed: 2, skipped: 2)
     expect(depth("#{queue}.dlq")).to eq(2)
     seen = Queue.new
     sub = mq.consume(queue) { |m| seen << m; AceMQ::AMQP::Ack.accept }

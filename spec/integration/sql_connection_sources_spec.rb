@@ -407,10 +407,10 @@ module SQLConnectionSourcesSpec
       in_transaction(db, commit: false) { outbox.add(record.call, connection: db) }
       in_transaction(db, commit: true) { outbox.add(record.call, connection: db) }
 
-      expect(outbox.backlog[:count]).to eq(1)
+      expect(outbox.backlog.count).to eq(1)
       expect(Patterns::OutboxRelay.new(mq, outbox).sweep).to eq(1)
       expect(mq.queue_depth("orders")).to eq(ready: 1, unacked: 0)
-      expect(outbox.backlog[:count]).to eq(0)
+      expect(outbox.backlog.count).to eq(0)
       received = Queue.new
       sub = mq.consume("orders") { |m| received << [m.payload, m.type]; Ack.accept }
       eventually { !received.empty? }

@@ -48,7 +48,7 @@ module TracingSpec
       ch.reject(info.delivery_tag, true)
       ch.close
 
-      expect(mq.replay_dead_letters(queue)).to eq(replayed: 1, skipped: 0)
+      expect(mq.replay_dead_letters(queue).to_h).to eq(replayed: 1, skipped: 0)
       mq.publish({ "n" => 4 }, to: queue)
       sub = mq.consume(queue) { |m| seen << [m.payload["n"], m.attempt, m.headers.slice(*TRACE.keys)]; Ack.accept }
       back = Array.new(2) { eventually(timeout: 10) { seen.pop(true) rescue nil } }

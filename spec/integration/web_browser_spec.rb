@@ -67,7 +67,7 @@ RSpec.describe "AceMQ::Web in Chromium", skip: browser_missing do
     go("/login/#{role}")
   end
 
-  def dlq_ids = @mq.peek_dead_letters(@queue, limit: 50).map { |d| d[:id] }
+  def dlq_ids = @mq.peek_dead_letters(@queue, limit: 50).map(&:id)
 
   # Run the block, which leaves the page (a click that submits a form or
   # follows a link), and return once the next document has loaded.

@@ -85,11 +85,11 @@ RSpec.describe "AceMQ::Web (Rack)" do
     # The consumer's threads dead-letter in the order they finish, which
     # need not be n's: what matches is found by reason, not by position.
     expect(by_class.body.scan(/class="reason">([^<]+)</).flatten.map { |r| r[/bad \d/] }.sort).to eq(["bad 0", "bad 3", "bad 6"])
-    declined4 = @mq.peek_dead_letters(@queue, limit: 100).find { |d| d[:reason].to_s.include?("declined 4") }[:id]
+    declined4 = @mq.peek_dead_letters(@queue, limit: 100).find { |d| d.reason.to_s.include?("declined 4") }.id
     expect(http.get("/queues/#{@queue}/dlq?reason=declined+4").body.scan(/id="dl-([^"]+)"/).flatten).to eq([declined4])
     expect(http.get("/queues/#{@queue}/dlq?type=order.v1&id=#{ids[5]}").body.scan(/id="dl-([^"]+)"/).flatten).to eq([ids[5]])
     expect(http.get("/queues/#{@queue}/dlq?type=other.v1").body).to include("None match.")
-    expect(@mq.peek_dead_letters(@queue, limit: 100).map { |d| d[:id] }).to eq(ids)
+    expect(@mq.peek_dead_letters(@queue, limit: 100).map(&:id)).to eq(ids)
   end
 
   # Anyone who may publish to a queue may publish to its DLQ, or get a
@@ -193,7 +193,7 @@ RSpec.describe "AceMQ::Web (Rack)" do
     other = post("/queues/#{@queue}/dlq/purge", { "confirmed" => "yes" }, token: token,
                                                                            env: { "HTTP_ORIGIN" => "http://evil.example", "HTTP_HOST" => "example.org" })
     expect(other.status).to eq(403)
-    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq(ids)
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map(&:id)).to eq(ids)
   end
 
   it "asks first, then replays one through the engine's replay (attempt 1, the failure in its history)" do
@@ -212,7 +212,7 @@ RSpec.describe "AceMQ::Web (Rack)" do
     eventually { got.size == 1 }
     sub.cancel
     expect(got).to eq([[ids[1], 1, "declined 1"]])
-    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq([ids[0], ids[2]])
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map(&:id)).to eq([ids[0], ids[2]])
   end
 
   it "replays all matching a filter, discards the selected, purges, each saying what it did" do
@@ -225,7 +225,7 @@ RSpec.describe "AceMQ::Web (Rack)" do
     expect(post("/queues/#{@queue}/dlq/discard", {}, token: token).status).to eq(422)
     gone = post("/queues/#{@queue}/dlq/discard", { "ids[]" => ids[1], "confirmed" => "yes" }, token: token)
     expect(gone.body).to include("Discarded 1 dead letter from #{dlq}.")
-    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq([ids[2], ids[4], ids[5]])
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map(&:id)).to eq([ids[2], ids[4], ids[5]])
     expect(post("/queues/#{@queue}/dlq/purge", { "confirmed" => "yes" }, token: token).body)
       .to include("Purged #{dlq}: 3 dead letters discarded.")
     expect(@mq.peek_dead_letters(@queue)).to eq([])
@@ -274,7 +274,7 @@ RSpec.describe "AceMQ::Web (Rack)" do
       expect(refused.status).to eq(403)
       expect(refused.body).to include("read-only")
     end
-    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq(ids)
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map(&:id)).to eq(ids)
   end
 
   # A page refreshed every 2 s for an hour is 1,800 reads of the DLQ; each
@@ -292,7 +292,7 @@ RSpec.describe "AceMQ::Web (Rack)" do
       expect(body.scan(/<article class="letter" id="dl-([^"]+)"/).flatten).to eq(ids), "read #{i + 1}"
       moved += 1 if body.include?(%(id="moved"))
     end
-    expect(@mq.peek_dead_letters(@queue, limit: 10).map { |d| d[:id] }).to eq(ids)
+    expect(@mq.peek_dead_letters(@queue, limit: 10).map(&:id)).to eq(ids)
     # 3.10 and 4.0 count each give-back: a copy every 10 reads (core's
     # REFRESH_AT); 4.3 counts none of them, and nothing needs moving.
     expect(moved).to be >= 19 if @mq.server_version.to_s < "4.1"
@@ -330,7 +330,7 @@ RSpec.describe "AceMQ::Web (Rack)" do
     expect(client.post("/queues/#{@queue}/dlq/discard", { "one" => ids[0], "_csrf" => token }).body)
       .to include("Discard 1 dead letter")
     expect(client.post("/queues/#{@queue}/dlq/discard", { "ids[]" => ids[0], "confirmed" => "yes" }).code).to eq("403")
-    expect(@mq.peek_dead_letters(@queue).map { |d| d[:id] }).to eq(ids)
+    expect(@mq.peek_dead_letters(@queue).map(&:id)).to eq(ids)
   ensure
     server&.shutdown
     thread&.join(5)

@@ -44,6 +44,7 @@ RSpec.describe "result objects" do
     expect(result[:nothing_like_this]).to be_nil
     expect { result.fetch(:nothing_like_this) }.to raise_error(KeyError)
     expect(result.keys).to eq(old.keys)
+    expect(result.slice(*old.keys.first(2))).to eq(old.slice(*old.keys.first(2)))
     expect(result.each.to_a).to eq(old.to_a)
     expect(result.map { |k, v| [k, v] }).to eq(old.map { |k, v| [k, v] })
     expect(result == old).to be(true)

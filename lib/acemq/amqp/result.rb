@@ -12,7 +12,7 @@ module AceMQ
     #   end
     #
     # These calls returned Hashes until 0.1; the Hash forms (report[:replayed],
-    # fetch, dig, key?, keys, values, each, map, == against a Hash) still
+    # fetch, dig, key?, slice, keys, values, each, map, == a Hash) still
     # answer, for one deprecation cycle, and each warns once per process per
     # class and method, naming the reader to use. They go in 0.2.
     #
@@ -134,6 +134,11 @@ module AceMQ
         member?(key)
       end
       alias has_key? key?
+
+      def slice(*keys)
+        deprecated(:slice, "#{as}.slice(...)", "#{as}.to_h.slice(...)")
+        to_h.slice(*keys)
+      end
 
       def keys
         deprecated(:keys, "#{as}.keys", "#{self.class.name}.members")

@@ -82,6 +82,8 @@ module AceMQ
       # production: store.schema_sql(:postgres) gives the statements).
       def create_schema = store.create_schema
 
+      # The relay store's (SQLOutboxStore#backlog and #stuck): a
+      # Patterns::OutboxBacklog, and an Array of Patterns::OutboxStuckRow.
       def backlog = store.backlog
       def stuck(limit = 100) = store.stuck(limit)
 

@@ -192,9 +192,11 @@ module AceMQ
     def outbox
       return nil unless @outbox
 
-      b = @outbox.backlog
-      { table: @outbox.respond_to?(:table) ? @outbox.table : nil, waiting: b.count,
-        oldest_age: b.oldest_age&.round(1), failing: b.stuck }
+      # to_h: an OutboxBacklog, or the Hash an outbox of the application's
+      # own (anything with a backlog) may still give.
+      b = @outbox.backlog.to_h
+      { table: @outbox.respond_to?(:table) ? @outbox.table : nil, waiting: b[:count],
+        oldest_age: b[:oldest_age]&.round(1), failing: b[:stuck] }
     rescue StandardError => e
       { error: "#{e.class}: #{e.message}" }
     end

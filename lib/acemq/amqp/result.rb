@@ -11,7 +11,7 @@ module AceMQ
     #            returned_by: "Connection#replay_dead_letters returns a DeadLetters::ReplayReport"
     #   end
     #
-    # These calls returned Hashes until 0.1; the Hash forms (report[:replayed],
+    # These calls returned Hashes up to 0.1.0; the Hash forms (report[:replayed],
     # fetch, dig, key?, slice, keys, values, each, map, == a Hash) still
     # answer, for one deprecation cycle, and each warns once per process per
     # class and method, naming the reader to use. They go in 0.2.
@@ -24,6 +24,10 @@ module AceMQ
       # Those that have warned, by [class, method]: once each per process.
       @warned = {}
       @lock = Mutex.new
+
+      # True the first time key is asked in this process (Result's own
+      # table, whichever subclass asks). Not for applications: undocumented.
+      def self.first_warning?(key) = @lock.synchronize { !@warned.key?(key) && (@warned[key] = true) }
 
       class << self
         # The fields (readers, in to_h's order), what returns it (the
@@ -41,12 +45,7 @@ module AceMQ
         # was asked first), at the caller of the Hash form (uplevel 3: past
         # this, Result#deprecated and the form).
         def deprecated(method, form, instead)
-          key = [self, method]
-          first = Result.instance_variable_get(:@lock).synchronize do
-            warned = Result.instance_variable_get(:@warned)
-            !warned.key?(key) && (warned[key] = true)
-          end
-          return unless first
+          return unless Result.first_warning?([self, method])
 
           warn("acemq: #{returned_by} now; #{form} is deprecated and goes in 0.2: " \
                "read #{instead} (or #{as}.to_h)", uplevel: 3)

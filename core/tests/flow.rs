@@ -144,6 +144,56 @@ async fn a_throttle_hands_out_its_limit_then_paces_the_rest() {
     }
 }
 
+/// A stopped consumer is not held until its throttle's next token: a
+/// thread blocked in `next_blocking` and a task awaiting `next` both end
+/// at once (the break-it run: `cancel` took `per`, for ever with a
+/// `per` of 2**40 seconds).
+#[tokio::test(flavor = "multi_thread")]
+async fn stopping_a_throttled_consumer_does_not_wait_for_the_next_token() {
+    for mq in transports().await {
+        let q = unique("throttle-stop");
+        mq.apply(&Topology::new().queue(&q)).await.unwrap();
+        for n in 0..4 {
+            mq.publish(&json!({ "n": n }), &q, PublishOptions::default()).await.unwrap();
+        }
+        let options = ConsumeOptions { throttle: Some(Throttle::new(1, Duration::from_secs(3600))), ..Default::default() };
+        let c = Arc::new(mq.consumer(&q, options).await.unwrap());
+        let first = next(&c).await; // the one token of the hour
+        let blocked = {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                loop {
+                    match c.next_blocking(Duration::from_millis(500)) {
+                        Next::Closed => return t.elapsed(),
+                        Next::Delivery(_) => panic!("a delivery without a token"),
+                        Next::Empty if t.elapsed() > Duration::from_secs(30) => panic!("still open after 30 s"),
+                        Next::Empty => {}
+                    }
+                }
+            })
+        };
+        let awaited = {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                assert!(c.next().await.is_none(), "a delivery without a token");
+                t.elapsed()
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let stopped = Instant::now();
+        c.stop().await;
+        let awaited = tokio::time::timeout(Duration::from_secs(10), awaited).await.expect("next() held after stop").unwrap();
+        let blocked = tokio::task::spawn_blocking(move || blocked.join().unwrap()).await.unwrap();
+        assert!(stopped.elapsed() < Duration::from_secs(5), "{:?}", stopped.elapsed());
+        assert!(awaited < Duration::from_secs(5) && blocked < Duration::from_secs(5), "{awaited:?} {blocked:?}");
+        c.settle(first, Outcome::Ack(Ack::accept())).await.unwrap();
+        c.close().await;
+        mq.close().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partition_key_routes_to_the_partition_core_computes_and_keeps_its_order() {
     use acemq::partition::{partition_of, partition_queue, PartitionKey};

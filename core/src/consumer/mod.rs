@@ -409,7 +409,9 @@ impl Consumer {
     /// that fails reaches [`Consumer::take_errors`].
     fn fetch_as(self: &Arc<Self>, timeout: Duration, payload: Option<Payload>) -> Taken {
         if !self.flow_token_blocking(timeout) {
-            return Taken::Empty;
+            // A stopped consumer says so without a token: its threads end
+            // now, not when the throttle's next token comes.
+            return if self.link.is_closed() { Taken::Closed } else { Taken::Empty };
         }
         match self.link.pop_blocking(timeout) {
             Pop::Item(raw) if self.drop_if_expired(&raw) => {

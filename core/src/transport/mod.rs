@@ -161,6 +161,16 @@ impl Link {
         }
     }
 
+    /// Stopped: a pop would say so. What a wait for something else (the
+    /// throttle's next token) looks at, so a stopped consumer is not held
+    /// until that token comes.
+    pub(crate) fn is_closed(&self) -> bool {
+        match self {
+            Link::Amqp(c) => c.is_closed(),
+            Link::Memory { out, .. } => out.is_closed(),
+        }
+    }
+
     /// Wake every thread blocked in `pop_blocking` (they return `Empty`).
     pub(crate) fn wake_all(&self) {
         match self {

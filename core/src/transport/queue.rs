@@ -78,6 +78,12 @@ impl DeliveryQueue {
         }
     }
 
+    /// Closed and drained: a reader would get `Closed`.
+    pub(crate) fn is_closed(&self) -> bool {
+        let g = self.lock();
+        g.closed && g.items.is_empty()
+    }
+
     /// Block this thread for at most `timeout`.
     pub(crate) fn pop_blocking(&self, timeout: Duration) -> Pop {
         let mut g = self.lock();

@@ -7,6 +7,9 @@ use crate::throttle::Throttle;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// How often a wait for the next token looks whether the consumer stopped.
+const STOP_CHECK: Duration = Duration::from_millis(100);
+
 /// A throttle's bucket.
 #[derive(Debug)]
 pub(crate) struct Bucket {
@@ -43,7 +46,9 @@ impl Bucket {
 
 impl Consumer {
     /// Wait, on a thread outside the runtime, for the throttle's next token,
-    /// at most `timeout`: false when none came.
+    /// at most `timeout`: false when none came, or the consumer stopped
+    /// meanwhile (seen within [`STOP_CHECK`]: a cancel is never held until
+    /// a token of a long period comes).
     pub(in crate::consumer) fn flow_token_blocking(&self, timeout: Duration) -> bool {
         let Some(bucket) = &self.flow.bucket else { return true };
         let until = Instant::now() + timeout;
@@ -52,16 +57,17 @@ impl Consumer {
                 Ok(()) => return true,
                 Err(wait) => {
                     let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
+                    if left.is_zero() || self.link.is_closed() {
                         return false;
                     }
-                    std::thread::sleep(wait.min(left));
+                    std::thread::sleep(wait.min(left).min(STOP_CHECK));
                 }
             }
         }
     }
 
-    /// The throttle's next token, awaited.
+    /// The throttle's next token, awaited; at once, with none, once the
+    /// consumer has stopped (its pop then says so).
     pub(in crate::consumer) async fn flow_token(&self) {
         let Some(bucket) = &self.flow.bucket else { return };
         loop {
@@ -83,7 +89,10 @@ impl Consumer {
                     },
                 },
             };
-            tokio::time::sleep(wait).await;
+            if self.link.is_closed() {
+                return;
+            }
+            tokio::time::sleep(wait.min(STOP_CHECK)).await;
         }
     }
 

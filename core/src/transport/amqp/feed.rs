@@ -302,6 +302,11 @@ impl Feed {
         *self.failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
     }
 
+    /// Stopped or closed: a reader would get `Closed`.
+    pub(super) fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Wait at most `timeout` on this thread (never a runtime thread) for
     /// the next delivery.
     pub(super) fn pop_blocking(&self, timeout: Duration) -> Pop<Arc<RawDelivery>> {

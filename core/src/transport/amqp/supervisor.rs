@@ -390,6 +390,11 @@ impl AmqpConsumer {
         self.feed.pop().await
     }
 
+    /// Stopped or closed: no more deliveries.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.feed.is_closed()
+    }
+
     /// Wait at most `timeout` on a thread outside the runtime.
     pub(crate) fn pop_blocking(&self, timeout: Duration) -> Pop<Arc<RawDelivery>> {
         self.feed.pop_blocking(timeout)

@@ -57,12 +57,19 @@ impl PartitionKey {
 
 /// Refuse a count that cannot be a partitioned queue.
 pub fn check_count(partitions: u16) -> Result<()> {
-    if partitions == 0 || partitions > MAX_PARTITIONS {
-        return Err(Error::invalid(format!(
+    count(i64::from(partitions)).map(|_| ())
+}
+
+/// The count as a partitioned queue takes it, from any whole number a
+/// caller was given (Ruby's, which may be -1 or 2**40): refused, with the
+/// number as given, unless it is 1 to [`MAX_PARTITIONS`].
+pub fn count(partitions: i64) -> Result<u16> {
+    match u16::try_from(partitions) {
+        Ok(n) if (1..=MAX_PARTITIONS).contains(&n) => Ok(n),
+        _ => Err(Error::invalid(format!(
             "partitions must be between 1 and {MAX_PARTITIONS} (got {partitions}); the publisher must give the count its consumers declared"
-        )));
+        ))),
     }
-    Ok(())
 }
 
 /// The partition (0..partitions) of `key`: FNV-1a (64 bits) of its UTF-8

@@ -333,32 +333,40 @@ fn check_sizes(ruby: &Ruby, concurrency: i64, prefetch: Option<i64>, batch: i64)
     ConsumeOptions::check_sizes(count(concurrency), prefetch.map(count), count(batch)).rb(ruby)
 }
 
-/// Seconds as core's rules read them: what cannot be a Duration (negative,
-/// NaN, infinite) is zero, which every rule here refuses.
-fn rule_seconds(s: f64) -> Duration {
-    Duration::try_from_secs_f64(s).unwrap_or(Duration::ZERO)
+/// Seconds as core's rules read them. What cannot be a Duration (negative,
+/// NaN, infinite, past 2**64) is refused here, with the number as given:
+/// core's message would show it as the 0 it became.
+fn rule_seconds(ruby: &Ruby, what: &str, s: f64) -> Result<Duration, Error> {
+    Duration::try_from_secs_f64(s).map_err(|_| {
+        Error::new(
+            ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
+            format!("{what} must be a number of seconds above zero (got {s})"),
+        )
+    })
 }
 
-/// A count for a 32-bit rule: a negative one is refused by the rule as 0
-/// is; one past u32 cannot be represented, and says so.
+/// A count for a 32-bit rule: a negative one, or one past u32, cannot be
+/// represented, and is refused with the number as given.
 fn rule_count(ruby: &Ruby, what: &str, n: i64) -> Result<u32, Error> {
-    match u32::try_from(n) {
-        Ok(n) => Ok(n),
-        Err(_) if n < 0 => Ok(0),
-        Err(_) => Err(Error::new(
+    u32::try_from(n).map_err(|_| {
+        Error::new(
             ruby.get_inner(&crate::errors::CONFIGURATION_ERROR_CLASS),
-            format!("{what} must be at most {} (got {n})", u32::MAX),
-        )),
-    }
+            format!("{what} must be a whole number from 1 to {} (got {n})", u32::MAX),
+        )
+    })
 }
 
 /// `BreakerOptions`' check, so `consume`'s and the Rails DSL's: core's rules
 /// for a circuit breaker (`CircuitBreaker::validate`), as it is given.
 fn check_breaker(ruby: &Ruby, failures: i64, within: f64, pause: f64, probe: Option<f64>) -> Result<(), Error> {
     let failures = rule_count(ruby, "circuit_breaker: failures", failures)?;
-    let mut breaker = acemq::CircuitBreaker::new(failures, rule_seconds(within), rule_seconds(pause));
+    let mut breaker = acemq::CircuitBreaker::new(
+        failures,
+        rule_seconds(ruby, "circuit_breaker: within", within)?,
+        rule_seconds(ruby, "circuit_breaker: pause", pause)?,
+    );
     if let Some(p) = probe {
-        breaker = breaker.probe(rule_seconds(p));
+        breaker = breaker.probe(rule_seconds(ruby, "circuit_breaker: probe", p)?);
     }
     breaker.validate().rb(ruby)
 }
@@ -366,7 +374,7 @@ fn check_breaker(ruby: &Ruby, failures: i64, within: f64, pause: f64, probe: Opt
 /// `consume(throttle:)`'s and the Rails DSL's check: core's rules for a
 /// throttle (`Throttle::validate`).
 fn check_throttle(ruby: &Ruby, limit: i64, per: f64) -> Result<(), Error> {
-    acemq::Throttle::new(rule_count(ruby, "throttle: limit", limit)?, rule_seconds(per)).validate().rb(ruby)
+    acemq::Throttle::new(rule_count(ruby, "throttle: limit", limit)?, rule_seconds(ruby, "throttle: per", per)?).validate().rb(ruby)
 }
 
 /// `Topology#exchange(type:)`'s check: core's name for the kind, or its

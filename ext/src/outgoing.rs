@@ -6,6 +6,7 @@
 //! What crosses from Ruby is read by name, here and nowhere else.
 
 use crate::connection::RbConnection;
+use crate::errors::IntoRuby;
 use acemq::Headers;
 use acemq::{Envelope, OutgoingMessage, PublishOptions};
 use magnus::value::{Lazy, LazyId};
@@ -88,7 +89,12 @@ pub(crate) fn message(ruby: &Ruby, conn: &acemq::Connection, body: Vec<u8>, opti
         delay: opt::<f64>(&options, &DELAY)?.map(|s| secs(s)),
         at: opt::<f64>(&options, &AT)?.map(|s| std::time::UNIX_EPOCH.checked_add(secs(s)).unwrap_or(std::time::UNIX_EPOCH + acemq::delay::MAX_DELAY * 1000)),
         // [key, partitions]: the partition queue is core's choice.
-        partition: opt::<(String, u16)>(&options, &PARTITION)?.map(|(key, n)| acemq::partition::PartitionKey::new(key, n)),
+        // The count as Ruby was given it (-1, 2**40): core refuses what is
+        // not 1 to MAX_PARTITIONS, naming the number given.
+        partition: opt::<(String, i64)>(&options, &PARTITION)?
+            .map(|(key, n)| acemq::partition::count(n).map(|n| acemq::partition::PartitionKey::new(key, n)))
+            .transpose()
+            .rb(ruby)?,
     };
     {
         use crate::errors::IntoRuby;

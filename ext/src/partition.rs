@@ -6,13 +6,14 @@ use crate::errors::IntoRuby;
 use magnus::{function, prelude::*, Error, RModule, Ruby};
 
 /// The partition queue of `queue` that `key` goes to, of `partitions`.
-fn partition_queue(ruby: &Ruby, queue: String, key: String, partitions: u16) -> Result<String, Error> {
+fn partition_queue(ruby: &Ruby, queue: String, key: String, partitions: i64) -> Result<String, Error> {
+    let partitions = acemq::partition::count(partitions).rb(ruby)?;
     acemq::partition::PartitionKey::new(key, partitions).queue(&queue).rb(ruby)
 }
 
 /// Every partition queue of `queue`, in order.
-fn partition_queues(ruby: &Ruby, queue: String, partitions: u16) -> Result<Vec<String>, Error> {
-    acemq::partition::check_count(partitions).rb(ruby)?;
+fn partition_queues(ruby: &Ruby, queue: String, partitions: i64) -> Result<Vec<String>, Error> {
+    let partitions = acemq::partition::count(partitions).rb(ruby)?;
     Ok((0..partitions).map(|p| acemq::partition::partition_queue(&queue, p)).collect())
 }
 

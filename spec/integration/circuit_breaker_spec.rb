@@ -77,15 +77,30 @@ RSpec.describe "circuit breaker and throttle (Ruby)" do
     expect { named.call { circuit_breaker failures: 3, within: 1, pause: 1, probe: 2 } }
       .to raise_error(AceMQ::AMQP::ConfigurationError, /BadSpecConsumer: .*probe interval above zero and at most pause/)
     expect { named.call { circuit_breaker failures: 2**40, within: 1, pause: 1 } }
-      .to raise_error(AceMQ::AMQP::ConfigurationError, /failures must be at most 4294967295/)
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /failures must be a whole number from 1 to 4294967295 \(got 1099511627776\)/)
     expect { named.call { throttle 0 } }
       .to raise_error(AceMQ::AMQP::ConfigurationError, /\ABadSpecConsumer: throttle needs a limit of at least 1/)
-    expect { named.call { throttle 5, per: -1 } }.to raise_error(AceMQ::AMQP::ConfigurationError, /positive period/)
+    expect { named.call { throttle 5, per: -1 } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /BadSpecConsumer: throttle: per must be a number of seconds above zero \(got -1/)
+    expect { named.call { throttle 5, per: 0 } }.to raise_error(AceMQ::AMQP::ConfigurationError, /positive period/)
     expect { named.call { throttle "many" } }.to raise_error(AceMQ::AMQP::ConfigurationError, /limit is a whole number/)
     expect { mq.consume(queue, throttle: { limit: 0 }) { nil } }
       .to raise_error(AceMQ::AMQP::ConfigurationError, /throttle needs a limit of at least 1/)
     expect { mq.consume(queue, circuit_breaker: { failures: 3 }) { nil } }
       .to raise_error(AceMQ::AMQP::ConfigurationError, /takes failures:, within: and pause:/)
+    # Break-it: these were TypeError ("can't convert Integer into Hash").
+    [5, true].each do |bad|
+      expect { mq.consume(queue, throttle: bad) { nil } }.to raise_error(AceMQ::AMQP::ConfigurationError, /throttle takes limit:/)
+      expect { mq.consume(queue, circuit_breaker: bad) { nil } }.to raise_error(AceMQ::AMQP::ConfigurationError, /circuit_breaker takes failures:/)
+    end
+    # And a value that cannot be a duration or a count is named as given,
+    # not as the 0 it would have become.
+    expect { mq.consume(queue, throttle: { limit: -1 }) { nil } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /limit must be a whole number from 1 to 4294967295 \(got -1\)/)
+    expect { mq.consume(queue, circuit_breaker: { failures: 1, within: -1, pause: 1 }) { nil } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /circuit_breaker: within must be a number of seconds above zero \(got -1(\.0)?\)/)
+    expect { mq.consume(queue, throttle: { limit: 1, per: Float::NAN }) { nil } }
+      .to raise_error(AceMQ::AMQP::ConfigurationError, /per must be a number of seconds above zero \(got NaN\)/)
     # The connection goes on: a good subscription after the bad ones.
     mq.publish({ "n" => 1 }, to: queue)
     got = []
@@ -95,5 +110,28 @@ RSpec.describe "circuit breaker and throttle (Ruby)" do
     end
     eventually { got == [1] }
     good.cancel
+  end
+
+  # Break-it: cancel waited for the throttle's next token (29 s at 1 per
+  # 30 s, for ever at per: 2**40); a stopped consumer's threads now end.
+  it "cancels at once a throttled consumer whose next token is an hour off, on RabbitMQ and memory://" do
+    [mq, AceMQ::AMQP::Connection.open(memory_url)].each do |conn|
+      q = "#{queue}-#{conn.memory? ? 'mem' : 'mq'}-stop"
+      AceMQ::AMQP::Topology.new.queue(q).apply(conn)
+      4.times { |n| conn.publish({ "n" => n }, to: q) }
+      got = Queue.new
+      sub = conn.consume(q, concurrency: 2, throttle: { limit: 1, per: 3600 }) { |m| got << m.payload["n"] && AceMQ::AMQP::Ack.accept }
+      expect(got.pop).to eq(0)
+      sleep 0.3
+      t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      sub.cancel
+      expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0).to be < 5
+      expect(got.size).to eq(0) # none handed out without a token
+      # Nothing lost: the three left go to the next consumer.
+      rest = []
+      again = conn.consume(q) { |m| rest << m.payload["n"] && AceMQ::AMQP::Ack.accept }
+      eventually(timeout: 10) { rest.sort == [1, 2, 3] }
+      again.cancel
+    end
   end
 end

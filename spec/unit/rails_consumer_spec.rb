@@ -6,6 +6,21 @@ require "acemq/rails"
 # helpers return, and the pipeline a runner subscribes.
 RSpec.describe AceMQ::Rails::Consumer do
   let(:mq) { AceMQ::AMQP::Connection.open(memory_url) }
+  # Break-it: -1 and 70000 were RangeError, NaN a FloatDomainError, 1.5
+  # one partition, and a nil count with by: consumed the plain queue.
+  it "refuses a partition count core would refuse, naming the class and the count as given" do
+    by = ->(m) { m.payload["k"] }
+    klass = Class.new(described_class) { define_singleton_method(:to_s) { "OddPartitions" } }
+    [[-1, /between 1 and 1024 \(got -1\)/], [70_000, /between 1 and 1024 \(got 70000\)/], [2**40, /got 1099511627776/],
+     [0, /between 1 and 1024 \(got 0\)/], [1.5, /must be a whole number/], [Float::NAN, /must be a whole number/],
+     ["many", /must be a whole number/]].each do |count, why|
+      expect { klass.partitions(count, by: by) }.to raise_error(AceMQ::AMQP::ConfigurationError, /\AOddPartitions: .*#{why}/)
+    end
+    expect { klass.partitions(nil, by: by) }.to raise_error(AceMQ::AMQP::ConfigurationError, /OddPartitions: partitions needs a count/)
+    klass.partitions("4", by: by)
+    expect(klass.partitions[:count]).to eq(4)
+  end
+
   it "takes its default concurrency from core, as consume does (one place for it)" do
     core = AceMQ::AMQP::CONSUME_DEFAULTS.fetch(:concurrency)
     expect(core).to eq(1)

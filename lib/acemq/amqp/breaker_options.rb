@@ -23,7 +23,7 @@ module AceMQ
         return nil if options.nil?
         return options if options.is_a?(BreakerOptions)
 
-        o = Hash(options).transform_keys(&:to_sym)
+        o = options.is_a?(Hash) ? options.transform_keys(&:to_sym) : {}
         missing = %i[failures within pause] - o.keys
         unless missing.empty? && (o.keys - KEYS).empty?
           raise ConfigurationError, "circuit_breaker takes failures:, within: and pause: (seconds), and optionally probe: " \

@@ -282,19 +282,24 @@ module AceMQ
         text = text(:partition_key, key.to_s)
         raise PartitionKeyMissing, "partition_key: is empty: give the message's key (an order's id, an account)" if text.empty?
 
-        n = count.is_a?(Float) || count.is_a?(Rational) ? nil : Integer(count, exception: false)
-        unless n&.between?(0, 65_535) # the engine says what range it takes
-          raise ConfigurationError, "partitions: must be a whole number, the count the consumers declared (got #{count.inspect})"
-        end
+        [text, partition_count(count)]
+      end
 
-        [text, n]
+      # A partition count as given (publish's partitions:, a consumer
+      # class's partitions): a whole number, for core to check (1 to
+      # acemq::partition::MAX_PARTITIONS) where it is used, as it was given.
+      def self.partition_count(count)
+        n = count.is_a?(Float) || count.is_a?(Rational) ? nil : Integer(count, exception: false)
+        return n if n&.between?(-2**62, 2**62)
+
+        raise ConfigurationError, "partitions: must be a whole number, the count the consumers declared (got #{count.inspect})"
       end
 
       # { limit:, per: } as the engine takes it.
       def self.throttle(options)
         return nil if options.nil?
 
-        o = Hash(options).transform_keys(&:to_sym)
+        o = options.is_a?(Hash) ? options.transform_keys(&:to_sym) : {}
         unless o.key?(:limit) && (o.keys - %i[limit per store]).empty?
           raise ConfigurationError, "throttle takes limit:, per: (seconds, default 1) and store: (a SQL connection shared " \
                                     "across processes, optional), e.g. { limit: 100, per: 1 } " \
@@ -314,7 +319,7 @@ module AceMQ
 
       # The SQL adapter of a throttle's store:, or nil.
       def self.throttle_store(options)
-        store = options && Hash(options).transform_keys(&:to_sym)[:store]
+        store = options.is_a?(Hash) ? options.transform_keys(&:to_sym)[:store] : nil
         store && SQL.connect(store)
       end
 
@@ -378,7 +383,7 @@ module AceMQ
       def delayed
         _delayed_waiting.filter_map do |l|
           Delays::Level.new(level: l.level, queue: l.queue, seconds: l.seconds, waiting: l.waiting) if l.waiting.positive?
-        end
+        end.freeze
       end
 
       # Every dead letter in {queue}.dlq removed. Returns a

@@ -138,11 +138,17 @@ module AceMQ
         #
         #   partitions 8, by: ->(m) { m.payload["account_id"] }
         def partitions(count = nil, by: nil)
-          return setting(:partitions) if count.nil?
+          if count.nil?
+            # `partitions ENV["N"], by: ...` with N unset would otherwise
+            # read the setting and consume the plain queue, order lost.
+            raise AMQP::ConfigurationError, "#{self}: partitions needs a count, e.g. partitions 8, by: ->(m) { ... }" if by
+
+            return setting(:partitions)
+          end
           raise AMQP::ConfigurationError, "#{self}: partitions needs by: (a callable returning the key)" unless by.respond_to?(:call)
 
-          ruled { AMQP.partition_queues("check", whole(:partitions, count)) }
-          set(:partitions, { count: Integer(count), by: by }.freeze)
+          n = ruled { AMQP::Connection.partition_count(count).tap { |c| AMQP.partition_queues("check", c) } }
+          set(:partitions, { count: n, by: by }.freeze)
         end
 
         # One consumer of the queue at a time across every runner

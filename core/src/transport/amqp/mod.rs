@@ -85,6 +85,14 @@ pub(crate) struct AmqpBackend {
 
 pub(crate) fn map_error(e: &lapin::Error, context: &str) -> Error {
     match e.kind() {
+        // 320 CONNECTION_FORCED: the broker closed the whole connection (an
+        // operator, a restart, a failover), not refused this call: closed,
+        // as a cut is, so a caller's retry on ConnectionError catches it
+        // (a publish racing a `rabbitmqctl close_connection` raised
+        // BrokerError in a .ci/run).
+        lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 320 => {
+            Error::new(ErrorKind::Closed, format!("{} ({context})", amqp.get_message()))
+        }
         lapin::ErrorKind::ProtocolError(amqp) => {
             let code = amqp.get_id();
             Error::new(ErrorKind::Broker { reply_code: code }, format!("{} ({context})", amqp.get_message()))

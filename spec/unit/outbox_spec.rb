@@ -26,6 +26,31 @@ module OutboxUnitSpec
       end
     end
 
+    # Break-it: listen: "" or {} had libpq fall back to its defaults (the
+    # OS user's database), where no add notifies, silently; 42 and true
+    # were dialled as host names; a connect that never answered was never
+    # told.
+    describe "OutboxRelay's listen:" do
+      it "refuses what cannot be PostgreSQL's connection settings, saying what it takes" do
+        ["", "  ", {}, 42, true, [], :db].each do |bad|
+          expect { Patterns::OutboxRelay.new(mq, store, listen: bad) }
+            .to raise_error(AceMQ::AMQP::ConfigurationError, /listen: takes PostgreSQL's connection settings .* or false/)
+        end
+        expect(Patterns::OutboxRelay.new(mq, store, listen: false)).to be_a(Patterns::OutboxRelay)
+        expect(Patterns::OutboxRelay.new(mq, store, listen: "host=db dbname=app")).to be_a(Patterns::OutboxRelay)
+      end
+
+      it "bounds the LISTEN connection's connect unless the settings name their own" do
+        require "pg"
+        bounded = Patterns::OutboxListener.method(:bounded)
+        expect(bounded.call("host=db dbname=app")).to eq(["host=db dbname=app", { connect_timeout: 10 }])
+        expect(bounded.call("postgres://u@db/app")).to eq(["postgres://u@db/app", { connect_timeout: 10 }])
+        expect(bounded.call("host=db connect_timeout=3")).to eq(["host=db connect_timeout=3"])
+        expect(bounded.call({ host: "db" })).to eq([{ host: "db", connect_timeout: 10 }])
+        expect(bounded.call({ host: "db", connect_timeout: 2 })).to eq([{ host: "db", connect_timeout: 2 }])
+      end
+    end
+
     describe "Patterns.record" do
       it "builds the envelope by publish's rules, with this connection's origin" do
         before = Time.now.to_i

@@ -24,11 +24,29 @@ module AceMQ
         # (the store's, made by core from a checked table name).
         def initialize(conninfo, channel)
           require "pg"
-          @conn = PG.connect(conninfo)
+          @conn = PG.connect(*OutboxListener.bounded(conninfo))
           # A lost connection is raised by wait and told to on_error; libpq
           # would also print the server's parting FATAL to stderr.
           @conn.set_notice_processor { |_| }
           @conn.exec("LISTEN #{@conn.quote_ident(channel)}")
+        end
+
+        # A connect to a server that accepts and never answers would wait
+        # for ever, and the relay would never hear of it: libpq's
+        # connect_timeout, unless the conninfo names its own.
+        CONNECT_TIMEOUT = 10
+
+        def self.bounded(conninfo)
+          named = if conninfo.is_a?(Hash)
+                    conninfo.key?(:connect_timeout) || conninfo.key?("connect_timeout")
+                  else
+                    PG::Connection.conninfo_parse(conninfo.to_s).any? { |o| o[:keyword] == "connect_timeout" && o[:val] }
+                  end
+          return [conninfo] if named
+
+          conninfo.is_a?(Hash) ? [conninfo.merge(connect_timeout: CONNECT_TIMEOUT)] : [conninfo, { connect_timeout: CONNECT_TIMEOUT }]
+        rescue PG::Error
+          [conninfo] # PG.connect says what is wrong with it
         end
 
         # Whether a notification came within timeout seconds. ruby-pg waits

@@ -57,7 +57,7 @@ module AceMQ
                                          batch_size.nil? ? nil : OutboxRelay.count(batch_size))
           @interval = options.interval
           @batch_size = options.batch_size
-          @listen = listen.nil? ? store.pg_conninfo : listen
+          @listen = listen.nil? ? store.pg_conninfo : OutboxRelay.listen_setting(listen)
           if on_error && !on_error.respond_to?(:call)
             raise ConfigurationError, "on_error: must answer call(error, exchange:, routing_key:)"
           end
@@ -106,6 +106,19 @@ module AceMQ
           end
           thread&.join unless thread == Thread.current
           nil
+        end
+
+        # listen: as given: false, or PostgreSQL's connection settings. An
+        # empty or blank one would have libpq fall back to its defaults (the
+        # OS user's database), and the relay would listen where no add
+        # notifies, silently.
+        def self.listen_setting(value)
+          return false if value == false
+          return value if value.is_a?(String) && !value.strip.empty?
+          return value if value.is_a?(Hash) && !value.empty?
+
+          raise ConfigurationError, "listen: takes PostgreSQL's connection settings (a conninfo String such as " \
+                                    "\"host=db dbname=app\" or a URL, or a Hash), or false for none; got #{value.inspect[0, 80]}"
         end
 
         def self.count(value)

@@ -231,4 +231,48 @@ RSpec.describe "result objects" do
     expect(report.then { |r| r in { replayed: 3 } }).to be(true)
     expect(JSON.generate(report)).to eq('{"replayed":3,"skipped":0}')
   end
+
+  # The break-it run of the result objects, each as it was found.
+  describe "what an upgrading application does with them" do
+    it "answers any other Hash method from to_h, warning once and naming it" do
+      dead_letters(2)
+      report = mq.replay_dead_letters(queue)
+      warns_once(/report\.size is deprecated .* read report\.to_h\.size$/) { expect(report.size).to eq(2) }
+      warns_once(/report\.to_a is deprecated/) { expect(report.to_a).to eq(report.to_h.to_a) }
+      warns_once(/report\.select is deprecated/) { expect(report.select { |_, v| v == 2 }).to eq(replayed: 2) }
+      warns_once(/report\.merge is deprecated/) { expect(report.merge(x: 1)).to eq(report.to_h.merge(x: 1)) }
+      expect(report).to respond_to(:any?)
+      expect { report.no_such_thing }.to raise_error(NoMethodError)
+    end
+
+    it "names the application's line when the Hash form is reached through an RSpec matcher" do
+      dead_letters(1)
+      report = mq.replay_dead_letters(queue)
+      warns_once(/report == \{\.\.\.\} is deprecated/) { expect(report).to eq(replayed: 1, skipped: 0) }
+    end
+
+    it "writes a body that is not UTF-8 as base64 in JSON, so one binary body does not fail a page" do
+      letter = AceMQ::AMQP::DeadLetters::Letter.new(
+        id: "x", type: "t", attempt: 1, reason: "r", error_class: nil, backtrace: nil, failed_at: Time.at(0),
+        body: "\xff\xfe not json".b, exchange: "", routing_key: "q", headers: { "h" => "v" }, history: []
+      )
+      json = JSON.parse(letter.to_json)
+      expect(json["body"]).to eq("base64" => ["\xff\xfe not json".b].pack("m0"))
+      expect(json["headers"]).to eq("h" => "v")
+      # A Time is left as it comes: row.failed_at.utc changes it in place.
+      expect(letter.failed_at.utc).to eq(Time.at(0).utc)
+      ok = AceMQ::AMQP::DeadLetters::Letter.new(**letter.to_h, body: +"{\"n\":1}")
+      expect(JSON.parse(ok.to_json)["body"]).to eq("{\"n\":1}")
+    end
+
+    it "freezes the arrays delayed and stuck return, and refuses a stuck limit that is not a count" do
+      expect(mq.delayed).to be_frozen
+      store = AceMQ::AMQP::Patterns::SQLOutboxStore.new(path: File.join(Dir.mktmpdir, "o.db"))
+      store.create_schema
+      expect(store.stuck).to be_frozen
+      [-1, nil, "x", 1.5].each do |bad|
+        expect { store.stuck(bad) }.to raise_error(AceMQ::AMQP::ConfigurationError, /stuck takes how many rows/)
+      end
+    end
+  end
 end

@@ -25,6 +25,16 @@ module AceMQ
       @warned = {}
       @lock = Mutex.new
 
+      # Where the application asked: the first frame outside this library,
+      # RSpec's matchers and forwardable (one warning a process, so it must
+      # name the caller's line, not the matcher's).
+      PASSED_OVER = %r{/lib/acemq/|/rspec[-/]|/forwardable\.rb|<internal:}.freeze
+
+      def self.callers_line
+        loc = caller_locations(2).find { |l| !l.path.to_s.match?(PASSED_OVER) } || caller_locations(2, 1).first
+        "#{loc.path}:#{loc.lineno}"
+      end
+
       # True the first time key is asked in this process (Result's own
       # table, whichever subclass asks). Not for applications: undocumented.
       def self.first_warning?(key) = @lock.synchronize { !@warned.key?(key) && (@warned[key] = true) }
@@ -47,8 +57,9 @@ module AceMQ
         def deprecated(method, form, instead)
           return unless Result.first_warning?([self, method])
 
-          warn("acemq: #{returned_by} now; #{form} is deprecated and goes in 0.2: " \
-               "read #{instead} (or #{as}.to_h)", uplevel: 3)
+          also = instead.start_with?("#{as}.to_h") ? "" : " (or #{as}.to_h)"
+          warn("#{Result.callers_line}: warning: acemq: #{returned_by} now; #{form} is deprecated and goes in 0.2: " \
+               "read #{instead}#{also}")
         end
       end
 
@@ -62,6 +73,8 @@ module AceMQ
         raise ArgumentError, "#{self.class.name}: unknown #{extra.join(', ')}" unless extra.empty?
 
         values.each do |k, v|
+          # Not a Time: Time#utc and #localtime change it in place, and
+          # every caller's row.failed_at.utc would raise FrozenError.
           v.freeze if v.is_a?(String) || v.is_a?(Array) || v.is_a?(Hash)
           instance_variable_set(:"@#{k}", v)
         end
@@ -79,7 +92,21 @@ module AceMQ
 
       def deconstruct_keys(_keys) = to_h
 
-      def to_json(*args) = to_h.to_json(*args)
+      # JSON of to_h. A String that is not UTF-8 (a dead letter's body is the
+      # bytes as they arrived) cannot be JSON text: it goes as
+      # { "base64" => ... } instead of raising for the whole page.
+      def to_json(*args) = Result.jsonable(to_h).to_json(*args)
+
+      def self.jsonable(value)
+        case value
+        when Hash then value.transform_values { |v| jsonable(v) }
+        when Array then value.map { |v| jsonable(v) }
+        when String
+          text = value.encoding == Encoding::BINARY ? value.dup.force_encoding(Encoding::UTF_8) : value
+          text.valid_encoding? ? text : { "base64" => [value].pack("m0") }
+        else value
+        end
+      end
 
       # Equal to a Result of the same class and fields; equal to a Hash
       # (the deprecated form) that to_h equals.
@@ -164,6 +191,17 @@ module AceMQ
 
         self.class.members.map { |k| yield(k, public_send(k)) }
       end
+
+      # Any other method a Hash has (to_a, any?, size, merge, select, ...):
+      # deprecated too, warned once like the rest, and answered from to_h.
+      def method_missing(name, *args, &block)
+        return super unless Hash.public_method_defined?(name)
+
+        deprecated(name, "#{as}.#{name}", "#{as}.to_h.#{name}")
+        to_h.public_send(name, *args, &block)
+      end
+
+      def respond_to_missing?(name, include_private = false) = Hash.public_method_defined?(name) || super
 
       private
 

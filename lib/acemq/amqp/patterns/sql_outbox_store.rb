@@ -99,7 +99,12 @@ module AceMQ
         # Up to limit rows that have failed at least once, oldest first:
         # where each is going, how often it failed and why: an Array of
         # Patterns::OutboxStuckRow. Times are the database's, as Time.
-        def stuck(limit = 100) = _stuck(Integer(limit)).map { |r| OutboxStuckRow.from(r) }
+        def stuck(limit = 100)
+          n = limit.is_a?(Float) ? nil : Integer(limit, exception: false)
+          raise ConfigurationError, "stuck takes how many rows to list, 0 or more (got #{limit.inspect})" unless n && n >= 0 && n < 2**62
+
+          _stuck(n).map { |r| OutboxStuckRow.from(r) }.freeze
+        end
 
         # The statements create_schema runs, for a migration: dialect is
         # :sqlite or :postgres.
